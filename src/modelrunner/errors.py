@@ -1,0 +1,53 @@
+"""The one exception hierarchy of modelrunner.
+
+Every error carries the HTTP status it maps to; the server turns it into a JSON body in one place
+(server/errors.py). Messages say what went wrong and what to do next, and never contain absolute paths.
+"""
+
+from __future__ import annotations
+
+
+class ModelRunnerError(Exception):
+    """Base class: a failure with a user-facing message and an HTTP status."""
+
+    status_code = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(ModelRunnerError):
+    status_code = 400
+
+
+class InvalidReference(BadRequest):
+    """A model reference (name, tag, digest or ID) that cannot be parsed."""
+
+
+class InvalidDigest(BadRequest):
+    """A digest that is not `sha256:<64 lowercase hex>`."""
+
+
+class InvalidModelFile(BadRequest):
+    """A GGUF, safetensors or DDUF file that is malformed, truncated or hostile."""
+
+
+class InvalidArtifact(BadRequest):
+    """A manifest, config or archive that does not describe a valid model artifact."""
+
+
+class ModelNotFound(ModelRunnerError):
+    status_code = 404
+
+
+class Conflict(ModelRunnerError):
+    status_code = 409
+
+
+class UnsupportedMediaType(ModelRunnerError):
+    status_code = 422
+
+
+class StoreCorrupted(ModelRunnerError):
+    status_code = 500
