@@ -1,0 +1,293 @@
+"""Model references: parsing and normalisation the way Docker Model Runner does it.
+
+DMR (`distribution/client.go: normalizeModelName`) trims the input, rewrites `hf.co/` to `huggingface.co/`,
+adds `ai/` to a bare name and `:latest` when there is neither tag nor digest, and lowercases the name but
+not the tag. On top of that the Docker reference grammar is applied strictly: references become store keys,
+bundle paths and registry URLs, so anything path-like, encoded or non-ASCII is refused rather than cleaned.
+
+Model IDs (`sha256:<hex>`, bare 12 or 64 hex) are not references; callers try `parse_model_id` first, as
+DMR does.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+
+from modelrunner import config
+from modelrunner.errors import InvalidDigest, InvalidReference
+
+MAX_INPUT_LENGTH = 4096  # refused before any parsing, so the work done on hostile input stays bounded
+MAX_NAME_LENGTH = 255  # Docker's limit on `registry/repository`
+MAX_TAG_LENGTH = 128
+DEFAULT_NAMESPACE = "ai"
+DEFAULT_TAG = "latest"
+DOCKER_HUB = "index.docker.io"
+HUGGING_FACE = "huggingface.co"
+
+_REGISTRY_ALIASES = {"docker.io": DOCKER_HUB, "registry-1.docker.io": DOCKER_HUB, "hf.co": HUGGING_FACE}
+
+_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_ANY_CASE_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+_HEX12 = re.compile(r"[0-9a-f]{12}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HOST_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_IPV6_CHARS = re.compile(r"[0-9a-f:.]+")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+_SHOW_LIMIT = 60
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A normalised model reference. Equality and hashing ignore the `original_*` fields: two spellings
+    that normalise alike name the same stored model."""
+
+    registry: str
+    repository: str
+    tag: str | None
+    digest: str | None
+    # As the user typed them (ai/ prefix included): the Hugging Face API is case-sensitive.
+    original_repository: str = field(compare=False)
+    original_tag: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.original_tag is None:
+            object.__setattr__(self, "original_tag", self.tag)
+
+    def __str__(self) -> str:
+        text = self.name
+        if self.tag is not None:
+            text += f":{self.tag}"
+        if self.digest is not None:
+            text += f"@{self.digest}"
+        return text
+
+    @property
+    def name(self) -> str:
+        return f"{self.registry}/{self.repository}"
+
+    @property
+    def is_huggingface(self) -> bool:
+        return self.registry == HUGGING_FACE
+
+
+def parse_reference(text: str, default_registry: str | None = None) -> Reference:
+    """Parse and normalise a model reference; raises InvalidReference."""
+    if len(text) > MAX_INPUT_LENGTH:
+        raise _invalid(text, f"longer than {MAX_INPUT_LENGTH} characters")
+    ref = text.strip()
+    if not ref:
+        raise InvalidReference("model reference is empty; give a name such as ai/smollm2")
+    _check_characters(ref)
+    if ref.startswith("/"):
+        raise _invalid(ref, "absolute paths are not model references")
+    if ref.lower().startswith("sha256:"):
+        raise _invalid(ref, "this is a model ID or digest, not a name; use name@sha256:<hex> for a digest")
+
+    name, digest = _split_digest(ref)
+    name, tag = _split_tag(ref, name)
+    if not name:
+        raise _invalid(ref, "missing model name")
+    parts = name.split("/")
+    if any(part in (".", "..") for part in parts):
+        raise _invalid(ref, "'.' and '..' path components are not allowed")
+    if "" in parts:
+        raise _invalid(ref, "empty path component (check for '//' or a trailing '/')")
+
+    # Docker's rule: a first component with '.' or ':' (or `localhost`) is a registry host, given a '/'.
+    if len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0].lower() == "localhost"):
+        try:
+            registry = _normalise_registry(parts.pop(0))
+        except ValueError as exc:
+            raise _invalid(ref, str(exc)) from None
+    else:
+        registry = _default_registry(default_registry)
+        if len(parts) == 1:
+            if _HEX64.fullmatch(parts[0].lower()):
+                raise _invalid(ref, "a 64-character hex string is a model ID, not a name")
+            parts.insert(0, DEFAULT_NAMESPACE)
+
+    original_repository = "/".join(parts)
+    repository = original_repository.lower()
+    for component in repository.split("/"):
+        if not _COMPONENT.fullmatch(component):
+            raise _invalid(
+                ref,
+                f"invalid path component {_show(component)}: use letters, digits and single . _ or - "
+                "between them",
+            )
+    if len(registry) + 1 + len(repository) > MAX_NAME_LENGTH:
+        raise _invalid(ref, f"name is longer than {MAX_NAME_LENGTH} characters")
+
+    if tag is None and digest is None:
+        tag = DEFAULT_TAG
+    original_tag = tag
+    if tag is not None and registry == HUGGING_FACE:
+        # DMR stores HF tags (quantisation names) lowercased; original_tag keeps `Q4_K_M` for file matching.
+        tag = tag.lower()
+    return Reference(registry, repository, tag, digest, original_repository, original_tag)
+
+
+def parse_model_id(text: str) -> str | None:
+    """`sha256:<64 hex>`, bare 64 hex or a 12-hex short ID as `sha256:<hex>`; None for anything else.
+
+    Only lowercase hex is an ID. A `sha256:` prefix followed by neither 12 nor 64 lowercase hex is a broken
+    ID, not a name, so it raises InvalidDigest.
+    """
+    value = text.strip()
+    if value.startswith("sha256:") and _HEX12.fullmatch(value[len("sha256:") :]):
+        return value  # a short-ID prefix written with its algorithm
+    if value.lower().startswith("sha256:"):
+        return validate_digest(value)
+    if _HEX64.fullmatch(value) or _HEX12.fullmatch(value):
+        return f"sha256:{value}"
+    return None
+
+
+def validate_digest(text: str) -> str:
+    """Return `text` if it is exactly `sha256:<64 lowercase hex>`; raise InvalidDigest otherwise."""
+    problem = _digest_problem(text)
+    if problem is not None:
+        raise InvalidDigest(f"invalid digest {_show(text)}: {problem}")
+    return text
+
+
+def display_name(full: str) -> str:
+    """Short form for CLI tables: `index.docker.io/ai/smollm2:latest` -> `smollm2`."""
+    for prefix in (f"{DOCKER_HUB}/", "docker.io/"):
+        if full.startswith(prefix):
+            full = full[len(prefix) :]
+            break
+    return full.removeprefix(f"{DEFAULT_NAMESPACE}/").removesuffix(f":{DEFAULT_TAG}")
+
+
+def same_reference(a: str, b: str) -> bool:
+    """Whether two references name the same model once normalised; an unparseable one matches nothing."""
+    try:
+        return parse_reference(a) == parse_reference(b)
+    except InvalidReference:
+        return False
+
+
+def _show(text: str) -> str:
+    """Quote user input for a message: escaped, and cut short so huge input is never echoed whole."""
+    shown = ascii(text)
+    return shown if len(shown) <= _SHOW_LIMIT else shown[: _SHOW_LIMIT - 3] + "..."
+
+
+def _invalid(text: str, problem: str) -> InvalidReference:
+    return InvalidReference(f"invalid model reference {_show(text)}: {problem}")
+
+
+def _check_characters(ref: str) -> None:
+    for char in ref:
+        code = ord(char)
+        if code < 0x20 or 0x7F <= code <= 0x9F:
+            raise _invalid(ref, "contains a control character")
+        if char.isspace():
+            raise _invalid(ref, "contains whitespace")
+        if code > 0x7E:
+            # Also stops case-folding tricks: "\u212a".lower() is an ASCII "k".
+            raise _invalid(ref, "only ASCII characters are allowed")
+        if char == "%":
+            raise _invalid(ref, "percent-encoding is not allowed; write the name in plain text")
+        if char == "\\":
+            raise _invalid(ref, "backslashes are not allowed; use '/' between path components")
+
+
+def _split_digest(ref: str) -> tuple[str, str | None]:
+    name, at, digest = ref.partition("@")
+    if not at:
+        return ref, None
+    if not digest:
+        raise _invalid(ref, "ends with '@' but no digest follows")
+    if "@" in digest:
+        raise _invalid(ref, "more than one '@'")
+    problem = _digest_problem(digest)
+    if problem is not None:
+        raise _invalid(ref, f"bad digest: {problem}")
+    return name, digest
+
+
+def _split_tag(ref: str, name: str) -> tuple[str, str | None]:
+    colon = name.rfind(":")
+    if colon <= name.rfind("/"):
+        return name, None  # no colon, or it belongs to a registry port
+    tag = name[colon + 1 :]
+    if not tag:
+        raise _invalid(ref, "ends with ':' but no tag follows")
+    if len(tag) > MAX_TAG_LENGTH:
+        raise _invalid(ref, f"tag is longer than {MAX_TAG_LENGTH} characters")
+    if not _TAG.fullmatch(tag):
+        raise _invalid(
+            ref, f"invalid tag {_show(tag)}: use letters, digits, _ . - and do not start with . or -"
+        )
+    return name[:colon], tag
+
+
+def _digest_problem(text: str) -> str | None:
+    if _DIGEST.fullmatch(text):
+        return None
+    algorithm, colon, hex_part = text.partition(":")
+    if not colon:
+        return "expected sha256:<64 lowercase hex characters>"
+    if algorithm != "sha256":
+        return f"algorithm must be 'sha256', got {_show(algorithm)}"
+    if len(hex_part) != 64:
+        return f"expected 64 hex characters after 'sha256:', got {len(hex_part)}"
+    if _ANY_CASE_HEX64.fullmatch(hex_part):
+        return "hex characters must be lowercase"
+    return "expected 64 lowercase hex characters (0-9, a-f) after 'sha256:'"
+
+
+def _default_registry(explicit: str | None) -> str:
+    raw = explicit or config.default_registry()
+    try:
+        return _normalise_registry(raw)
+    except ValueError as exc:
+        raise InvalidReference(f"default registry {_show(raw)} is not a valid registry host: {exc}") from None
+
+
+def _normalise_registry(raw: str) -> str:
+    """Lowercased `host[:port]`, with aliases resolved; raises ValueError naming the problem."""
+    host = raw.lower()
+    port: str | None = None
+    if host.startswith("["):
+        end = host.find("]")
+        if end < 0:
+            raise ValueError("IPv6 registry address is missing its ']'")
+        address, rest = host[1:end], host[end + 1 :]
+        if not _IPV6_CHARS.fullmatch(address):
+            raise ValueError(f"invalid IPv6 address {_show(address)}")
+        try:
+            host = f"[{ipaddress.IPv6Address(address).compressed}]"
+        except ValueError:
+            raise ValueError(f"invalid IPv6 address {_show(address)}") from None
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError("expected ':port' after the IPv6 address")
+            port = rest[1:]
+    else:
+        host, colon, port_text = host.partition(":")
+        port = port_text if colon else None
+        _check_hostname(host)
+    if port is None:
+        return _REGISTRY_ALIASES.get(host, host)
+    if not _PORT.fullmatch(port) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"registry port {_show(port)} must be a number from 1 to 65535")
+    return f"{host}:{int(port)}"
+
+
+def _check_hostname(host: str) -> None:
+    labels = host.split(".")
+    if not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        raise ValueError(f"invalid registry host {_show(host)}")
+    if all(label.isdigit() for label in labels):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(f"invalid IPv4 registry address {_show(host)}") from None
