@@ -1,0 +1,3 @@
+from modelrunner.cli import main
+
+main()

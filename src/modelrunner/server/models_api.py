@@ -1,0 +1,160 @@
+"""Model management routes (contract 2.2): list, inspect, rm, tag, repackage, load, export, package, purge."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from modelrunner.artifact.builder import BuiltArtifact, PackageSpec, build_artifact, extend_artifact
+from modelrunner.errors import BadRequest
+from modelrunner.server.body_stream import consume_in_thread
+from modelrunner.store.archive import export_chunks, load_archive
+from modelrunner.store.store import ModelStore
+
+
+class RepackageRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    target: str = Field(min_length=1)
+    context_size: int | None = Field(default=None, gt=0, le=2**31 - 1)
+
+
+class PackageRequest(BaseModel):
+    """Our fast path for a local client: the daemon reads the files itself, hashing while copying."""
+
+    model_config = ConfigDict(extra="forbid")
+    target: str | None = None
+    gguf: str | None = None
+    safetensors_dir: str | None = None
+    dduf: str | None = None
+    from_model: str | None = Field(default=None, alias="from")
+    licenses: list[str] = Field(default_factory=list, max_length=64)
+    mmproj: str | None = None
+    chat_template: str | None = None
+    context_size: int | None = Field(default=None, gt=0, le=2**31 - 1)
+
+
+class _StoreSink:
+    """BlobSink writing into the store, remembering what it added so a failure can be undone."""
+
+    def __init__(self, store: ModelStore) -> None:
+        self.store = store
+        self.added: list[str] = []
+
+    def add_file(self, path: Path, what: str) -> tuple[str, int]:
+        existed = set(self.added)
+        digest, size = self.store.ingest_file(path, what)
+        if digest not in existed:
+            self.added.append(digest)
+        return digest, size
+
+    def add_bytes(self, data: bytes) -> str:
+        digest = self.store.write_blob_bytes(data)
+        self.added.append(digest)
+        return digest
+
+
+def _absolute(raw: str | None, what: str) -> Path | None:
+    if raw is None:
+        return None
+    if "\0" in raw or not raw.startswith("/"):
+        raise BadRequest(f"{what} must be an absolute path")
+    return Path(raw)
+
+
+def _is_loopback(request: Request) -> bool:
+    host = request.client.host if request.client else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host in ("", "localhost")  # Unix sockets and in-process test clients have no address
+
+
+def build_models_router(store: ModelStore) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/models")
+    def list_models() -> list[dict[str, Any]]:
+        return [model.to_api() for model in store.list_models()]
+
+    @router.post("/models/load")
+    async def load_model(request: Request) -> Response:
+        model_id = await consume_in_thread(request.stream(), lambda reader: load_archive(store, reader))
+        line = {"type": "success", "message": f"Model loaded successfully: {model_id}", "id": model_id}
+        return Response(json.dumps(line) + "\n", media_type="application/x-ndjson")
+
+    @router.post("/models/package", status_code=201)
+    def package_model(body: PackageRequest, request: Request) -> dict[str, Any]:
+        if not _is_loopback(request):
+            raise BadRequest("packaging from file paths is only allowed for clients on this machine")
+        spec = PackageSpec(
+            gguf=_absolute(body.gguf, "gguf"),
+            safetensors_dir=_absolute(body.safetensors_dir, "safetensors_dir"),
+            dduf=_absolute(body.dduf, "dduf"),
+            licenses=[p for p in (_absolute(x, "license") for x in body.licenses) if p is not None],
+            mmproj=_absolute(body.mmproj, "mmproj"),
+            chat_template=_absolute(body.chat_template, "chat_template"),
+            context_size=body.context_size,
+        )
+        sink = _StoreSink(store)
+        try:
+            built: BuiltArtifact
+            if body.from_model is not None:
+                base = store.get(body.from_model)
+                built = extend_artifact(
+                    base.manifest, store.read_blob(base.manifest.config.digest), spec, sink
+                )
+            else:
+                built = build_artifact(spec, sink)
+            tags = [body.target] if body.target else []
+            model_id = store.add_model(built.manifest_bytes, tags)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                store.remove_unreferenced_blobs(sink.added)
+            raise
+        model = store.get(model_id)
+        return {"message": "Model packaged successfully", "id": model_id, "tags": model.tags}
+
+    @router.delete("/models/purge")
+    def purge() -> dict[str, str]:
+        store.purge()
+        return {"message": "All models removed"}
+
+    @router.post("/models/{name:path}/tag", status_code=201)
+    def tag_model(
+        name: str, repo: str = Query(min_length=1), tag: str = Query(default="latest")
+    ) -> dict[str, str]:
+        target = store.tag(name, f"{repo}:{tag}")
+        return {"message": "Model tagged successfully", "target": target}
+
+    @router.post("/models/{name:path}/repackage", status_code=201)
+    def repackage_model(name: str, body: RepackageRequest) -> dict[str, str]:
+        model_id = store.repackage(name, body.target, body.context_size)
+        target = store.get(model_id).tags
+        return {
+            "message": "Model repackaged successfully",
+            "source": name,
+            "target": target[0],
+            "id": model_id,
+        }
+
+    @router.get("/models/{name:path}/export")
+    def export_model(name: str) -> StreamingResponse:
+        store.get(name)  # a missing model is a 404 before the stream starts
+        return StreamingResponse(export_chunks(store, name), media_type="application/x-tar")
+
+    @router.get("/models/{name:path}")
+    def get_model(name: str) -> dict[str, Any]:
+        return store.get(name).to_api()
+
+    @router.delete("/models/{name:path}")
+    def delete_model(name: str, force: bool = False) -> list[dict[str, str]]:
+        return store.delete(name, force=force)
+
+    return router

@@ -1,0 +1,57 @@
+"""Where things live inside the store (contract section 4). Digests become paths only here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelrunner.reference import validate_digest
+
+LAYOUT_VERSION = "1.0.0"
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    root: Path
+
+    @property
+    def layout_file(self) -> Path:
+        return self.root / "layout.json"
+
+    @property
+    def index_file(self) -> Path:
+        return self.root / "models.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / ".models.json.lock"
+
+    @property
+    def blobs_dir(self) -> Path:
+        return self.root / "blobs" / "sha256"
+
+    @property
+    def manifests_dir(self) -> Path:
+        return self.root / "manifests" / "sha256"
+
+    @property
+    def bundles_dir(self) -> Path:
+        return self.root / "bundles" / "sha256"
+
+    @property
+    def configs_dir(self) -> Path:
+        """Per-model runtime configuration (`model configure`), persisted next to the models."""
+        return self.root / "configs"
+
+    def blob_path(self, digest: str) -> Path:
+        """The one place a digest becomes a path: anything but sha256:<64 lowercase hex> is refused."""
+        return self.blobs_dir / validate_digest(digest).removeprefix("sha256:")
+
+    def incomplete_path(self, digest: str) -> Path:
+        return self.blob_path(digest).with_suffix(".incomplete")
+
+    def manifest_path(self, model_id: str) -> Path:
+        return self.manifests_dir / self.blob_path(model_id).name
+
+    def bundle_path(self, model_id: str) -> Path:
+        return self.bundles_dir / self.blob_path(model_id).name

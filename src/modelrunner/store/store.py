@@ -1,0 +1,405 @@
+"""The local model store: content-addressed blobs, manifests, the models index, tags and bundles.
+
+Layout and invariants follow DMR (contract section 4), plus an inter-process lock around every index
+change, which DMR lacks. The store knows nothing of the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from modelrunner.artifact import mediatypes as mt
+from modelrunner.artifact.manifest import Descriptor, Manifest, parse_manifest, sha256_digest
+from modelrunner.artifact.model_config import ModelConfig, parse_config_blob, with_context_size
+from modelrunner.errors import (
+    BadRequest,
+    Conflict,
+    InvalidArtifact,
+    InvalidReference,
+    ModelNotFound,
+    StoreCorrupted,
+)
+from modelrunner.fileio import copy_and_hash, fsync_dir, write_all, write_file_atomic
+from modelrunner.reference import parse_model_id, parse_reference
+from modelrunner.store.bundle import build_bundle
+from modelrunner.store.layout import LAYOUT_VERSION, StoreLayout
+
+INCOMPLETE_MAX_AGE = 7 * 24 * 3600
+STRAY_INGEST_MAX_AGE = 24 * 3600
+
+
+@dataclass
+class IndexEntry:
+    id: str
+    tags: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "tags": self.tags, "files": self.files}
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    id: str
+    tags: list[str]
+    manifest: Manifest
+    config: ModelConfig
+
+    def to_api(self) -> dict[str, Any]:
+        """The `Model` object of DMR's API: {id, tags, created, config}."""
+        return {
+            "id": self.id,
+            "tags": self.tags,
+            "created": self.config.created,
+            "config": self.config.config,
+        }
+
+
+def full_tag(text: str) -> str:
+    ref = parse_reference(text)
+    if ref.digest:
+        raise InvalidReference("a tag cannot contain a digest")
+    return str(ref)
+
+
+class ModelStore:
+    def __init__(self, root: Path) -> None:
+        self.layout = StoreLayout(root)
+        self._thread_lock = threading.RLock()
+        self._cache: dict[str, tuple[Manifest, ModelConfig]] = {}
+        self._init_layout()
+
+    # -- layout ---------------------------------------------------------------------------------
+
+    def _init_layout(self) -> None:
+        layout = self.layout
+        for folder in (layout.blobs_dir, layout.manifests_dir, layout.bundles_dir, layout.configs_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        if not layout.layout_file.exists():
+            write_file_atomic(layout.layout_file, json.dumps({"version": LAYOUT_VERSION}).encode())
+        if not layout.index_file.exists():
+            with self._locked():
+                if not layout.index_file.exists():
+                    self._write_index([])
+        self._remove_stale_partials()
+
+    def _remove_stale_partials(self) -> None:
+        now = time.time()
+        for path in self.layout.blobs_dir.iterdir():
+            age = now - path.stat().st_mtime
+            stale_download = path.suffix == ".incomplete" and age > INCOMPLETE_MAX_AGE
+            stale_ingest = path.name.startswith(".ingest-") and age > STRAY_INGEST_MAX_AGE
+            if stale_download or stale_ingest:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialise index changes between threads and between processes sharing the store."""
+        with self._thread_lock, FileLock(str(self.layout.lock_file), timeout=60):
+            yield
+
+    # -- index ----------------------------------------------------------------------------------
+
+    def _read_index(self) -> list[IndexEntry]:
+        try:
+            doc = json.loads(self.layout.index_file.read_bytes())
+            return [
+                IndexEntry(id=str(m["id"]), tags=list(m.get("tags") or []), files=list(m.get("files") or []))
+                for m in doc.get("models") or []
+            ]
+        except FileNotFoundError:
+            return []
+        except (ValueError, TypeError, KeyError, AttributeError):
+            raise StoreCorrupted("the models index (models.json) is corrupted") from None
+
+    def _write_index(self, entries: list[IndexEntry]) -> None:
+        doc = {"models": [entry.to_json() for entry in entries]}
+        write_file_atomic(self.layout.index_file, json.dumps(doc, indent=2).encode())
+
+    def _find(self, entries: list[IndexEntry], text: str) -> IndexEntry:
+        text = text.strip()
+        model_id = parse_model_id(text)
+        if model_id is not None:
+            matches = [e for e in entries if e.id.startswith(model_id)]
+            if len(matches) > 1:
+                raise Conflict(f"short ID {text} matches more than one model; use more digits")
+            if matches:
+                return matches[0]
+            if text.startswith("sha256:") or len(text) == 64:
+                raise ModelNotFound(f"model not found: {text}")
+        ref = parse_reference(text)
+        for entry in entries:
+            if ref.digest and entry.id == ref.digest:
+                return entry
+            if not ref.digest and str(ref) in entry.tags:
+                return entry
+        raise ModelNotFound(f"model not found: {text[:200]}")
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _load(self, model_id: str) -> tuple[Manifest, ModelConfig]:
+        cached = self._cache.get(model_id)
+        if cached is None:
+            manifest = parse_manifest(self.read_manifest(model_id))
+            config = parse_config_blob(self.read_blob(manifest.config.digest), manifest.config.media_type)
+            cached = (manifest, config)
+            self._cache[model_id] = cached
+        return cached
+
+    def _stored(self, entry: IndexEntry) -> StoredModel:
+        manifest, config = self._load(entry.id)
+        return StoredModel(id=entry.id, tags=list(entry.tags), manifest=manifest, config=config)
+
+    def list_models(self) -> list[StoredModel]:
+        return [self._stored(entry) for entry in self._read_index()]
+
+    def get(self, reference: str) -> StoredModel:
+        return self._stored(self._find(self._read_index(), reference))
+
+    def read_manifest(self, model_id: str) -> bytes:
+        try:
+            return self.layout.manifest_path(model_id).read_bytes()
+        except FileNotFoundError:
+            raise StoreCorrupted(f"manifest of model {model_id[:19]} is missing from the store") from None
+
+    def read_blob(self, digest: str, max_bytes: int = 16 * 1024 * 1024) -> bytes:
+        path = self.layout.blob_path(digest)
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(max_bytes + 1)
+        except FileNotFoundError:
+            raise StoreCorrupted(f"blob {digest[:19]} is missing from the store") from None
+        if len(data) > max_bytes:
+            raise InvalidArtifact(f"blob {digest[:19]} is too large to read into memory")
+        return data
+
+    def has_blob(self, digest: str, size: int | None = None) -> bool:
+        try:
+            st = self.layout.blob_path(digest).stat()
+        except FileNotFoundError:
+            return False
+        return size is None or st.st_size == size
+
+    def disk_usage(self) -> int:
+        total = 0
+        for folder in (self.layout.blobs_dir, self.layout.manifests_dir):
+            for path in folder.iterdir():
+                with contextlib.suppress(OSError):
+                    total += path.stat().st_size
+        return total
+
+    # -- writing blobs --------------------------------------------------------------------------
+
+    def _place_blob(self, tmp: Path, digest: str) -> None:
+        final = self.layout.blob_path(digest)
+        if final.exists():
+            tmp.unlink()
+            return
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+
+    def ingest_file(self, path: Path, what: str = "file") -> tuple[str, int]:
+        """Copy a user's file into the store, hashing while copying (one read pass)."""
+        tmp = self.layout.blobs_dir / f".ingest-{uuid.uuid4().hex}"
+        digest, size = copy_and_hash(path, tmp, what)
+        self._place_blob(tmp, digest)
+        return digest, size
+
+    def write_blob_bytes(self, data: bytes) -> str:
+        digest = sha256_digest(data)
+        if not self.has_blob(digest, len(data)):
+            write_file_atomic(self.layout.blob_path(digest), data)
+        return digest
+
+    def write_blob_stream(self, digest: str, size: int, chunks: Iterable[bytes]) -> bool:
+        """Stream a blob of known digest and size into `<hex>.incomplete`, verify it, then rename.
+
+        Returns False when the blob was already present (the chunks are then drained unread into
+        nothing). A size or digest mismatch deletes the partial file and raises InvalidArtifact.
+        """
+        final = self.layout.blob_path(digest)
+        if final.exists() and final.stat().st_size == size:
+            for _ in chunks:
+                pass
+            return False
+        partial = self.layout.incomplete_path(digest)
+        hasher = hashlib.sha256()
+        written = 0
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                for chunk in chunks:
+                    written += len(chunk)
+                    if written > size:
+                        raise InvalidArtifact(f"blob {digest[:19]} is larger than its declared size")
+                    hasher.update(chunk)
+                    write_all(fd, chunk)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if written != size:
+                raise InvalidArtifact(f"blob {digest[:19]} is shorter than its declared size")
+            if "sha256:" + hasher.hexdigest() != digest:
+                raise InvalidArtifact(f"blob {digest[:19]} does not match its digest")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise
+        self._place_blob(partial, digest)
+        return True
+
+    # -- models ---------------------------------------------------------------------------------
+
+    def referenced_blobs(self) -> set[str]:
+        return {digest for entry in self._read_index() for digest in entry.files}
+
+    def add_model(self, manifest_bytes: bytes, tags: Iterable[str] = ()) -> str:
+        """Register a model whose blobs are all in the store; returns its ID (the manifest digest)."""
+        manifest = parse_manifest(manifest_bytes)
+        for blob in manifest.blobs:
+            if not self.has_blob(blob.digest, blob.size):
+                raise InvalidArtifact(
+                    f"blob {blob.digest[:19]} of the model is missing or has the wrong size"
+                )
+        parse_config_blob(self.read_blob(manifest.config.digest), manifest.config.media_type)
+        model_id = sha256_digest(manifest_bytes)
+        normalised = [full_tag(tag) for tag in tags]
+        with self._locked():
+            manifest_path = self.layout.manifest_path(model_id)
+            if not manifest_path.exists():
+                write_file_atomic(manifest_path, manifest_bytes)
+            entries = self._read_index()
+            entry = next((e for e in entries if e.id == model_id), None)
+            if entry is None:
+                entry = IndexEntry(id=model_id, files=[b.digest for b in manifest.blobs])
+                entries.append(entry)
+            self._move_tags(entries, entry, normalised)
+            self._write_index(entries)
+        return model_id
+
+    @staticmethod
+    def _move_tags(entries: list[IndexEntry], target: IndexEntry, tags: list[str]) -> None:
+        """A tag names one model: tagging B with A's tag takes it from A (A stays, maybe untagged)."""
+        for tag in tags:
+            for other in entries:
+                if other is not target and tag in other.tags:
+                    other.tags.remove(tag)
+            if tag not in target.tags:
+                target.tags.append(tag)
+
+    def tag(self, source: str, target: str) -> str:
+        tag = full_tag(target)
+        with self._locked():
+            entries = self._read_index()
+            entry = self._find(entries, source)
+            self._move_tags(entries, entry, [tag])
+            self._write_index(entries)
+        return tag
+
+    def delete(self, reference: str, force: bool = False) -> list[dict[str, str]]:
+        """`rm`: by tag, untag (and delete with the last tag); by ID, delete (409 if tagged many times)."""
+        text = reference.strip()
+        with self._locked():
+            entries = self._read_index()
+            entry = self._find(entries, text)
+            model_id = parse_model_id(text)
+            if model_id is not None and entry.id.startswith(model_id):
+                by_id = True
+            else:
+                by_id = parse_reference(text).digest is not None
+            events: list[dict[str, str]] = []
+            if by_id:
+                if len(entry.tags) > 1 and not force:
+                    raise Conflict(
+                        f"unable to delete {text[:80]} (must be forced) due to multiple tag references: "
+                        + ", ".join(entry.tags)
+                    )
+                events += [{"Untagged": tag} for tag in entry.tags]
+                entry.tags.clear()
+            else:
+                tag = full_tag(text)
+                entry.tags.remove(tag)
+                events.append({"Untagged": tag})
+            if not entry.tags:
+                entries.remove(entry)
+                self._write_index(entries)
+                self._remove_model_files(entry, entries)
+                events.append({"Deleted": entry.id})
+            else:
+                self._write_index(entries)
+        return events
+
+    def _remove_model_files(self, entry: IndexEntry, remaining: list[IndexEntry]) -> None:
+        """Called after the index no longer lists `entry`: remove what only it used."""
+        still_used = {digest for other in remaining for digest in other.files}
+        with contextlib.suppress(FileNotFoundError):
+            self.layout.manifest_path(entry.id).unlink()
+        shutil.rmtree(self.layout.bundle_path(entry.id), ignore_errors=True)
+        for digest in entry.files:
+            if digest not in still_used:
+                with contextlib.suppress(FileNotFoundError):
+                    self.layout.blob_path(digest).unlink()
+        self._cache.pop(entry.id, None)
+
+    def remove_unreferenced_blobs(self, digests: Iterable[str]) -> None:
+        """Undo blobs written by a failed operation, unless some model uses them."""
+        with self._locked():
+            used = self.referenced_blobs()
+            for digest in digests:
+                if digest not in used:
+                    with contextlib.suppress(FileNotFoundError):
+                        self.layout.blob_path(digest).unlink()
+
+    def repackage(self, source: str, target: str, context_size: int | None) -> str:
+        """New config and manifest over the same blobs (DMR's lightweight repackage)."""
+        model = self.get(source)
+        if model.manifest.config.media_type == mt.CONFIG_CNCF:
+            raise BadRequest("context size cannot be set on a CNCF-format model")
+        config_bytes = self.read_blob(model.manifest.config.digest)
+        if context_size is not None:
+            config_bytes = with_context_size(config_bytes, context_size)
+        config_digest = self.write_blob_bytes(config_bytes)
+        old = model.manifest
+        manifest = Manifest(
+            config=Descriptor(old.config.media_type, config_digest, len(config_bytes)),
+            layers=old.layers,
+            media_type=old.media_type,
+            artifact_type=old.artifact_type,
+        )
+        return self.add_model(manifest.to_bytes(), [target])
+
+    def bundle(self, reference: str) -> Path:
+        model = self.get(reference)
+        return build_bundle(self.layout, model.id, model.manifest, model.config.config)
+
+    def purge(self) -> None:
+        """Delete every model and blob; refuses on a folder that is not a store."""
+        if not self.layout.layout_file.is_file():
+            raise Conflict(
+                "refusing to purge: the models folder has no layout.json, so it is not a model store"
+            )
+        with self._locked():
+            for child in self.layout.root.iterdir():
+                if child == self.layout.lock_file:
+                    continue
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+            self._cache.clear()
+        self._init_layout()
