@@ -19,17 +19,9 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from modelrunner import config
+from modelrunner.errors import DaemonError
 
 DAEMON_START_TIMEOUT = 30.0
-
-
-class DaemonError(Exception):
-    """The daemon answered with an error (status >= 400) or could not be reached (status 0)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 def _error_message(status: int, body: bytes) -> str:

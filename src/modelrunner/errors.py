@@ -51,3 +51,11 @@ class UnsupportedMediaType(ModelRunnerError):
 
 class StoreCorrupted(ModelRunnerError):
     status_code = 500
+
+
+class DaemonError(ModelRunnerError):
+    """Client side: the daemon answered with an error status, or could not be reached (status 0)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status

@@ -7,7 +7,7 @@ import hashlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,11 +26,17 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_file_atomic(path: Path, data: bytes) -> None:
-    """temp file in the same folder -> fsync -> chmod 0644 -> rename: readers never see half a file."""
+    write_stream_atomic(path, [data])
+
+
+def write_stream_atomic(path: Path, chunks: Iterable[bytes]) -> None:
+    """temp file in the same folder -> fsync -> chmod 0644 -> rename: readers never see half a file,
+    and content that fails midway (an interrupted export) never replaces the old file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            for chunk in chunks:
+                handle.write(chunk)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)

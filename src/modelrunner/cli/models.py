@@ -2,38 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
+from modelrunner.cli.common import UsageError, client, display, short_id
 
 if TYPE_CHECKING:
     from modelrunner.client import Client
 
 
-def _client() -> Client:
-    from modelrunner.client import connect
-
-    return connect()
+def _absolute(path: str | None) -> str | None:
+    return str(Path(path).expanduser().absolute()) if path else None
 
 
-def _display(tag: str) -> str:
-    from modelrunner.reference import display_name
-
-    return display_name(tag)
-
-
-def _short_id(model_id: str) -> str:
-    return model_id.removeprefix("sha256:")[:12]
-
-
-def _absolute(path: Path | None) -> str | None:
-    return str(path.expanduser().absolute()) if path is not None else None
-
-
-def _package_remotely(client: Client, request: dict[str, Any], target: str) -> str:
+def _package_remotely(daemon: Client, request: dict[str, Any], target: str) -> str:
     """For a daemon on another machine: hash locally, then stream the artifact to it as a tar."""
     from modelrunner.artifact.builder import HashingSink, PackageSpec, build_artifact
     from modelrunner.artifact.tar_stream import file_chunks, tar_chunks
@@ -54,222 +39,77 @@ def _package_remotely(client: Client, request: dict[str, Any], target: str) -> s
     built = build_artifact(spec, sink)
     entries: list[tuple[str, int, Any]] = []
     for blob in built.manifest.blobs:
-        name = "blobs/sha256/" + blob.digest.removeprefix("sha256:")
         source = sink.files.get(blob.digest)
         content = file_chunks(source) if source is not None else [sink.blobs[blob.digest]]
-        entries.append((name, blob.size, content))
+        entries.append(("blobs/sha256/" + blob.digest.removeprefix("sha256:"), blob.size, content))
     entries.append(("manifest.json", len(built.manifest_bytes), [built.manifest_bytes]))
-    model_id = client.load(tar_chunks(entries))
-    client.tag_model(model_id, target)
+    model_id = daemon.load(tar_chunks(entries))
+    daemon.tag_model(model_id, target)
     return model_id
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def package(
-        target: Annotated[str, typer.Argument(help="Tag for the packaged model, e.g. myorg/mymodel:Q4_K_M.")],
-        gguf: Annotated[Path | None, typer.Option(help="GGUF file (shards of a set are found).")] = None,
-        safetensors_dir: Annotated[
-            Path | None,
-            typer.Option("--safetensors-dir", "--safetensors", help="Folder of a safetensors model."),
-        ] = None,
-        dduf: Annotated[Path | None, typer.Option(help="Diffusers DDUF file.")] = None,
-        from_model: Annotated[str | None, typer.Option("--from", help="Existing model to repackage.")] = None,
-        license: Annotated[
-            list[Path] | None, typer.Option("--license", "-l", help="License file (repeatable).")
-        ] = None,
-        mmproj: Annotated[Path | None, typer.Option(help="Multimodal projector file.")] = None,
-        chat_template: Annotated[Path | None, typer.Option(help="Jinja chat template file.")] = None,
-        context_size: Annotated[
-            int | None, typer.Option(help="Default context size in tokens.", min=1)
-        ] = None,
-    ) -> None:
-        """Package a GGUF file, safetensors folder or DDUF file into a model artifact."""
-        client = _client()
-        sources = [s for s in (gguf, safetensors_dir, dduf, from_model) if s is not None]
-        if len(sources) != 1:
-            raise typer.BadParameter("give exactly one of --gguf, --safetensors-dir, --dduf or --from")
-        only_context = from_model is not None and not (license or mmproj or chat_template)
-        if only_context:  # DMR's lightweight repackage: new config, same blobs
-            assert from_model is not None
-            result = client.repackage(from_model, target, context_size)
-            typer.echo(
-                f'Model "{from_model}" repackaged successfully as "{target}" ({_short_id(result["id"])})'
-            )
-            return
-        request: dict[str, Any] = {
-            "target": target,
-            "gguf": _absolute(gguf),
-            "safetensors_dir": _absolute(safetensors_dir),
-            "dduf": _absolute(dduf),
-            "from": from_model,
-            "licenses": [_absolute(p) for p in license or []],
-            "mmproj": _absolute(mmproj),
-            "chat_template": _absolute(chat_template),
-            "context_size": context_size,
-        }
-        if client.is_local:
-            model_id = client.package(request)["id"]
-        elif from_model is not None:
-            raise typer.BadParameter("--from with extra files needs a daemon on this machine")
-        else:
-            model_id = _package_remotely(client, request, target)
-        typer.echo(f'Model "{target}" packaged successfully ({_short_id(model_id)})')
-
-    @app.command("list")
-    def list_models(
-        model: Annotated[str | None, typer.Argument(help="Only models whose name contains this.")] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Raw JSON of the API.")] = False,
-        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only model IDs.")] = False,
-    ) -> None:
-        """List the models in the local store."""
-        _list(model, as_json, quiet)
-
-    @app.command("ls", hidden=True)
-    def ls(
-        model: Annotated[str | None, typer.Argument()] = None,
-        as_json: Annotated[bool, typer.Option("--json")] = False,
-        quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
-    ) -> None:
-        """List the models in the local store."""
-        _list(model, as_json, quiet)
-
-    @app.command()
-    def inspect(
-        model: Annotated[str, typer.Argument(help="Model name, tag or ID.")],
-        openai: Annotated[bool, typer.Option("--openai", help="As an OpenAI model object.")] = False,
-    ) -> None:
-        """Show a model's details as JSON."""
-        data = _client().get_model(model)
-        if openai:
-            data = {
-                "id": data["tags"][0] if data["tags"] else data["id"],
-                "object": "model",
-                "created": data["created"],
-                "owned_by": "docker",
-            }
-        typer.echo(json.dumps(data, indent=2))
-
-    @app.command()
-    def show(model: Annotated[str, typer.Argument(help="Model name, tag or ID.")]) -> None:
-        """Show a model's details, readable by a person."""
-        from datetime import UTC, datetime
-
-        data = _client().get_model(model)
-        cfg: dict[str, Any] = data.get("config") or {}
-        created = datetime.fromtimestamp(data.get("created") or 0, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        lines = [
-            f"Model: {data['id']}",
-            "Tags: " + (", ".join(_display(t) for t in data["tags"]) or "<none>"),
-            f"Created: {created}",
-        ]
-        for label, key in (
-            ("Format", "format"),
-            ("Architecture", "architecture"),
-            ("Parameters", "parameters"),
-            ("Size", "size"),
-            ("Quantization", "quantization"),
-            ("Context Size", "context_size"),
-        ):
-            if cfg.get(key) not in (None, ""):
-                lines.append(f"{label}: {cfg[key]}")
-        for label, key in (("GGUF", "gguf"), ("Safetensors", "safetensors"), ("Diffusers", "diffusers")):
-            section = cfg.get(key)
-            if section:
-                lines.append(f"{label} Metadata:")
-                lines += [f"  {k}: {v}" for k, v in sorted(section.items())]
-        typer.echo("\n".join(lines))
-
-    @app.command()
-    def tag(
-        source: Annotated[str, typer.Argument(help="Model name, tag or ID.")],
-        target: Annotated[str, typer.Argument(help="New tag.")],
-    ) -> None:
-        """Give a model another tag (a tag held by another model moves)."""
-        _client().tag_model(source, target)
-        typer.echo(f'Model "{source}" tagged successfully with "{target}"')
-
-    @app.command("rm")
-    def rm(
-        models: Annotated[list[str], typer.Argument(help="Models to remove.")],
-        force: Annotated[
-            bool, typer.Option("--force", "-f", help="Remove a model by ID even with many tags.")
-        ] = False,
-    ) -> None:
-        """Remove models from the local store."""
-        from modelrunner.client import DaemonError
-
-        client = _client()
-        failed = False
-        for name in models:
-            try:
-                for event in client.delete_model(name, force=force):
-                    for kind, value in event.items():
-                        typer.echo(f"{kind}: {_display(value) if kind == 'Untagged' else value}")
-            except DaemonError as exc:
-                print(f"Error: {exc.message}", file=sys.stderr)
-                failed = True
-        if failed:
-            raise typer.Exit(code=1)
-
-    @app.command()
-    def df() -> None:
-        """Show disk usage of models and engines."""
-        from modelrunner.cli.render import decimal_size, table
-
-        usage = _client().disk_usage()
-        rows = [
-            ["Models", decimal_size(usage["models_disk_usage"])],
-            ["Inference engine", decimal_size(usage["default_backend_disk_usage"])],
-        ]
-        typer.echo(table(["TYPE", "SIZE"], rows))
-
-    @app.command()
-    def purge(
-        force: Annotated[bool, typer.Option("--force", "-f", help="Do not ask for confirmation.")] = False,
-    ) -> None:
-        """Remove every model from the local store."""
-        if not force:
-            if not sys.stdin.isatty():
-                raise typer.BadParameter("purge deletes every model; confirm with --force")
-            if not typer.confirm("This removes every model in the store. Continue?"):
-                raise typer.Exit(code=1)
-        _client().purge()
-        typer.echo("Model store purged")
+def cmd_package(args: argparse.Namespace) -> None:
+    sources = [s for s in (args.gguf, args.safetensors_dir, args.dduf, args.from_model) if s is not None]
+    if len(sources) != 1:
+        raise UsageError("give exactly one of --gguf, --safetensors-dir, --dduf or --from")
+    if args.context_size is not None and args.context_size < 1:
+        raise UsageError("--context-size must be a positive number of tokens")
+    daemon = client()
+    if args.from_model is not None and not (args.license or args.mmproj or args.chat_template):
+        # DMR's lightweight repackage: a new config over the same blobs.
+        result = daemon.repackage(args.from_model, args.target, args.context_size)
+        print(
+            f'Model "{args.from_model}" repackaged successfully as "{args.target}" ({short_id(result["id"])})'
+        )
+        return
+    request: dict[str, Any] = {
+        "target": args.target,
+        "gguf": _absolute(args.gguf),
+        "safetensors_dir": _absolute(args.safetensors_dir),
+        "dduf": _absolute(args.dduf),
+        "from": args.from_model,
+        "licenses": [_absolute(p) for p in args.license],
+        "mmproj": _absolute(args.mmproj),
+        "chat_template": _absolute(args.chat_template),
+        "context_size": args.context_size,
+    }
+    if daemon.is_local:
+        model_id = daemon.package(request)["id"]
+    elif args.from_model is not None:
+        raise UsageError("--from with extra files needs a model runner on this machine")
+    else:
+        model_id = _package_remotely(daemon, request, args.target)
+    print(f'Model "{args.target}" packaged successfully ({short_id(model_id)})')
 
 
-def _list(model: str | None, as_json: bool, quiet: bool) -> None:
+def cmd_list(args: argparse.Namespace) -> None:
     from modelrunner.cli.render import ago, table
 
-    models = _client().list_models()
-    if model:
-        needle = model.lower()
+    models = client().list_models()
+    if args.model:
+        needle = args.model.lower()
         models = [
             m for m in models if any(needle in t.lower() for t in m["tags"]) or m["id"].startswith(needle)
         ]
-    if as_json:
-        typer.echo(json.dumps(models, indent=2))
+    if args.json:
+        print(json.dumps(models, indent=2))
         return
-    if quiet:
-        seen: list[str] = []
-        for m in models:
-            if _short_id(m["id"]) not in seen:
-                seen.append(_short_id(m["id"]))
-        if seen:
-            typer.echo("\n".join(seen))
+    if args.quiet:
+        for model_id in dict.fromkeys(short_id(m["id"]) for m in models):
+            print(model_id)
         return
     rows = []
     for m in models:
         cfg = m.get("config") or {}
         context = cfg.get("context_size")
-        for name in [_display(t) for t in m["tags"]] or ["<none>"]:
+        for name in [display(t) for t in m["tags"]] or ["<none>"]:
             rows.append(
                 [
                     name,
                     str(cfg.get("parameters", "")),
                     str(cfg.get("quantization", "")),
                     str(cfg.get("architecture", "")),
-                    _short_id(m["id"]),
+                    short_id(m["id"]),
                     ago(int(m.get("created") or 0)),
                     str(context) if context else "",
                     str(cfg.get("size", "")),
@@ -286,4 +126,180 @@ def _list(model: str | None, as_json: bool, quiet: bool) -> None:
         "CONTEXT",
         "SIZE",
     ]
-    typer.echo(table(headers, rows))
+    print(table(headers, rows))
+
+
+def cmd_inspect(args: argparse.Namespace) -> None:
+    data = client().get_model(args.model)
+    if args.openai:
+        data = {
+            "id": data["tags"][0] if data["tags"] else data["id"],
+            "object": "model",
+            "created": data["created"],
+            "owned_by": "docker",
+        }
+    print(json.dumps(data, indent=2))
+
+
+def cmd_show(args: argparse.Namespace) -> None:
+    from datetime import UTC, datetime
+
+    data = client().get_model(args.model)
+    cfg: dict[str, Any] = data.get("config") or {}
+    created = datetime.fromtimestamp(data.get("created") or 0, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    lines = [
+        f"Model: {data['id']}",
+        "Tags: " + (", ".join(display(t) for t in data["tags"]) or "<none>"),
+        f"Created: {created}",
+    ]
+    for label, key in (
+        ("Format", "format"),
+        ("Architecture", "architecture"),
+        ("Parameters", "parameters"),
+        ("Size", "size"),
+        ("Quantization", "quantization"),
+        ("Context Size", "context_size"),
+    ):
+        if cfg.get(key) not in (None, ""):
+            lines.append(f"{label}: {cfg[key]}")
+    for label, key in (("GGUF", "gguf"), ("Safetensors", "safetensors"), ("Diffusers", "diffusers")):
+        section = cfg.get(key)
+        if section:
+            lines.append(f"{label} Metadata:")
+            lines += [f"  {k}: {v}" for k, v in sorted(section.items())]
+    print("\n".join(lines))
+
+
+def cmd_tag(args: argparse.Namespace) -> None:
+    client().tag_model(args.source, args.target)
+    print(f'Model "{args.source}" tagged successfully with "{args.target}"')
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from modelrunner.errors import DaemonError
+
+    daemon = client()
+    failed = False
+    for name in args.models:
+        try:
+            for event in daemon.delete_model(name, force=args.force):
+                for kind, value in event.items():
+                    print(f"{kind}: {display(value) if kind == 'Untagged' else value}")
+        except DaemonError as exc:
+            print(f"Error: {exc.message}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from modelrunner.fileio import write_stream_atomic
+
+    output = Path(args.output)
+    write_stream_atomic(output, client().export(args.model))
+    print(f'Model "{args.model}" exported to {output}')
+
+
+def cmd_load(args: argparse.Namespace) -> None:
+    from modelrunner.artifact.tar_stream import file_chunks
+    from modelrunner.fileio import require_regular_file
+
+    source = Path(args.input)
+    require_regular_file(source, "model archive")
+    daemon = client()
+    model_id = daemon.load(file_chunks(source))
+    if args.tag:
+        daemon.tag_model(model_id, args.tag)
+    print(f"Loaded model {model_id}" + (f' as "{args.tag}"' if args.tag else ""))
+
+
+def cmd_df(_: argparse.Namespace) -> None:
+    from modelrunner.cli.render import decimal_size, table
+
+    usage = client().disk_usage()
+    rows = [
+        ["Models", decimal_size(usage["models_disk_usage"])],
+        ["Inference engine", decimal_size(usage["default_backend_disk_usage"])],
+    ]
+    print(table(["TYPE", "SIZE"], rows))
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    if not args.force:
+        if not sys.stdin.isatty():
+            raise UsageError("purge deletes every model; confirm with --force")
+        if input("This removes every model in the store. Continue? [y/N] ").strip().lower() not in (
+            "y",
+            "yes",
+        ):
+            return 1
+    client().purge()
+    print("Model store purged")
+    return 0
+
+
+def add_commands(commands: Any) -> None:
+    package = commands.add_parser(
+        "package",
+        help="Package a GGUF file, safetensors folder or DDUF file into a model artifact.",
+        description="Package model files into a DMR-compatible OCI artifact in the local store.",
+    )
+    package.add_argument("target", help="tag for the packaged model, e.g. myorg/mymodel:Q4_K_M")
+    package.add_argument("--gguf", metavar="PATH", help="GGUF file (the other shards of a set are found)")
+    package.add_argument(
+        "--safetensors-dir", "--safetensors", metavar="DIR", help="folder of a safetensors model"
+    )
+    package.add_argument("--dduf", metavar="PATH", help="diffusers DDUF file")
+    package.add_argument("--from", dest="from_model", metavar="MODEL", help="existing model to repackage")
+    package.add_argument(
+        "-l", "--license", action="append", default=[], metavar="PATH", help="license (repeatable)"
+    )
+    package.add_argument("--mmproj", metavar="PATH", help="multimodal projector file")
+    package.add_argument("--chat-template", metavar="PATH", help="Jinja chat template file")
+    package.add_argument("--context-size", type=int, metavar="N", help="default context size in tokens")
+    package.set_defaults(handler=cmd_package)
+
+    for name in ("list", "ls"):
+        listing = commands.add_parser(
+            name, help="List the models in the local store." if name == "list" else None
+        )
+        listing.add_argument("model", nargs="?", help="only models whose name contains this")
+        listing.add_argument("--json", action="store_true", help="raw JSON of the API")
+        listing.add_argument("-q", "--quiet", action="store_true", help="only model IDs")
+        listing.set_defaults(handler=cmd_list)
+
+    inspect = commands.add_parser("inspect", help="Show a model's details as JSON.")
+    inspect.add_argument("model", help="model name, tag or ID")
+    inspect.add_argument("--openai", action="store_true", help="as an OpenAI model object")
+    inspect.set_defaults(handler=cmd_inspect)
+
+    show = commands.add_parser("show", help="Show a model's details, readable by a person.")
+    show.add_argument("model", help="model name, tag or ID")
+    show.set_defaults(handler=cmd_show)
+
+    tag = commands.add_parser("tag", help="Give a model another tag (a tag held by another model moves).")
+    tag.add_argument("source", help="model name, tag or ID")
+    tag.add_argument("target", help="new tag")
+    tag.set_defaults(handler=cmd_tag)
+
+    rm = commands.add_parser("rm", help="Remove models from the local store.")
+    rm.add_argument("models", nargs="+", metavar="MODEL")
+    rm.add_argument(
+        "-f", "--force", action="store_true", help="remove a model by ID even when it has many tags"
+    )
+    rm.set_defaults(handler=cmd_rm)
+
+    export = commands.add_parser("export", help="Write a model to a tar archive (DMR's export format).")
+    export.add_argument("model", help="model name, tag or ID")
+    export.add_argument("-o", "--output", required=True, metavar="FILE", help="archive to write")
+    export.set_defaults(handler=cmd_export)
+
+    load = commands.add_parser("load", help="Load a model from a tar archive made by `model export`.")
+    load.add_argument("input", metavar="FILE", help="archive to read")
+    load.add_argument("-t", "--tag", help="tag to give the loaded model")
+    load.set_defaults(handler=cmd_load)
+
+    commands.add_parser("df", help="Show disk usage of models and engines.").set_defaults(handler=cmd_df)
+
+    purge = commands.add_parser("purge", help="Remove every model from the local store.")
+    purge.add_argument("-f", "--force", action="store_true", help="do not ask for confirmation")
+    purge.set_defaults(handler=cmd_purge)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import time
-from typing import Annotated
-
-import typer
+from typing import Any
 
 from modelrunner import __version__, config
 
@@ -26,7 +25,7 @@ def _stop_daemon() -> bool:
         except ProcessLookupError:
             return True
         time.sleep(0.05)
-    raise typer.Exit(code=1)
+    raise TimeoutError("the model runner did not stop within 30 s")
 
 
 def _start_daemon() -> None:
@@ -35,57 +34,62 @@ def _start_daemon() -> None:
     target = config.client_target()
     client = Client(target.base_url)
     if client.ping():
-        typer.echo(f"The model runner is already running at {target.base_url}")
+        print(f"The model runner is already running at {target.base_url}")
         return
     wait_until_up(client, start_daemon_in_background(), 30.0)
-    typer.echo(f"The model runner is running at {target.base_url}")
+    print(f"The model runner is running at {target.base_url}")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def serve(
-        host: Annotated[str, typer.Option(help="Address to listen on.")] = config.DEFAULT_HOST,
-        port: Annotated[int | None, typer.Option(help="Port (default: MODEL_RUNNER_PORT or 12434).")] = None,
-        models_path: Annotated[str | None, typer.Option("--models-path", help="Model store folder.")] = None,
-    ) -> None:
-        """Run the model runner daemon in the foreground."""
-        from modelrunner.server.daemon import serve as run_daemon
+def cmd_serve(args: argparse.Namespace) -> None:
+    from modelrunner.server.daemon import serve
 
-        if models_path:
-            os.environ["MODELS_PATH"] = models_path
-        run_daemon(host, port if port is not None else config.daemon_port())
+    if args.models_path:
+        os.environ["MODELS_PATH"] = args.models_path
+    serve(args.host, args.port if args.port is not None else config.daemon_port())
 
-    @app.command("start-runner")
-    def start_runner(
-        port: Annotated[int | None, typer.Option(help="Port (default: MODEL_RUNNER_PORT or 12434).")] = None,
-    ) -> None:
-        """Start the model runner daemon in the background."""
-        if port is not None:
-            os.environ["MODEL_RUNNER_PORT"] = str(port)
-        _start_daemon()
 
-    @app.command("stop-runner")
-    def stop_runner() -> None:
-        """Stop the background model runner daemon."""
-        if _stop_daemon():
-            typer.echo("The model runner has stopped")
-        else:
-            typer.echo("The model runner is not running")
+def cmd_start_runner(args: argparse.Namespace) -> None:
+    if args.port is not None:
+        os.environ["MODEL_RUNNER_PORT"] = str(args.port)
+    _start_daemon()
 
-    @app.command("restart-runner")
-    def restart_runner() -> None:
-        """Stop, then start the background model runner daemon."""
-        _stop_daemon()
-        _start_daemon()
 
-    @app.command()
-    def version() -> None:
-        """Show the client and server versions."""
-        from modelrunner.client import DaemonError, connect
+def cmd_stop_runner(_: argparse.Namespace) -> None:
+    print("The model runner has stopped" if _stop_daemon() else "The model runner is not running")
 
-        typer.echo(f"Client: modelrunner {__version__}")
-        try:
-            server = connect(autostart=False).version()
-            typer.echo(f"Server: modelrunner {server.get('version', '?')}")
-        except DaemonError:
-            typer.echo("Server: not running")
+
+def cmd_restart_runner(_: argparse.Namespace) -> None:
+    _stop_daemon()
+    _start_daemon()
+
+
+def cmd_version(_: argparse.Namespace) -> None:
+    from modelrunner.client import connect
+    from modelrunner.errors import DaemonError
+
+    print(f"Client: modelrunner {__version__}")
+    try:
+        print(f"Server: modelrunner {connect(autostart=False).version().get('version', '?')}")
+    except DaemonError:
+        print("Server: not running")
+
+
+def add_commands(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="Run the model runner daemon in the foreground.")
+    serve.add_argument(
+        "--host", default=config.DEFAULT_HOST, help="Address to listen on (default 127.0.0.1)."
+    )
+    serve.add_argument("--port", type=int, help="Port (default: MODEL_RUNNER_PORT or 12434).")
+    serve.add_argument("--models-path", help="Model store folder (default: MODELS_PATH).")
+    serve.set_defaults(handler=cmd_serve)
+
+    start = commands.add_parser("start-runner", help="Start the model runner daemon in the background.")
+    start.add_argument("--port", type=int, help="Port (default: MODEL_RUNNER_PORT or 12434).")
+    start.set_defaults(handler=cmd_start_runner)
+
+    commands.add_parser("stop-runner", help="Stop the background daemon.").set_defaults(
+        handler=cmd_stop_runner
+    )
+    restart = commands.add_parser("restart-runner", help="Stop, then start the background daemon.")
+    restart.set_defaults(handler=cmd_restart_runner)
+    commands.add_parser("version", help="Show client and server versions.").set_defaults(handler=cmd_version)

@@ -16,7 +16,7 @@ from modelrunner.artifact.builder import BuiltArtifact, PackageSpec, build_artif
 from modelrunner.errors import BadRequest
 from modelrunner.server.body_stream import consume_in_thread
 from modelrunner.store.archive import export_chunks, load_archive
-from modelrunner.store.store import ModelStore
+from modelrunner.store.store import ModelStore, full_tag
 
 
 class RepackageRequest(BaseModel):
@@ -93,6 +93,7 @@ def build_models_router(store: ModelStore) -> APIRouter:
     def package_model(body: PackageRequest, request: Request) -> dict[str, Any]:
         if not _is_loopback(request):
             raise BadRequest("packaging from file paths is only allowed for clients on this machine")
+        tags = [full_tag(body.target)] if body.target else []  # a bad tag fails before any work
         spec = PackageSpec(
             gguf=_absolute(body.gguf, "gguf"),
             safetensors_dir=_absolute(body.safetensors_dir, "safetensors_dir"),
@@ -112,7 +113,6 @@ def build_models_router(store: ModelStore) -> APIRouter:
                 )
             else:
                 built = build_artifact(spec, sink)
-            tags = [body.target] if body.target else []
             model_id = store.add_model(built.manifest_bytes, tags)
         except BaseException:
             with contextlib.suppress(Exception):

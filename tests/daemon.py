@@ -1,0 +1,127 @@
+"""A real daemon process for integration tests: `python -m modelrunner serve` on a free port."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def runner_env(home: Path, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MODELS_PATH", "MODEL_RUNNER_HOST")}
+    env.update({"MODEL_RUNNER_HOME": str(home), "MODEL_RUNNER_PORT": str(port)})
+    return env
+
+
+def snapshot(root: Path) -> dict[str, int]:
+    """Every file under root with its size: what "the store is unchanged" is checked against."""
+    return {
+        str(p.relative_to(root)): p.stat().st_size
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith(".lock")
+    }
+
+
+@dataclass
+class Daemon:
+    home: Path
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.home / "test-daemon.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return runner_env(self.home, self.port)
+
+    @property
+    def store_root(self) -> Path:
+        return self.home / "models"
+
+    def start(self) -> Daemon:
+        self.home.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "modelrunner", "serve"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/version", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None:
+                raise RuntimeError("daemon exited at start:\n" + self.log.read_text())
+            time.sleep(0.05)
+        raise RuntimeError("daemon did not start:\n" + self.log.read_text())
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def http(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        kwargs.setdefault("timeout", 60)
+        return httpx.request(method, self.url + path, **kwargs)
+
+    def cli(
+        self, *args: str, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "modelrunner", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            input=stdin,
+            timeout=120,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"model {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+        return result
+
+    def models(self) -> list[dict[str, Any]]:
+        response = self.http("GET", "/models")
+        response.raise_for_status()
+        result: list[dict[str, Any]] = response.json()
+        return result
+
+
+def error_message(response: httpx.Response) -> str:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    message = body["error"]["message"]
+    assert isinstance(message, str) and message
+    assert body["error"]["code"] == response.status_code
+    return message
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

