@@ -180,6 +180,115 @@ class Client:
         result: dict[str, int] = self.call("GET", "/engines/df")
         return result
 
+    def _progress_lines(self, path: str, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """POST, then yield the streamed progress events one by one as they arrive."""
+        response = self.open(
+            "POST",
+            path,
+            body=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        with response:
+            while line := response.readline():
+                if line.strip():
+                    yield json.loads(line)
+
+    def pull(self, name: str, bearer_token: str | None = None) -> Iterator[dict[str, Any]]:
+        payload: dict[str, Any] = {"from": name}
+        if bearer_token:
+            payload["bearer-token"] = bearer_token
+        return self._progress_lines("/models/create", payload)
+
+    def push(self, name: str, bearer_token: str | None = None) -> Iterator[dict[str, Any]]:
+        payload: dict[str, Any] = {"bearer-token": bearer_token} if bearer_token else {}
+        return self._progress_lines(f"/models/{model_path(name)}/push", payload)
+
+    # -- inference and the scheduler ---------------------------------------------------------------
+
+    def chat_stream(
+        self, model: str, messages: list[dict[str, Any]], backend: str | None = None, **options: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Stream a chat completion: yields each SSE event's JSON (OpenAI chunks, or an error)."""
+        prefix = f"/engines/{backend}" if backend else "/engines"
+        payload = {"model": model, "messages": messages, "stream": True, **options}
+        response = self.open(
+            "POST",
+            f"{prefix}/v1/chat/completions",
+            body=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        )
+        with response:
+            for raw in response:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                yield json.loads(data)
+
+    def preload(self, model: str, backend: str | None = None) -> None:
+        prefix = f"/engines/{backend}" if backend else "/engines"
+        self.call(
+            "POST",
+            f"{prefix}/v1/chat/completions",
+            payload={"model": model, "messages": []},
+            headers={"X-Preload-Only": "true"},
+        )
+
+    def ps(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.call("GET", "/engines/ps")
+        return result
+
+    def unload(self, models: list[str], unload_all: bool, backend: str | None) -> int:
+        payload: dict[str, Any] = {"all": unload_all, "models": models}
+        if backend:
+            payload["backend"] = backend
+        result: dict[str, int] = self.call("POST", "/engines/unload", payload=payload)
+        return result["unloaded_runners"]
+
+    def configure(self, request: dict[str, Any], backend: str | None = None) -> None:
+        path = f"/engines/{backend}/_configure" if backend else "/engines/_configure"
+        self.call("POST", path, payload=request)
+
+    def configuration(self, model: str | None = None) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.call(
+            "GET", "/engines/_configure", params={"model": model} if model else None
+        )
+        return result
+
+    def logs(self, follow: bool, no_engines: bool) -> Iterator[bytes]:
+        params = {"follow": str(follow).lower(), "no-engines": str(no_engines).lower()}
+        response = self.open("GET", "/logs", params=params, timeout=1e9 if follow else None)
+        with response:
+            while chunk := response.read1(64 * 1024):
+                yield chunk
+
+    # -- engines ------------------------------------------------------------------------------------
+
+    def engines_status(self) -> dict[str, str]:
+        """DMR's shape: {backend: "Running: llama.cpp b11434" | "Not Installed: ..." | ...}."""
+        result: dict[str, str] = self.call("GET", "/engines/status", timeout=30.0)
+        return result
+
+    def engines_info(self) -> dict[str, Any]:
+        """Structured engine states, the platform and the accelerator found (our route)."""
+        result: dict[str, Any] = self.call("GET", "/engines/info", timeout=30.0)
+        return result
+
+    def install_backend(
+        self, backend: str, gpu: str = "auto", version: str | None = None, force: bool = False
+    ) -> Iterator[dict[str, Any]]:
+        """Stream the install's progress events; the last is {"type": "success"|"error", ...}."""
+        payload: dict[str, Any] = {"backend": backend, "gpu": gpu, "force": force}
+        if version:
+            payload["version"] = version
+        return self._progress_lines("/engines/install-backend", payload)
+
+    def uninstall_backend(self, backend: str) -> dict[str, str]:
+        result: dict[str, str] = self.call("POST", "/engines/uninstall-backend", payload={"backend": backend})
+        return result
+
 
 def split_tag(target: str) -> tuple[str, str]:
     """`repo[:tag]` -> (repo, tag), minding registry ports (`host:5000/repo`)."""
@@ -193,7 +302,7 @@ def start_daemon_in_background() -> subprocess.Popen[bytes]:
     """`model serve` detached from this terminal, logging to the runner's log folder."""
     log_dir = config.logs_dir()
     log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / "daemon.log", "ab") as log:
+    with open(log_dir / "daemon.stdout.log", "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "modelrunner", "serve"],
             stdin=subprocess.DEVNULL,
@@ -210,7 +319,9 @@ def wait_until_up(client: Client, process: subprocess.Popen[bytes] | None, timeo
         if client.ping():
             return
         if process is not None and process.poll() is not None:
-            raise DaemonError(0, f"the model runner exited at start; see {config.logs_dir() / 'daemon.log'}")
+            raise DaemonError(
+                0, f"the model runner exited at start; see {config.logs_dir() / 'daemon.stdout.log'}"
+            )
         time.sleep(0.05)
     raise DaemonError(0, f"the model runner did not start within {timeout:.0f} s")
 

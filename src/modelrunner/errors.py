@@ -59,3 +59,23 @@ class DaemonError(ModelRunnerError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status_code = status
+
+
+class UnknownEngine(ModelRunnerError):
+    """A backend name that no engine answers to (DMR: 404)."""
+
+    status_code = 404
+
+
+class EngineUnsupported(BadRequest):
+    """An engine that cannot be installed here: wrong platform, or not available in modelrunner yet."""
+
+
+class EngineNotInstalled(ModelRunnerError):
+    """The engine a request needs is not installed; the message says how to install it."""
+
+    status_code = 412
+
+
+class EngineInstallError(ModelRunnerError):
+    """Fetching, building or placing an engine failed."""

@@ -117,7 +117,12 @@ def copy_and_hash(source: Path, dest: Path, what: str = "file") -> tuple[str, in
     digest = hashlib.sha256()
     size = 0
     try:
-        with open(dest, "xb", buffering=0) as out, ThreadPoolExecutor(max_workers=1) as writer:
+        out_file = open(dest, "xb", buffering=0)  # noqa: SIM115 - closed by the with below
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        with out_file as out, ThreadPoolExecutor(max_workers=1) as writer:
             pending = None
             for chunk in _read_chunks(fd):
                 if pending is not None:

@@ -10,16 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from modelrunner.artifact.dduf import read_dduf
+from modelrunner.artifact.units import format_size
+from modelrunner.errors import InvalidModelFile
 from tests.models import (
     tiny_dduf_entries,
     write_dduf_with_compressed_entry,
     write_dduf_with_entry_name,
     write_tiny_dduf,
 )
-
-from modelrunner.artifact.dduf import read_dduf
-from modelrunner.artifact.units import format_size
-from modelrunner.errors import InvalidModelFile
 
 
 def test_tiny_dduf(tmp_path: Path) -> None:

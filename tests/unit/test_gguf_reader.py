@@ -8,6 +8,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+
+from modelrunner.artifact.gguf import find_gguf_shards, read_gguf
+from modelrunner.artifact.units import format_size
+from modelrunner.errors import InvalidModelFile
 from tests.models import (
     CHAT_TEMPLATE,
     spm_vocab,
@@ -15,10 +19,6 @@ from tests.models import (
     write_tiny_gguf,
     write_tiny_gguf_shards,
 )
-
-from modelrunner.artifact.gguf import find_gguf_shards, read_gguf
-from modelrunner.artifact.units import format_size
-from modelrunner.errors import InvalidModelFile
 
 TINY_PARAMS = sum(math.prod(s) for s in tiny_llama_tensor_shapes(len(spm_vocab()[0])).values())
 

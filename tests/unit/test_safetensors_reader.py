@@ -11,16 +11,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from modelrunner.artifact.safetensors import find_safetensors_shards, read_safetensors
+from modelrunner.artifact.units import format_size
+from modelrunner.errors import InvalidModelFile
 from tests.models import (
     TINY_HF_VOCAB,
     tiny_hf_llama_shapes,
     write_safetensors,
     write_tiny_safetensors_dir,
 )
-
-from modelrunner.artifact.safetensors import find_safetensors_shards, read_safetensors
-from modelrunner.artifact.units import format_size
-from modelrunner.errors import InvalidModelFile
 
 TINY_PARAMS = sum(math.prod(s) for s in tiny_hf_llama_shapes(TINY_HF_VOCAB).values())
 

@@ -101,6 +101,18 @@ def check_relative_path(path: str, what: str = "file") -> str:
     return path
 
 
+def check_paths_distinct(paths: list[str]) -> None:
+    """No two files at one path, and no file where another needs a folder (`a` and `a/b`)."""
+    seen = set(paths)
+    if len(seen) != len(paths):
+        raise InvalidArtifact("two layers of the model have the same file path")
+    for path in paths:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            if "/".join(parts[:depth]) in seen:
+                raise InvalidArtifact(f"layer path {path[:80]!r} lies under another layer's file")
+
+
 def parse_manifest(data: bytes) -> Manifest:
     """Parse an untrusted manifest; raises InvalidArtifact or UnsupportedMediaType with a clear message."""
     if len(data) > MAX_MANIFEST_BYTES:
@@ -114,7 +126,7 @@ def parse_manifest(data: bytes) -> Manifest:
     if doc.get("schemaVersion") != 2:
         raise InvalidArtifact("manifest schemaVersion must be 2")
     media_type = doc.get("mediaType", mt.OCI_MANIFEST)
-    if media_type not in mt.MANIFEST_TYPES:
+    if not isinstance(media_type, str) or media_type not in mt.MANIFEST_TYPES:
         raise InvalidArtifact(f"unsupported manifest media type: {str(media_type)[:100]}")
     config = _descriptor(doc.get("config"), "config")
     if config.media_type not in mt.SUPPORTED_CONFIG_TYPES:
@@ -131,9 +143,7 @@ def parse_manifest(data: bytes) -> Manifest:
     for layer in layers:
         if layer.media_type not in mt.LAYER_TYPES:
             raise InvalidArtifact(f"unknown layer media type: {layer.media_type[:100]}")
-    paths = [layer.filepath for layer in layers if layer.filepath]
-    if len(paths) != len(set(paths)):
-        raise InvalidArtifact("manifest has two layers with the same file path")
+    check_paths_distinct([layer.filepath for layer in layers if layer.filepath])
     artifact_type = doc.get("artifactType")
     return Manifest(
         config=config,

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from modelrunner import __version__
-from modelrunner.cli import models, runner
+from modelrunner.cli import bench, distribution, engines, inference, models, runner
 from modelrunner.cli.common import UsageError
 
 
@@ -22,7 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"modelrunner {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     models.add_commands(commands)
+    inference.add_commands(commands)
+    bench.add_commands(commands)
     runner.add_commands(commands)
+    distribution.add_commands(commands)
+    engines.add_commands(commands)
     return parser
 
 

@@ -48,7 +48,16 @@ def _package_remotely(daemon: Client, request: dict[str, Any], target: str) -> s
     return model_id
 
 
-def cmd_package(args: argparse.Namespace) -> None:
+def _push_packaged(daemon: Client, args: argparse.Namespace) -> int:
+    """`package --push`: DMR's one-step package and push of the target."""
+    if not args.push:
+        return 0
+    from modelrunner.cli.distribution import render_transfer
+
+    return render_transfer(daemon.push(args.target), False, "push")
+
+
+def cmd_package(args: argparse.Namespace) -> int:
     sources = [s for s in (args.gguf, args.safetensors_dir, args.dduf, args.from_model) if s is not None]
     if len(sources) != 1:
         raise UsageError("give exactly one of --gguf, --safetensors-dir, --dduf or --from")
@@ -61,7 +70,7 @@ def cmd_package(args: argparse.Namespace) -> None:
         print(
             f'Model "{args.from_model}" repackaged successfully as "{args.target}" ({short_id(result["id"])})'
         )
-        return
+        return _push_packaged(daemon, args)
     request: dict[str, Any] = {
         "target": args.target,
         "gguf": _absolute(args.gguf),
@@ -80,6 +89,7 @@ def cmd_package(args: argparse.Namespace) -> None:
     else:
         model_id = _package_remotely(daemon, request, args.target)
     print(f'Model "{args.target}" packaged successfully ({short_id(model_id)})')
+    return _push_packaged(daemon, args)
 
 
 def cmd_list(args: argparse.Namespace) -> None:
@@ -256,16 +266,14 @@ def add_commands(commands: Any) -> None:
     package.add_argument("--mmproj", metavar="PATH", help="multimodal projector file")
     package.add_argument("--chat-template", metavar="PATH", help="Jinja chat template file")
     package.add_argument("--context-size", type=int, metavar="N", help="default context size in tokens")
+    package.add_argument("--push", action="store_true", help="push the target to its registry once packaged")
     package.set_defaults(handler=cmd_package)
 
-    for name in ("list", "ls"):
-        listing = commands.add_parser(
-            name, help="List the models in the local store." if name == "list" else None
-        )
-        listing.add_argument("model", nargs="?", help="only models whose name contains this")
-        listing.add_argument("--json", action="store_true", help="raw JSON of the API")
-        listing.add_argument("-q", "--quiet", action="store_true", help="only model IDs")
-        listing.set_defaults(handler=cmd_list)
+    listing = commands.add_parser("list", aliases=["ls"], help="List the models in the local store.")
+    listing.add_argument("model", nargs="?", help="only models whose name contains this")
+    listing.add_argument("--json", action="store_true", help="raw JSON of the API")
+    listing.add_argument("-q", "--quiet", action="store_true", help="only model IDs")
+    listing.set_defaults(handler=cmd_list)
 
     inspect = commands.add_parser("inspect", help="Show a model's details as JSON.")
     inspect.add_argument("model", help="model name, tag or ID")

@@ -1,7 +1,17 @@
-"""The daemon's HTTP application: one router module per API family, errors mapped in one place."""
+"""The daemon's application: raw ASGI inference relay and FastAPI routers, behind the security middleware.
+
+SecurityMiddleware -> Dispatcher -> inference routes (InferenceHandler: scheduler + proxy)
+                                 -> everything else (FastAPI: models, openai listing, admin, engines)
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -9,40 +19,119 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from modelrunner import __version__, config
+from modelrunner.engines.base import Engine
+from modelrunner.scheduler.memory import memory_budget
+from modelrunner.scheduler.scheduler import Scheduler, SchedulerLimits
+from modelrunner.scheduler.settings import SettingsStore
+from modelrunner.server.admin_api import build_admin_router
+from modelrunner.server.distribution_api import build_distribution_router
+from modelrunner.server.engines_api import build_engines_router
 from modelrunner.server.errors import install_error_handlers
+from modelrunner.server.inference import InferenceHandler, match_route
 from modelrunner.server.models_api import build_models_router
+from modelrunner.server.openai_api import build_openai_router
+from modelrunner.server.proxy import App, Receive, Scope, Send
+from modelrunner.server.security import SecurityMiddleware, SecurityPolicy
 from modelrunner.store.store import ModelStore
 
-
-def _folder_size(path: Path) -> int:
-    total = 0
-    if path.is_dir():
-        for item in path.rglob("*"):
-            if item.is_file() and not item.is_symlink():
-                total += item.stat().st_size
-    return total
+_ALIASES = ("/v1/", "/rerank", "/score")
 
 
-def create_app(store: ModelStore | None = None) -> FastAPI:
+def default_engines() -> Mapping[str, Engine]:
+    from modelrunner.engines.registry import default_registry
+
+    return {engine.name: engine for engine in default_registry()}
+
+
+def runtime_dir() -> Path:
+    """Sockets and pid records of runners. Short, because a Unix socket path is limited to 107 bytes;
+    derived from the runner home, so a restarted daemon finds what its predecessor left."""
+    digest = hashlib.sha256(str(config.runner_home().resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"modelrunner-{os.getuid()}-{digest}"
+
+
+def scheduler_limits() -> SchedulerLimits:
+    cpus = os.cpu_count() or 2
+    return SchedulerLimits(
+        max_runners=int(os.environ.get("MODEL_RUNNER_MAX_RUNNERS") or min(cpus, 8)),
+        memory_budget=memory_budget(),
+        max_waiting=int(os.environ.get("MODEL_RUNNER_MAX_QUEUE") or 64),
+    )
+
+
+@dataclass
+class Daemon:
+    """The pieces of a running daemon, for tests and for the entry point."""
+
+    store: ModelStore
+    scheduler: Scheduler
+    engines: Mapping[str, Engine]
+    asgi: App
+
+
+class Dispatcher:
+    """Inference routes go straight to the relay; `/v1/...` aliases become `/engines/v1/...`."""
+
+    def __init__(self, api: App, inference: InferenceHandler) -> None:
+        self.api = api
+        self.inference = inference
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            route = match_route(path)
+            if route is not None:
+                await self.inference(scope, receive, send, route)
+                return
+            if path.startswith(_ALIASES):
+                scope = {**scope, "path": "/engines" + path, "raw_path": ("/engines" + path).encode()}
+        await self.api(scope, receive, send)
+
+
+def build_daemon(
+    store: ModelStore | None = None, engines: Mapping[str, Engine] | None = None, bind_host: str = "127.0.0.1"
+) -> Daemon:
     store = store or ModelStore(config.models_path())
-    app = FastAPI(title="modelrunner", version=__version__, docs_url=None, redoc_url=None)
-    install_error_handlers(app)
-    app.state.store = store
+    engines = engines if engines is not None else default_engines()
+    logs_dir = config.logs_dir()
+    scheduler = Scheduler(
+        engines, SettingsStore(store.layout.configs_dir), runtime_dir(), logs_dir, scheduler_limits()
+    )
 
-    @app.get("/", response_class=PlainTextResponse)
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await scheduler.shutdown()  # SIGTERM: drain, then stop every engine process
+
+    api = FastAPI(title="modelrunner", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan)
+    install_error_handlers(api)
+
+    @api.get("/", response_class=PlainTextResponse)
     def root() -> str:
         return "Docker Model Runner is running"
 
-    @app.get("/version")
+    @api.get("/version")
     def version() -> dict[str, str]:
         return {"version": __version__}
 
-    @app.get("/engines/df")
+    @api.get("/engines/df")
     def disk_usage() -> dict[str, Any]:
+        default = engines.get("llama.cpp")
         return {
             "models_disk_usage": store.disk_usage(),
-            "default_backend_disk_usage": _folder_size(config.runner_home() / "engines" / "llama.cpp"),
+            "default_backend_disk_usage": default.disk_usage() if default else 0,
         }
 
-    app.include_router(build_models_router(store))
-    return app
+    api.include_router(build_distribution_router(store))
+    api.include_router(build_models_router(store))
+    api.include_router(build_openai_router(store))
+    api.include_router(build_admin_router(store, scheduler, engines, logs_dir))
+    api.include_router(build_engines_router(engines, lambda name: scheduler.unload(None, name)))
+    asgi = SecurityMiddleware(
+        Dispatcher(api, InferenceHandler(store, scheduler, engines)), SecurityPolicy.from_env(bind_host)
+    )
+    return Daemon(store=store, scheduler=scheduler, engines=engines, asgi=asgi)
+
+
+def create_app(store: ModelStore | None = None, bind_host: str = "127.0.0.1") -> App:
+    return build_daemon(store, bind_host=bind_host).asgi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import os
 from pathlib import Path
 
@@ -37,18 +38,37 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def setup_logging() -> None:
+    """One line per event, to stderr and to logs/daemon.log (served by /logs and `model logs`)."""
+    log_dir = config.logs_dir()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S%z")
+    handlers: list[logging.Handler] = [logging.StreamHandler(), logging.FileHandler(log_dir / "daemon.log")]
+    root = logging.getLogger()
+    root.handlers.clear()
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(os.environ.get("LOG_LEVEL", "INFO").upper())
+
+
 def serve(host: str, port: int) -> None:
     import uvicorn
 
     from modelrunner.server.app import create_app
 
-    app = create_app()
+    if not is_loopback_host(host) and not os.environ.get("MODEL_RUNNER_API_KEY"):
+        raise SystemExit(
+            f"refusing to listen on {host} without an API key: set MODEL_RUNNER_API_KEY, or bind 127.0.0.1"
+        )
+    setup_logging()
+    app = create_app(bind_host=host)
     path = pid_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(str(os.getpid()))
     try:
         uvicorn.run(
-            app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=10
+            app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=10
         )
     finally:
         with contextlib.suppress(OSError, ValueError):

@@ -74,8 +74,10 @@ def load_archive(store: ModelStore, stream: IO[bytes]) -> str:
             raise InvalidArtifact("the archive is not a valid model tar") from None
         if manifest_bytes is None:
             raise InvalidArtifact("the archive has no manifest.json")
-        return store.add_model(manifest_bytes)
+        model_id = store.add_model(manifest_bytes)
     except BaseException:
         with contextlib.suppress(Exception):
             store.remove_unreferenced_blobs(added)
         raise
+    store.remove_unreferenced_blobs(added)  # extra entries the manifest does not list
+    return model_id

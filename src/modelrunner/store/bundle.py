@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from modelrunner.artifact import mediatypes as mt
-from modelrunner.artifact.manifest import Descriptor, Manifest, check_relative_path
+from modelrunner.artifact.manifest import Descriptor, Manifest, check_paths_distinct, check_relative_path
 from modelrunner.errors import InvalidArtifact
 from modelrunner.store.layout import StoreLayout
 
@@ -69,9 +69,7 @@ def bundle_file_names(manifest: Manifest) -> list[tuple[Descriptor, str]]:
         for layer in by_type.get(mt.DDUF, []):
             name = Path(layer.filepath).name if layer.filepath else "model.dduf"
             placed.append((layer, check_relative_path(name, "layer")))
-    names = [name for _, name in placed]
-    if len(names) != len(set(names)):
-        raise InvalidArtifact("two layers of the model map to the same bundle file")
+    check_paths_distinct([name for _, name in placed])
     return placed
 
 
@@ -88,6 +86,10 @@ def build_bundle(
         for layer, name in bundle_file_names(manifest):
             _link_or_copy(layout.blob_path(layer.digest), staging / MODEL_DIR / name)
         (staging / CONFIG_FILE).write_text(json.dumps(runtime_config))
+        if final.exists():  # a damaged bundle (no config.json): move it aside, then replace it
+            shutil.rmtree(
+                final.rename(final.with_name(f".{final.name}.damaged.{os.getpid()}")), ignore_errors=True
+            )
         try:
             os.rename(staging, final)
         except OSError as exc:

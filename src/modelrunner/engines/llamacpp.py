@@ -1,0 +1,282 @@
+"""The llama.cpp engine: `llama-server` serving one GGUF model on a Unix socket.
+
+Install = copy the cached build (engines/build.py compiles it once per machine) into
+`<runner home>/engines/llama.cpp/<version>/`; a `llama-server` from `LLAMA_SERVER_PATH` or PATH is adopted
+as is.
+The command line follows DMR's (contract 5.3) so that users' `LLAMA_ARGS` and runtime flags mean the same.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from modelrunner import config
+from modelrunner.artifact.gguf import GGUFInfo, find_gguf_shards, read_gguf
+from modelrunner.engines import build, llamacpp_memory
+from modelrunner.engines.base import (
+    Engine,
+    EngineStatus,
+    InstallState,
+    LaunchSpec,
+    Mode,
+    ModelForEngine,
+    ProgressCallback,
+    RunnerSettings,
+)
+from modelrunner.engines.gpu import cpu_count, resolve_gpu
+from modelrunner.engines.llamacpp_binary import EXECUTABLE, FoundServer, find_server, server_version
+from modelrunner.engines.llamacpp_flags import llama_args_from_env, validate_runtime_flags
+from modelrunner.errors import BadRequest, EngineInstallError, EngineNotInstalled, ModelRunnerError
+
+NAME = "llama.cpp"
+INSTALL_INFO = "install.json"
+_VERSION_ALIASES = {None, "", "latest", build.VERSION, str(build.LLAMA_CPP_BUILD)}
+
+
+def default_threads() -> int:
+    """All CPUs up to 4, beyond that half of them: generation is memory-bound and SMT siblings contend."""
+    n = cpu_count()
+    return n if n <= 4 else max(4, n // 2)
+
+
+def base_args() -> list[str]:
+    """DMR's base arguments (all layers on the GPU when there is one, Prometheus metrics), or LLAMA_ARGS."""
+    raw = os.environ.get("LLAMA_ARGS")
+    if raw is not None and raw.strip():
+        return llama_args_from_env(raw)
+    return ["-ngl", "999", "--metrics", "-t", str(default_threads())]
+
+
+def model_ggufs(bundle: Path) -> list[Path]:
+    """The model's GGUF file, or all shards of a split set in order (the first is what `--model` gets)."""
+    folder = bundle / "model"
+    single = folder / "model.gguf"
+    if single.is_file():
+        return [single]
+    candidates = sorted(p for p in folder.rglob("*.gguf") if "mmproj" not in p.name.lower())
+    if not candidates:
+        raise ModelRunnerError("the model's bundle has no GGUF file: remove the model and pull it again")
+    return find_gguf_shards(candidates[0])
+
+
+def command_line(
+    server: Path, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
+) -> list[str]:
+    """llama-server's argv, in DMR's order (contract 5.3), plus `--no-webui` (the daemon serves no UI)."""
+    if mode not in LlamaCppEngine.modes:
+        raise BadRequest(f"llama.cpp cannot serve {mode.value} requests; use a diffusers model for images")
+    if model.format not in LlamaCppEngine.formats:
+        raise BadRequest(f"llama.cpp needs a GGUF model, and {model.reference} is {model.format}")
+    validate_runtime_flags(settings.runtime_flags)
+    folder = model.bundle / "model"
+    argv = [str(server), *base_args(), "--model", str(model_ggufs(model.bundle)[0]), "--host", str(socket)]
+    if mode is Mode.COMPLETION:
+        template = folder / "template.jinja"
+        if template.is_file():
+            argv += ["--chat-template-file", str(template)]
+    elif mode is Mode.EMBEDDING:
+        argv += ["--embeddings"]
+    else:
+        argv += ["--embeddings", "--reranking"]
+    if settings.reasoning_budget is not None:
+        argv += ["--reasoning-budget", str(settings.reasoning_budget)]
+    context = settings.context_size if settings.context_size is not None else model.context_size
+    if context is not None:
+        argv += ["--ctx-size", str(context)]
+    argv += list(settings.runtime_flags)
+    mmproj = folder / "model.mmproj"
+    argv += ["--mmproj", str(mmproj)] if mmproj.is_file() else ["--jinja"]
+    return [*argv, "--no-webui"]
+
+
+class LlamaCppEngine(Engine):
+    name = NAME
+    formats = frozenset({"gguf"})
+    modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
+
+    def __init__(self, install_root: Path | None = None) -> None:
+        self._install_root = install_root  # None: <runner home>/engines/llama.cpp, read when needed
+        self._lock = threading.Lock()
+        self._installing = False
+        self._last_error: str | None = None
+        self._gguf_info: dict[tuple[str, ...], GGUFInfo] = {}
+
+    @property
+    def install_root(self) -> Path:
+        return self._install_root or config.runner_home() / "engines" / NAME
+
+    # -- install state -------------------------------------------------------------------------------
+
+    def find(self) -> FoundServer | None:
+        return find_server(self.install_root)
+
+    def server_path(self) -> Path:
+        """The executable to run; EngineNotInstalled (412, with the install hint) when there is none."""
+        found = self.find()
+        if found is None:
+            raise EngineNotInstalled(f"llama.cpp is not installed; {self.install_hint}")
+        try:
+            server_version(found.path)  # cached; a broken binary fails here, not as a runner that dies
+        except EngineInstallError as exc:
+            if found.source == "LLAMA_SERVER_PATH":
+                fix = f"fix or unset LLAMA_SERVER_PATH, or {self.install_hint}"
+            else:
+                fix = "run: model reinstall-runner --backend llama.cpp"
+            raise EngineNotInstalled(
+                f"the llama-server from {found.source} does not work ({exc.message}); {fix}"
+            ) from None
+        return found.path
+
+    def status(self) -> EngineStatus:
+        if self._installing:
+            return EngineStatus(InstallState.INSTALLING, detail=f"installing llama.cpp {build.VERSION}")
+        found = self.find()
+        if found is None:
+            if self._last_error:
+                return EngineStatus(InstallState.ERROR, detail=f"install failed: {self._last_error}")
+            return EngineStatus(InstallState.NOT_INSTALLED, detail="no llama-server found")
+        try:
+            return EngineStatus(InstallState.RUNNING, version=server_version(found.path))
+        except EngineInstallError as exc:
+            return EngineStatus(InstallState.ERROR, detail=f"{EXECUTABLE} from {found.source}: {exc.message}")
+
+    def prepare_install(self, gpu: str = "auto", version: str | None = None) -> None:
+        if version not in _VERSION_ALIASES:
+            raise BadRequest(
+                f"llama.cpp version {version!r} is not available: this model runner builds {build.VERSION}"
+            )
+        resolve_gpu(gpu)
+
+    def install(self, progress: ProgressCallback, gpu: str = "auto", force: bool = False) -> EngineStatus:
+        spec = build.BuildSpec(resolve_gpu(gpu))
+        with self._lock:
+            self._installing = True
+            try:
+                self._install(spec, progress, force)
+                self._last_error = None
+            except ModelRunnerError as exc:
+                self._last_error = exc.message.splitlines()[0]
+                raise
+            except Exception as exc:
+                self._last_error = exc.__class__.__name__  # its text may hold paths; the daemon log has it
+                raise
+            finally:
+                self._installing = False
+        return self.status()
+
+    def _install(self, spec: build.BuildSpec, progress: ProgressCallback, force: bool) -> None:
+        if not force:
+            usable = self._usable_install(spec)
+            if usable is not None:
+                progress(usable)
+                return
+        cached = build.cached_server(spec)
+        if cached is not None:
+            progress(f"Using the cached build of llama.cpp {build.VERSION} ({spec.key})")
+        else:
+            progress(f"No cached build of llama.cpp {build.VERSION} for this machine: building it")
+            cached = build.ensure_built(spec, progress)
+        self._place(cached, spec)
+        progress(f"Installed llama.cpp {build.VERSION}" + ("" if spec.gpu == "none" else f" ({spec.gpu})"))
+
+    def _usable_install(self, spec: build.BuildSpec) -> str | None:
+        """Why nothing needs doing (a working adopted or installed server), or None."""
+        found = self.find()
+        if found is None:
+            return None
+        try:
+            version = server_version(found.path)
+        except EngineInstallError:
+            return None  # broken: install over it
+        if found.source != "installed":
+            return f"Using llama.cpp {version} from {found.source}"
+        try:
+            installed = json.loads((found.path.parent.parent / INSTALL_INFO).read_text())
+        except (OSError, ValueError):
+            return None
+        if version == build.VERSION and installed.get("gpu") == spec.gpu:
+            return f"llama.cpp {version} is already installed"
+        return None
+
+    def _place(self, cached: Path, spec: build.BuildSpec) -> None:
+        """Copy (or hard-link) the cached build into `<install root>/<version>/`, replacing any older one."""
+        from filelock import FileLock
+
+        root = self.install_root
+        root.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(root.parent / f".{NAME}.lock")):
+            staging = Path(tempfile.mkdtemp(dir=root, prefix=".install-"))
+            try:
+                staging.chmod(0o755)  # mkdtemp makes it private; the engine is not a secret
+                (staging / "bin").mkdir()
+                _link_or_copy(cached, staging / "bin" / EXECUTABLE)
+                licence = cached.parent.parent / "LICENSE"
+                if licence.is_file():
+                    shutil.copyfile(licence, staging / "LICENSE")
+                info = {"version": build.VERSION, "gpu": spec.gpu, "build": spec.key}
+                (staging / INSTALL_INFO).write_text(json.dumps(info) + "\n")
+                final = root / build.VERSION
+                if final.exists():
+                    shutil.rmtree(final)
+                os.rename(staging, final)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+
+    def uninstall(self) -> None:
+        from filelock import FileLock
+
+        with self._lock:
+            root = self.install_root
+            if not root.exists():
+                return
+            with FileLock(str(root.parent / f".{NAME}.lock")):
+                shutil.rmtree(root)
+
+    def disk_usage(self) -> int:
+        total = 0
+        if self.install_root.is_dir():
+            for path in self.install_root.rglob("*"):
+                if path.is_file() and not path.is_symlink():
+                    total += path.stat().st_size
+        return total
+
+    # -- runners -------------------------------------------------------------------------------------
+
+    def validate_runtime_flags(self, flags: list[str]) -> None:
+        validate_runtime_flags(flags)
+
+    def launch_spec(
+        self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
+    ) -> LaunchSpec:
+        return LaunchSpec(argv=command_line(self.server_path(), model, mode, settings, socket), socket=socket)
+
+    def gguf_info(self, model: ModelForEngine) -> GGUFInfo:
+        files = model_ggufs(model.bundle)
+        key = tuple(str(p) for p in files)
+        if key not in self._gguf_info:
+            self._gguf_info[key] = read_gguf(files)
+        return self._gguf_info[key]
+
+    def estimate_memory(self, model: ModelForEngine, settings: RunnerSettings) -> int:
+        info = self.gguf_info(model)
+        context = settings.context_size if settings.context_size is not None else model.context_size
+        if context is None or context <= 0:  # llama-server's default (and -1): the model's trained context
+            context = info.context_size or 4096
+        kv = llamacpp_memory.kv_settings([*base_args(), *settings.runtime_flags], context)
+        return llamacpp_memory.estimate(info, kv).total
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    try:
+        os.link(source, dest)
+    except OSError as exc:  # the cache is on another filesystem, or links are not allowed
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        shutil.copy2(source, dest)

@@ -1,0 +1,133 @@
+"""Which llama-server flags users may set through `model configure`, and checks on `LLAMA_ARGS`.
+
+The allow-list is DMR's (`LlamaCppAllowedFlags`): flags that tune threads, context, batching, sampling,
+devices, caches, templates and the server, never one that takes a file path. Values are checked too: any
+token with `/` or `\\` is refused (no paths), and an inline `--flag=-x` value must be a negative number, so
+a second flag cannot be smuggled in as a value.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable
+
+from modelrunner.errors import BadRequest, ModelRunnerError
+
+ALLOWED_FLAGS = frozenset(
+    {
+        # threads and CPU placement
+        *("-t", "--threads", "-tb", "--threads-batch", "-C", "--cpu-mask", "-Cr", "--cpu-range"),
+        *("--cpu-strict", "--prio", "--poll", "-Cb", "--cpu-mask-batch", "-Crb", "--cpu-range-batch"),
+        *("--cpu-strict-batch", "--prio-batch", "--poll-batch"),
+        # context and prediction
+        *("-c", "--ctx-size", "-n", "--predict", "--n-predict", "--keep"),
+        # batching and performance
+        *("-b", "--batch-size", "-ub", "--ubatch-size", "--swa-full", "-fa", "--flash-attn"),
+        *("--perf", "--no-perf"),
+        # sampling
+        *("--samplers", "-s", "--seed", "--temp", "--temperature", "--top-k", "--top-p", "--min-p"),
+        *("--top-nsigma", "--xtc-probability", "--xtc-threshold", "--typical", "--repeat-last-n"),
+        *("--repeat-penalty", "--presence-penalty", "--frequency-penalty", "--dry-multiplier"),
+        *("--dry-base", "--dry-allowed-length", "--dry-penalty-last-n", "--mirostat", "--mirostat-lr"),
+        *("--mirostat-ent", "--ignore-eos", "--dynatemp-range", "--dynatemp-exp"),
+        # devices and GPU layers
+        *("-dev", "--device", "-ngl", "--gpu-layers", "--n-gpu-layers", "-sm", "--split-mode"),
+        *("-ts", "--tensor-split", "-mg", "--main-gpu", "-fit", "--fit", "-fitt", "--fit-target"),
+        *("-fitc", "--fit-ctx"),
+        # memory and caches
+        *("-kvo", "--kv-offload", "-nkvo", "--no-kv-offload", "--repack", "-nr", "--no-repack"),
+        *("--no-host", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "--mlock", "--mmap"),
+        *("--no-mmap", "-dio", "--direct-io", "-ndio", "--no-direct-io", "-cram", "--cache-ram"),
+        *("-kvu", "--kv-unified", "--context-shift", "--no-context-shift"),
+        # RoPE and YaRN
+        *("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx"),
+        *("--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast"),
+        # the server
+        *("-np", "--parallel", "-cb", "--cont-batching", "-nocb", "--no-cont-batching", "--warmup"),
+        *("--no-warmup", "-to", "--timeout", "--threads-http", "--cache-prompt", "--no-cache-prompt"),
+        *("--cache-reuse", "--sleep-idle-seconds"),
+        # multimodal, speculative decoding, LoRA, control vectors: only the flags without a file
+        *("--mmproj-auto", "--no-mmproj", "--no-mmproj-auto", "--mmproj-offload", "--no-mmproj-offload"),
+        *("--image-min-tokens", "--image-max-tokens", "--spm-infill"),
+        *("--draft", "--draft-n", "--draft-max", "--draft-min", "--draft-n-min", "--draft-p-min"),
+        *("-cd", "--ctx-size-draft", "-devd", "--device-draft", "-ngld", "--gpu-layers-draft"),
+        *("--n-gpu-layers-draft", "-td", "--threads-draft", "-tbd", "--threads-batch-draft"),
+        *("--lora-init-without-apply", "--control-vector-layer-range"),
+        # grammar, templates, reasoning
+        *("--grammar", "-j", "--json-schema", "-bs", "--backend-sampling"),
+        *("--chat-template", "--chat-template-kwargs", "--jinja", "--no-jinja", "--pooling"),
+        *("--reasoning-format", "--reasoning-budget", "--prefill-assistant", "--no-prefill-assistant"),
+        # web UI and API
+        *("--api-prefix", "--webui", "--no-webui", "--webui-config", "--api-key", "--metrics"),
+        *("--no-metrics", "--props", "--slots", "--no-slots"),
+        # embeddings, reranking
+        *("--embedding", "--embeddings", "--rerank", "--reranking", "-sps", "--slot-prompt-similarity"),
+        # tensors and computation
+        *("-cmoe", "--cpu-moe", "-ncmoe", "--n-cpu-moe", "--check-tensors", "--op-offload"),
+        "--no-op-offload",
+        # logging
+        *("-v", "--verbose"),
+    }
+)
+
+# What the engine itself sets from the model and the runner: LLAMA_ARGS must leave them alone (DMR's rule).
+RESERVED_IN_LLAMA_ARGS = frozenset(
+    {"-m", "--model", "--host", "--embedding", "--embeddings", "-mm", "--mmproj"}
+)
+
+_NEGATIVE_NUMBER = re.compile(r"-(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
+
+
+def _flag_name(token: str) -> str | None:
+    """`--threads=4` -> `--threads`; None for a value (negative numbers included: `--seed -1`)."""
+    if not token.startswith("-") or _NEGATIVE_NUMBER.fullmatch(token):
+        return None
+    return token.split("=", 1)[0]
+
+
+def validate_runtime_flags(flags: Iterable[str]) -> None:
+    """Raise BadRequest for a flag off the allow-list, a path-like value, or a non-numeric `--flag=-x`."""
+    for token in flags:
+        if "/" in token or "\\" in token:
+            raise BadRequest(f"runtime flag {token!r} is not allowed: values may not contain '/' or '\\'")
+        if "\0" in token:
+            raise BadRequest("runtime flags may not contain NUL characters")
+        name = _flag_name(token)
+        if name is None:
+            continue
+        if name not in ALLOWED_FLAGS:
+            raise BadRequest(
+                f"runtime flag {name!r} is not allowed for llama.cpp; "
+                "see the allowed flags in the documentation of `model configure`"
+            )
+        _, sep, inline = token.partition("=")
+        if sep and inline.startswith("-") and not _NEGATIVE_NUMBER.fullmatch(inline):
+            raise BadRequest(
+                f"runtime flag {token!r} is not allowed: a value starting with '-' must be a number"
+            )
+
+
+def split_raw_flags(raw: str) -> list[str]:
+    """DMR's `raw-runtime-flags`: one string split as a shell would."""
+    try:
+        return shlex.split(raw)
+    except ValueError as exc:
+        raise BadRequest(f"raw runtime flags cannot be parsed: {exc}") from None
+
+
+def llama_args_from_env(raw: str) -> list[str]:
+    """`LLAMA_ARGS`, which replaces the default base arguments; the engine-owned flags are refused."""
+    try:
+        args = shlex.split(raw)
+    except ValueError as exc:
+        raise ModelRunnerError(
+            f"LLAMA_ARGS cannot be parsed ({exc}): fix it and restart the model runner"
+        ) from None
+    for token in args:
+        if token.split("=", 1)[0] in RESERVED_IN_LLAMA_ARGS:
+            raise ModelRunnerError(
+                f"LLAMA_ARGS may not contain {token.split('=', 1)[0]} (the model runner sets it): "
+                "remove it and restart the model runner"
+            )
+    return args

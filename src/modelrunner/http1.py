@@ -1,0 +1,87 @@
+"""Just enough HTTP/1.1 to talk to engines on Unix sockets: response heads, bodies as they arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+READ_SIZE = 64 * 1024
+MAX_HEAD = 64 * 1024
+
+
+class UpstreamError(Exception):
+    """The engine closed the connection or sent something that is not HTTP."""
+
+
+async def read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[bytes, bytes]]]:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError) as exc:
+        raise UpstreamError("the engine closed the connection before answering") from exc
+    lines = head[:-4].split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise UpstreamError("the engine sent an invalid response")
+    headers = []
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers.append((name.strip().lower(), value.strip()))
+    return int(parts[1]), headers
+
+
+async def body_chunks(
+    reader: asyncio.StreamReader, headers: list[tuple[bytes, bytes]]
+) -> AsyncIterator[bytes]:
+    """Yield the response body as it arrives: chunked, sized, or until the engine closes."""
+    values = dict(headers)
+    if b"chunked" in values.get(b"transfer-encoding", b"").lower():
+        while True:
+            size_line = await reader.readline()
+            if not size_line:
+                raise UpstreamError("the engine closed the stream mid-response")
+            size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                with contextlib.suppress(Exception):
+                    await reader.readuntil(b"\r\n")  # trailer end
+                return
+            data = await reader.readexactly(size + 2)  # the chunk and its CRLF
+            yield data[:-2]
+    elif b"content-length" in values:
+        remaining = int(values[b"content-length"])
+        while remaining > 0:
+            data = await reader.read(min(READ_SIZE, remaining))
+            if not data:
+                raise UpstreamError("the engine closed the stream mid-response")
+            remaining -= len(data)
+            yield data
+    else:
+        while data := await reader.read(READ_SIZE):
+            yield data
+
+
+async def get(
+    socket: str, path: str, timeout: float = 2.0, max_body: int = 16 * 1024 * 1024
+) -> tuple[int, bytes] | None:
+    """(status, body) of a GET on a Unix socket, or None when nothing answers."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(socket, limit=MAX_HEAD), timeout)
+    except (OSError, TimeoutError):
+        return None
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        status, headers = await asyncio.wait_for(read_head(reader), timeout)
+        body = bytearray()
+        async with asyncio.timeout(timeout):
+            async for chunk in body_chunks(reader, headers):
+                body += chunk
+                if len(body) > max_body:
+                    break
+        return status, bytes(body)
+    except (OSError, TimeoutError, UpstreamError, ValueError, asyncio.IncompleteReadError):
+        return None
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()

@@ -1,0 +1,99 @@
+"""Per-model runner settings from `model configure`, persisted in the store so they survive restarts.
+
+DMR keeps them in memory only, and its users lose their context size on every restart (its most
+reported bug). Here each model has `configs/<model-hex>.json` next to the models index:
+{"<backend>/<mode>": {...settings...}}, written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modelrunner.engines.base import Mode, RunnerSettings
+from modelrunner.fileio import write_file_atomic
+from modelrunner.reference import validate_digest
+
+
+@dataclass
+class ModelSettings:
+    """What `configure` stores for one (backend, model, mode)."""
+
+    context_size: int | None = None
+    runtime_flags: list[str] = field(default_factory=list)
+    reasoning_budget: int | None = None
+    keep_alive: float | None = None  # seconds; inf = never; None = the daemon's default
+    hf_overrides: dict[str, Any] | None = None
+    gpu_memory_utilization: float | None = None
+
+    def runner_settings(self) -> RunnerSettings:
+        return RunnerSettings(
+            context_size=self.context_size,
+            runtime_flags=tuple(self.runtime_flags),
+            reasoning_budget=self.reasoning_budget,
+            hf_overrides=self.hf_overrides,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if data["keep_alive"] == float("inf"):
+            data["keep_alive"] = -1
+        return {k: v for k, v in data.items() if v not in (None, [])}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelSettings:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        settings = cls(**known)
+        if settings.keep_alive is not None and settings.keep_alive < 0:
+            settings.keep_alive = float("inf")
+        return settings
+
+
+class SettingsStore:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def _path(self, model_id: str) -> Path:
+        return self.folder / (validate_digest(model_id).removeprefix("sha256:") + ".json")
+
+    def _read(self, model_id: str) -> dict[str, Any]:
+        try:
+            data = json.loads(self._path(model_id).read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, backend: str, model_id: str, mode: Mode) -> ModelSettings | None:
+        """The stored settings; reranking and image loads fall back to the completion settings (as DMR)."""
+        data = self._read(model_id)
+        raw = data.get(f"{backend}/{mode.value}")
+        if raw is None and mode in (Mode.RERANKING, Mode.IMAGE_GENERATION):
+            raw = data.get(f"{backend}/{Mode.COMPLETION.value}")
+        return ModelSettings.from_json(raw) if isinstance(raw, dict) else None
+
+    def put(self, backend: str, model_id: str, mode: Mode, settings: ModelSettings) -> None:
+        with self._lock:
+            data = self._read(model_id)
+            data[f"{backend}/{mode.value}"] = settings.to_json()
+            write_file_atomic(self._path(model_id), json.dumps(data, indent=2).encode())
+
+    def clear(self, model_id: str) -> None:
+        with self._lock:
+            self._path(model_id).unlink(missing_ok=True)
+
+    def all(self) -> list[tuple[str, str, Mode, ModelSettings]]:
+        """(backend, model_id, mode, settings) for every stored configuration."""
+        out = []
+        for path in sorted(self.folder.glob("*.json")):
+            model_id = "sha256:" + path.stem
+            for key, raw in self._read(model_id).items():
+                backend, _, mode = key.rpartition("/")
+                if isinstance(raw, dict) and mode in Mode._value2member_map_:
+                    out.append((backend, model_id, Mode(mode), ModelSettings.from_json(raw)))
+        return out

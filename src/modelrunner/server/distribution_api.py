@@ -1,0 +1,80 @@
+"""Pull and push routes (contract 2.2, 2.3): `POST /models/create`, `POST /models/{name}/push`.
+
+Errors found before the transfer starts (bad reference, 401, 404, 422) are HTTP statuses; after that the
+stream carries `{"type":"error"}` lines. The stream is `application/json` when the client asks for it, else
+`text/plain` with HTML-escaped JSON lines, as DMR sends it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from modelrunner.distribution.jobs import TransferJob, TransferManager
+from modelrunner.distribution.progress import encode_line
+from modelrunner.store.store import ModelStore
+
+
+class CreateRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    source: str = Field(alias="from", min_length=1, max_length=4096)
+    bearer_token: str | None = Field(default=None, alias="bearer-token", max_length=16384)
+
+
+class PushRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    bearer_token: str | None = Field(default=None, alias="bearer-token", max_length=16384)
+
+
+async def _stream(job: TransferJob, html_escape: bool) -> AsyncIterator[bytes]:
+    index = 0
+    try:
+        while True:
+            events, finished = await anyio.to_thread.run_sync(job.next_events, index, 0.5)
+            index += len(events)
+            if events:
+                yield b"".join(encode_line(item, html_escape) for item in events)
+            if finished:
+                return
+    finally:
+        job.detach()
+
+
+async def _respond(job: TransferJob, request: Request) -> StreamingResponse:
+    try:
+        error = await anyio.to_thread.run_sync(job.wait_resolved)
+    except BaseException:
+        job.detach()
+        raise
+    if error is not None:
+        job.detach()
+        raise error
+    as_json = "application/json" in request.headers.get("accept", "")
+    return StreamingResponse(
+        _stream(job, html_escape=not as_json),
+        media_type="application/json" if as_json else "text/plain; charset=utf-8",
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+def build_distribution_router(store: ModelStore) -> APIRouter:
+    router = APIRouter()
+    transfers = TransferManager(store)
+
+    @router.post("/models/create")
+    async def create_model(body: CreateRequest, request: Request) -> StreamingResponse:
+        job = await anyio.to_thread.run_sync(transfers.start_pull, body.source, body.bearer_token)
+        return await _respond(job, request)
+
+    @router.post("/models/{name:path}/push")
+    async def push_model(name: str, request: Request) -> StreamingResponse:
+        raw = await request.body()
+        body = PushRequest.model_validate_json(raw) if raw.strip() else PushRequest()
+        job = await anyio.to_thread.run_sync(transfers.start_push, name, body.bearer_token)
+        return await _respond(job, request)
+
+    return router

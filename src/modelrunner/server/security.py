@@ -1,0 +1,137 @@
+"""Security defaults of the daemon, as raw ASGI middleware in front of every route.
+
+* DNS rebinding: a request whose Host is not a local name (or one listed in MODEL_RUNNER_ALLOWED_HOSTS)
+  is refused, so a web page cannot reach the daemon through a name it controls.
+* CORS: browsers may call only from local origins or those in MODEL_RUNNER_ORIGINS (`*` = any).
+* An optional API key (MODEL_RUNNER_API_KEY), as `Authorization: Bearer` or `x-api-key`; the daemon refuses
+  to listen beyond loopback without one.
+* Request bodies are bounded (10 MiB), except model archives streamed to /models/load.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+from modelrunner.server.errors import error_body
+from modelrunner.server.proxy import App, Message, Receive, Scope, Send
+
+MAX_BODY = 10 * 1024 * 1024
+UNBOUNDED_BODY_PATHS = ("/models/load",)
+OPEN_PATHS = ("/",)  # liveness probes work without the key
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "host.docker.internal", "model-runner.docker.internal"}
+_LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0)(:\d+)?")
+
+
+def _split_env(name: str) -> set[str]:
+    return {item.strip().lower() for item in os.environ.get(name, "").split(",") if item.strip()}
+
+
+@dataclass
+class SecurityPolicy:
+    allowed_hosts: set[str] = field(default_factory=set)
+    check_host: bool = True
+    origins: set[str] = field(default_factory=set)
+    api_key: str | None = None
+
+    @classmethod
+    def from_env(cls, bind_host: str) -> SecurityPolicy:
+        from modelrunner.server.daemon import is_loopback_host
+
+        allowed = _split_env("MODEL_RUNNER_ALLOWED_HOSTS")
+        # Beyond loopback the API key is what protects; names are then too many to list.
+        check_host = is_loopback_host(bind_host) or bool(allowed)
+        return cls(
+            allowed_hosts=allowed | {bind_host.lower()},
+            check_host=check_host,
+            origins=_split_env("MODEL_RUNNER_ORIGINS") | _split_env("DMR_ORIGINS"),
+            api_key=os.environ.get("MODEL_RUNNER_API_KEY") or None,
+        )
+
+    def host_allowed(self, host_header: str | None) -> bool:
+        if not self.check_host or host_header is None:
+            return True
+        host = host_header.strip().lower()
+        if host.startswith("["):
+            host = host[1 : host.find("]")] if "]" in host else host
+        else:
+            host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        return host in _LOCAL_HOSTS or host in self.allowed_hosts
+
+    def origin_allowed(self, origin: str) -> bool:
+        origin = origin.lower().rstrip("/")
+        return "*" in self.origins or origin in self.origins or bool(_LOCAL_ORIGIN.fullmatch(origin))
+
+    def key_valid(self, headers: dict[bytes, bytes]) -> bool:
+        if self.api_key is None:
+            return True
+        expected = self.api_key.encode()
+        bearer = headers.get(b"authorization", b"")
+        candidates = [headers.get(b"x-api-key", b"")]
+        if bearer[:7].lower() == b"bearer ":
+            candidates.append(bearer[7:].strip())
+        return any(hmac.compare_digest(c, expected) for c in candidates if c)
+
+
+async def _refuse(
+    send: Send, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    body = json.dumps(error_body(status, message)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class SecurityMiddleware:
+    def __init__(self, app: App, policy: SecurityPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {bytes(k).lower(): bytes(v) for k, v in scope["headers"]}
+        host = headers.get(b"host")
+        if not self.policy.host_allowed(host.decode("latin-1") if host else None):
+            await _refuse(send, 403, "this host name is not allowed; add it to MODEL_RUNNER_ALLOWED_HOSTS")
+            return
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        cors: list[tuple[bytes, bytes]] = []
+        if origin:
+            if not self.policy.origin_allowed(origin):
+                await _refuse(send, 403, "this origin is not allowed; add it to MODEL_RUNNER_ORIGINS")
+                return
+            cors = [(b"access-control-allow-origin", origin.encode()), (b"vary", b"Origin")]
+            if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
+                requested = headers.get(b"access-control-request-headers", b"*")
+                preflight = [
+                    *cors,
+                    (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+                    (b"access-control-allow-headers", requested),
+                    (b"access-control-max-age", b"600"),
+                ]
+                await send({"type": "http.response.start", "status": 204, "headers": preflight})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+        if scope["path"] not in OPEN_PATHS and not self.policy.key_valid(headers):
+            await _refuse(send, 401, "missing or wrong API key", [(b"www-authenticate", b"Bearer")])
+            return
+        length = headers.get(b"content-length")
+        limited = not scope["path"].startswith(UNBOUNDED_BODY_PATHS)
+        if limited and length and length.isdigit() and int(length) > MAX_BODY:
+            await _refuse(send, 413, f"request body is larger than {MAX_BODY // (1024 * 1024)} MiB")
+            return
+        if cors:
+            inner_send = send
+
+            async def send_with_cors(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message.get("headers", []), *cors]}
+                await inner_send(message)
+
+            send = send_with_cors
+        await self.app(scope, receive, send)

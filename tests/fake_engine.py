@@ -1,0 +1,187 @@
+"""A scripted stand-in for an engine process, for scheduler fault tests (the real llama-server path is
+tested separately). Run as a script it serves a small OpenAI-compatible API on a Unix socket:
+
+    python tests/fake_engine.py SOCKET [engine flags...]
+
+Behaviour comes from FAKE_* environment variables: FAKE_START_DELAY (seconds before /health says 200),
+FAKE_EXIT_AT_START (exit code, before serving), FAKE_CHUNKS / FAKE_CHUNK_DELAY (streamed answer),
+FAKE_CRASH_AFTER (exit after that many streamed chunks), FAKE_EVENTS (a file it appends events to).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socketserver
+import sys
+import time
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+from modelrunner.engines.base import (
+    Engine,
+    EngineStatus,
+    InstallState,
+    LaunchSpec,
+    Mode,
+    ModelForEngine,
+    ProgressCallback,
+    RunnerSettings,
+)
+from modelrunner.errors import BadRequest
+
+SCRIPT = Path(__file__).resolve()
+
+
+class FakeEngine(Engine):
+    """An Engine whose runners are this script; `env` scripts their behaviour."""
+
+    formats = frozenset({"gguf"})
+    modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
+
+    def __init__(
+        self, name: str = "llama.cpp", env: dict[str, str] | None = None, memory: int = 1000
+    ) -> None:
+        self.name = name
+        self.env = env or {}
+        self.memory = memory
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(InstallState.RUNNING, version="fake-1")
+
+    def install(self, progress: ProgressCallback, gpu: str = "auto", force: bool = False) -> EngineStatus:
+        return self.status()
+
+    def uninstall(self) -> None:
+        pass
+
+    def validate_runtime_flags(self, flags: list[str]) -> None:
+        for flag in flags:
+            if flag.startswith("-") and not flag.startswith("--fake-"):
+                raise BadRequest(f"runtime flag {flag} is not allowed")
+            if "/" in flag:
+                raise BadRequest("runtime flag values must not be paths")
+
+    def launch_spec(
+        self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
+    ) -> LaunchSpec:
+        argv = [sys.executable, str(SCRIPT), str(socket), "--mode", mode.value]
+        if settings.context_size is not None:
+            argv += ["--ctx-size", str(settings.context_size)]
+        argv += list(settings.runtime_flags)
+        return LaunchSpec(argv=argv, socket=socket, env=dict(self.env))
+
+    def estimate_memory(self, model: ModelForEngine, settings: RunnerSettings) -> int:
+        return self.memory
+
+
+def _event(name: str, **fields: object) -> None:
+    path = os.environ.get("FAKE_EVENTS")
+    if path:
+        with open(path, "a") as handle:
+            handle.write(json.dumps({"event": name, "pid": os.getpid(), **fields}) + "\n")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    started = time.monotonic()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def address_string(self) -> str:
+        return "unix"
+
+    def _json(self, status: int, payload: object) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            ready = time.monotonic() - self.started >= float(os.environ.get("FAKE_START_DELAY", "0"))
+            self._json(200 if ready else 503, {"status": "ok" if ready else "loading"})
+        elif self.path == "/props":
+            self._json(200, {"argv": sys.argv[1:], "pid": os.getpid()})
+        elif self.path == "/metrics":
+            body = b"# TYPE fake_requests_total counter\nfake_requests_total 3\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self._json(404, {"error": {"message": "not found"}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        request = json.loads(self.rfile.read(length) or b"{}")
+        _event("request", path=self.path)
+        if self.path == "/v1/embeddings":
+            self._json(
+                200, {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1] * 8}]}
+            )
+            return
+        if not request.get("stream"):
+            self._json(
+                200,
+                {
+                    "object": "chat.completion",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                },
+            )
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        chunks = int(os.environ.get("FAKE_CHUNKS", "5"))
+        crash_after = int(os.environ.get("FAKE_CRASH_AFTER", "-1"))
+        try:
+            for i in range(chunks):
+                if i == crash_after:
+                    _event("crash")
+                    os._exit(3)
+                data = json.dumps(
+                    {
+                        "object": "chat.completion.chunk",
+                        "choices": [{"index": 0, "delta": {"content": f"t{i} "}}],
+                    }
+                )
+                self._chunk(f"data: {data}\n\n".encode())
+                time.sleep(float(os.environ.get("FAKE_CHUNK_DELAY", "0")))
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+            _event("completed")
+        except (BrokenPipeError, ConnectionResetError):
+            _event("cancelled")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+
+def main() -> None:
+    socket_path = sys.argv[1]
+    exit_code = os.environ.get("FAKE_EXIT_AT_START")
+    if exit_code:
+        print(
+            f"fatal: cannot load model from {Path(socket_path).parent}/model.gguf",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(int(exit_code))
+    _event("started", argv=sys.argv[2:])
+    with Server(socket_path, Handler) as server:
+        server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

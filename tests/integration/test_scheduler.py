@@ -1,0 +1,325 @@
+"""Scheduler behaviour through real HTTP, real engine processes (a scripted fake engine) and the real
+relay: single-flight loads, keep-alive, eviction, the wait queue, crashes, configure persistence."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fake_engine import SCRIPT, FakeEngine
+from tests.inprocess import InProcessDaemon
+from tests.models import write_tiny_gguf
+
+Start = Callable[..., InProcessDaemon]
+
+
+@pytest.fixture
+def events(tmp_path: Path) -> Path:
+    return tmp_path / "events.jsonl"
+
+
+@pytest.fixture
+def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: Path) -> Iterator[Start]:
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+    running: list[InProcessDaemon] = []
+
+    def starter(env: dict[str, str] | None = None, memory: int = 1000, **limits: Any) -> InProcessDaemon:
+        engine = FakeEngine(env={"FAKE_EVENTS": str(events), **(env or {})}, memory=memory)
+        daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}, **limits).start()
+        running.append(daemon)
+        return daemon
+
+    yield starter
+    for daemon in running:
+        daemon.stop()
+
+
+def read_events(path: Path, name: str) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == name]
+
+
+def package(daemon: InProcessDaemon, tmp_path: Path, name: str, seed: int = 0) -> None:
+    gguf = write_tiny_gguf(tmp_path / f"{name}.gguf", seed=seed)
+    response = daemon.http("POST", "/models/package", json={"target": name, "gguf": str(gguf)})
+    assert response.status_code == 201, response.text
+
+
+def chat(daemon: InProcessDaemon, model: str, stream: bool = False, **kwargs: Any) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    return daemon.http("POST", "/engines/v1/chat/completions", json=body, **kwargs)
+
+
+def test_concurrent_first_requests_start_one_engine(start: Start, tmp_path: Path, events: Path) -> None:
+    daemon = start(env={"FAKE_START_DELAY": "0.5"})
+    package(daemon, tmp_path, "tiny")
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(lambda _: chat(daemon, "tiny"), range(16)))
+    assert [r.status_code for r in responses] == [200] * 16
+    assert len(read_events(events, "started")) == 1
+    assert len(read_events(events, "request")) == 16
+    [runner] = daemon.ps()
+    assert runner["model_name"] == "tiny" and runner["in_use"] is False and runner["loading"] is False
+
+
+def test_streaming_is_relayed_chunk_by_chunk(start: Start, tmp_path: Path) -> None:
+    daemon = start(env={"FAKE_CHUNKS": "4"})
+    package(daemon, tmp_path, "tiny")
+    body = {"model": "tiny", "messages": [], "stream": True}
+    with httpx.stream("POST", daemon.url + "/v1/chat/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["cache-control"] == "no-cache"
+        assert response.headers["x-accel-buffering"] == "no"
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    contents = [json.loads(line[6:])["choices"][0]["delta"]["content"] for line in lines[:-1]]
+    assert contents == ["t0 ", "t1 ", "t2 ", "t3 "]
+
+
+def test_preload_only_loads_without_answering(start: Start, tmp_path: Path, events: Path) -> None:
+    daemon = start()
+    package(daemon, tmp_path, "tiny")
+    response = daemon.http(
+        "POST",
+        "/engines/v1/chat/completions",
+        json={"model": "tiny", "messages": []},
+        headers={"X-Preload-Only": "true"},
+    )
+    assert response.status_code == 200 and response.content == b""
+    assert len(read_events(events, "started")) == 1 and not read_events(events, "request")
+
+
+def test_keep_alive_zero_unloads_when_idle(start: Start, tmp_path: Path) -> None:
+    daemon = start()
+    package(daemon, tmp_path, "tiny")
+    assert chat(daemon, "tiny").status_code == 200
+    assert (
+        daemon.http("POST", "/engines/_configure", json={"model": "tiny", "keep_alive": "0"}).status_code
+        == 202
+    )
+    daemon.wait_for(lambda: daemon.ps() == [], "the preloaded runner to expire")
+    body = {"model": "tiny", "messages": [], "keep_alive": "1s"}
+    assert daemon.http("POST", "/v1/chat/completions", json=body).status_code == 200
+    daemon.wait_for(lambda: daemon.ps() == [], "the runner to expire after its per-request keep_alive")
+
+
+def test_lru_eviction_within_a_memory_budget(start: Start, tmp_path: Path) -> None:
+    daemon = start(memory=1000, memory_budget=2500)
+    for i, name in enumerate(("one", "two", "three")):
+        package(daemon, tmp_path, name, seed=i)
+    assert chat(daemon, "one").status_code == 200
+    assert chat(daemon, "two").status_code == 200
+    assert chat(daemon, "one").status_code == 200  # "two" is now the least recently used
+    assert chat(daemon, "three").status_code == 200
+    assert sorted(r["model_name"] for r in daemon.ps()) == ["one", "three"]
+    metrics = daemon.http("GET", "/metrics").text
+    assert "modelrunner_evictions_total 1" in metrics
+
+
+def test_a_model_larger_than_the_budget_is_refused(start: Start, tmp_path: Path) -> None:
+    daemon = start(memory=5000, memory_budget=1000)
+    package(daemon, tmp_path, "tiny")
+    response = chat(daemon, "tiny")
+    assert response.status_code == 507
+    assert "memory budget" in response.json()["error"]["message"]
+
+
+def test_busy_runners_queue_and_a_full_queue_answers_503(start: Start, tmp_path: Path) -> None:
+    daemon = start(env={"FAKE_CHUNKS": "20", "FAKE_CHUNK_DELAY": "0.1"}, max_runners=1, max_waiting=1)
+    package(daemon, tmp_path, "one", seed=1)
+    package(daemon, tmp_path, "two", seed=2)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(chat, daemon, "one", True)
+        daemon.wait_for(lambda: any(r["in_use"] for r in daemon.ps()), "model one to be busy")
+        waiting = pool.submit(chat, daemon, "two")
+        daemon.wait_for(
+            lambda: "modelrunner_queue_depth 1" in daemon.http("GET", "/metrics").text, "a waiter"
+        )
+        refused = chat(daemon, "two")
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "5"
+        assert busy.result().status_code == 200
+        assert waiting.result().status_code == 200  # served once "one" was released and evicted
+    assert [r["model_name"] for r in daemon.ps()] == ["two"]
+
+
+def test_engine_crash_mid_stream_then_reload(start: Start, tmp_path: Path, events: Path) -> None:
+    daemon = start(env={"FAKE_CRASH_AFTER": "2"})
+    package(daemon, tmp_path, "tiny")
+    body = {"model": "tiny", "messages": [], "stream": True}
+    with httpx.stream("POST", daemon.url + "/v1/chat/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    error = json.loads(lines[-1][6:])
+    assert error["type"] == "error" and "engine stopped" in error["message"]
+    assert chat(daemon, "tiny").status_code == 200  # not streamed: the fake engine answers at once
+    assert len(read_events(events, "started")) == 2
+
+
+def test_engine_that_fails_to_start_gives_its_message_without_paths(start: Start, tmp_path: Path) -> None:
+    daemon = start(env={"FAKE_EXIT_AT_START": "7"})
+    package(daemon, tmp_path, "tiny")
+    response = chat(daemon, "tiny")
+    assert response.status_code == 500
+    message = response.json()["error"]["message"]
+    assert message.startswith("unable to load runner")
+    assert "code 7" in message and "model.gguf" in message
+    assert str(tmp_path) not in message and "/tmp" not in message
+    assert daemon.ps() == []
+
+
+def test_client_disconnect_cancels_the_engine_request(start: Start, tmp_path: Path, events: Path) -> None:
+    daemon = start(env={"FAKE_CHUNKS": "200", "FAKE_CHUNK_DELAY": "0.05"})
+    package(daemon, tmp_path, "tiny")
+    body = {"model": "tiny", "messages": [], "stream": True}
+    with httpx.stream("POST", daemon.url + "/v1/chat/completions", json=body, timeout=30) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                break  # leave after the first chunk
+    daemon.wait_for(lambda: read_events(events, "cancelled"), "the engine to see the cancellation")
+    daemon.wait_for(lambda: not any(r["in_use"] for r in daemon.ps()), "the runner to be released")
+
+
+def test_configure_persists_across_a_daemon_restart(start: Start, tmp_path: Path, events: Path) -> None:
+    daemon = start()
+    package(daemon, tmp_path, "tiny")
+    request = {
+        "model": "tiny",
+        "context-size": 1024,
+        "runtime-flags": ["--fake-flag", "3"],
+        "keep_alive": "10m",
+    }
+    assert daemon.http("POST", "/engines/_configure", json=request).status_code == 202
+    daemon.stop()
+
+    restarted = start()
+    [shown] = restarted.http("GET", "/engines/_configure", params={"model": "tiny"}).json()
+    assert shown["Backend"] == "llama.cpp" and shown["Mode"] == "completion"
+    assert shown["Config"] == {
+        "context_size": 1024,
+        "runtime_flags": ["--fake-flag", "3"],
+        "keep_alive": "10m",
+    }
+    assert chat(restarted, "tiny").status_code == 200
+    argv = read_events(events, "started")[-1]["argv"]
+    assert argv[argv.index("--ctx-size") + 1] == "1024" and "--fake-flag" in argv
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "status"),
+    [
+        ({"json": {"model": "absent", "messages": []}}, 404),
+        ({"json": {"messages": []}}, 400),
+        ({"json": ["not", "an", "object"]}, 400),
+        ({"content": b"{broken json", "headers": {"content-type": "application/json"}}, 400),
+        ({"content": b"x" * (10 * 1024 * 1024 + 1)}, 413),
+        ({"json": {"model": "tiny", "messages": []}, "headers": {"host": "evil.example.com"}}, 403),
+        ({"json": {"model": "tiny", "messages": []}, "headers": {"origin": "https://evil.example.com"}}, 403),
+        ({"json": {"model": "tiny", "keep_alive": "forever"}}, 400),
+    ],
+)
+def test_bad_inference_requests(
+    start: Start, tmp_path: Path, request_kwargs: dict[str, Any], status: int
+) -> None:
+    daemon = start()
+    package(daemon, tmp_path, "tiny")
+    response = daemon.http("POST", "/engines/v1/chat/completions", **request_kwargs)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["message"]
+    assert daemon.ps() == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "tiny", "runtime-flags": ["--not-allowed"]},
+        {"model": "tiny", "runtime-flags": ["--fake-model", "/etc/passwd"]},
+        {"model": "tiny", "context-size": 0},
+        {"model": "tiny", "keep_alive": "soon"},
+        {"model": "tiny", "vllm": {"hf-overrides": {"bad key": 1}}},
+        {"model": "tiny", "mode": "dreaming"},
+        {"model": "tiny", "unknown": True},
+        {"model": "absent", "context-size": 10},
+    ],
+)
+def test_bad_configure_requests(start: Start, tmp_path: Path, body: dict[str, Any]) -> None:
+    daemon = start()
+    package(daemon, tmp_path, "tiny")
+    response = daemon.http("POST", "/engines/_configure", json=body)
+    assert response.status_code in (400, 404), response.text
+    assert daemon.http("GET", "/engines/_configure").json() == []
+
+
+def test_unknown_backend_is_404(start: Start, tmp_path: Path) -> None:
+    daemon = start()
+    package(daemon, tmp_path, "tiny")
+    body = {"model": "tiny", "messages": []}
+    assert daemon.http("POST", "/engines/nope/v1/chat/completions", json=body).status_code == 404
+
+
+def test_api_key_is_required_when_set(start: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODEL_RUNNER_API_KEY", "s3cret")
+    daemon = start()
+    assert daemon.http("GET", "/models").status_code == 401
+    assert daemon.http("GET", "/models", headers={"authorization": "Bearer s3cret"}).status_code == 200
+    assert daemon.http("GET", "/models", headers={"x-api-key": "s3cret"}).status_code == 200
+    assert daemon.http("GET", "/").status_code == 200
+
+
+def test_cors_allows_local_origins_only(start: Start) -> None:
+    daemon = start()
+    ok = daemon.http("GET", "/models", headers={"origin": "http://localhost:3000"})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://localhost:3000"
+    preflight = daemon.http(
+        "OPTIONS",
+        "/v1/chat/completions",
+        headers={"origin": "http://127.0.0.1:8080", "access-control-request-method": "POST"},
+    )
+    assert preflight.status_code == 204
+    assert daemon.http("GET", "/models", headers={"origin": "http://evil.example"}).status_code == 403
+
+
+def test_metrics_aggregate_engine_metrics_with_labels(start: Start, tmp_path: Path) -> None:
+    daemon = start()
+    package(daemon, tmp_path, "tiny")
+    assert chat(daemon, "tiny").status_code == 200
+    text = daemon.http("GET", "/metrics").text
+    assert 'fake_requests_total{backend="llama.cpp",model="tiny",mode="completion"} 3' in text
+    assert "modelrunner_loaded_runners 1" in text
+
+
+def test_unload(start: Start, tmp_path: Path) -> None:
+    daemon = start()
+    package(daemon, tmp_path, "tiny")
+    assert chat(daemon, "tiny").status_code == 200
+    assert daemon.http("POST", "/engines/unload", json={"models": ["absent"]}).json() == {
+        "unloaded_runners": 0
+    }
+    assert daemon.http("POST", "/engines/unload", json={"models": ["tiny"]}).json() == {"unloaded_runners": 1}
+    assert daemon.ps() == []
+
+
+def test_orphaned_engines_are_ended_at_start(start: Start, tmp_path: Path) -> None:
+    from modelrunner.server.app import runtime_dir
+
+    socket = runtime_dir() / "runner-999.sock"
+    socket.parent.mkdir(parents=True, exist_ok=True)
+    orphan = subprocess.Popen([sys.executable, str(SCRIPT), str(socket)], env={**os.environ})
+    (runtime_dir() / "pids").mkdir(exist_ok=True)
+    (runtime_dir() / "pids" / f"{orphan.pid}.json").write_text(
+        json.dumps({"pid": orphan.pid, "socket": str(socket)})
+    )
+    daemon = start()
+    assert orphan.wait(10) != 0
+    assert daemon.daemon is not None and daemon.daemon.scheduler.orphans_ended == 1
