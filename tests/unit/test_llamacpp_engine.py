@@ -68,7 +68,17 @@ def base() -> list[str]:
 def test_completion_without_template_uses_jinja(tmp_path: Path) -> None:
     model = make_bundle(tmp_path)
     gguf = str(model.bundle / "model" / "model.gguf")
-    assert argv(model) == [*base(), "--model", gguf, "--host", str(SOCKET), "--jinja", "--no-webui"]
+    assert argv(model) == [
+        *base(),
+        "--model",
+        gguf,
+        "--host",
+        str(SOCKET),
+        "--alias",
+        "ai/tiny",
+        "--jinja",
+        "--no-webui",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -84,7 +94,7 @@ def test_completion_without_template_uses_jinja(tmp_path: Path) -> None:
             ["--chat-template-file", "{t}"],
             ["--mmproj", "{m}"],
         ),
-        (Mode.EMBEDDING, True, False, {}, ["--embeddings"], ["--jinja"]),
+        (Mode.EMBEDDING, True, False, {}, ["--embeddings", "--pooling", "mean"], ["--jinja"]),
         (Mode.RERANKING, False, False, {}, ["--embeddings", "--reranking"], ["--jinja"]),
         (
             Mode.COMPLETION,
@@ -126,6 +136,8 @@ def test_command_line_table(
         str(folder / "model.gguf"),
         "--host",
         str(SOCKET),
+        "--alias",
+        "ai/tiny",
         *middle,
         *tail,
         "--no-webui",

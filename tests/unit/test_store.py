@@ -293,12 +293,6 @@ def test_write_blob_stream_refuses_a_bad_digest(store: ModelStore, refuses: Any,
 
 
 @pytest.mark.parametrize("other_writer_fails", [False, True], ids=["other-succeeds", "other-fails"])
-@pytest.mark.xfail(
-    strict=True,
-    raises=FileNotFoundError,
-    reason="BUG: concurrent writers of one blob share `<hex>.incomplete` (O_TRUNC); the other writer's "
-    "rename or cleanup makes this one fail with a raw FileNotFoundError in _place_blob",
-)
 def test_two_interleaved_writers_of_the_same_blob_both_end_well(
     store: ModelStore, other_writer_fails: bool
 ) -> None:

@@ -34,7 +34,17 @@ def main(argv: list[str] | None = None) -> None:
     from modelrunner.errors import ModelRunnerError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `--` is passed through untouched (engine flags of `configure`); argparse's own
+    # handling of `--` inside subcommands is unreliable, so it is split off here.
+    passthrough: list[str] = []
+    if "--" in words:
+        at = words.index("--")
+        words, passthrough = words[:at], words[at + 1 :]
+    args = parser.parse_args(words)
+    if passthrough and not getattr(args, "accepts_passthrough", False):
+        parser.error("arguments after -- are only accepted by: configure")
+    args.passthrough = passthrough
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -133,10 +133,11 @@ def _parse_bool(text: str) -> bool:
 def cmd_configure(args: argparse.Namespace) -> None:
     daemon = client()
     if args.model == "show":
-        target = args.flags[0] if args.flags and args.flags[0] != "--" else None
-        print(json.dumps(daemon.configuration(target), indent=2))
+        print(json.dumps(daemon.configuration(args.target), indent=2))
         return
-    flags = [f for f in args.flags if f != "--"] if args.flags else []
+    if args.target is not None:
+        raise UsageError(f"unexpected argument {args.target!r}; engine flags go after --")
+    flags = args.passthrough
     request: dict[str, Any] = {"model": args.model}
     if args.context_size is not None:
         request["context-size"] = args.context_size
@@ -192,8 +193,8 @@ def add_commands(commands: Any) -> None:
         aliases=["config"],
         help="Set a model's engine settings (kept across restarts); `configure show [MODEL]` lists them.",
     )
-    configure.add_argument("model", help="model name, tag or ID (or `show`)")
-    configure.add_argument("flags", nargs=argparse.REMAINDER, help="-- engine runtime flags")
+    configure.add_argument("model", help="model name, tag or ID (or `show`); engine flags follow a --")
+    configure.add_argument("target", nargs="?", help="with `show`: only this model")
     configure.add_argument(
         "--context-size", type=int, metavar="N", help="context size in tokens (-1: maximum)"
     )
@@ -207,7 +208,7 @@ def add_commands(commands: Any) -> None:
     configure.add_argument("--hf_overrides", "--hf-overrides", metavar="JSON", help="vLLM hf_overrides")
     configure.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="vLLM, 0-1")
     configure.add_argument("--backend", help="engine the settings are for")
-    configure.set_defaults(handler=cmd_configure)
+    configure.set_defaults(handler=cmd_configure, accepts_passthrough=True)
 
     logs = commands.add_parser("logs", help="Show the daemon's and engines' logs.")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")

@@ -65,6 +65,15 @@ def model_ggufs(bundle: Path) -> list[Path]:
     return find_gguf_shards(candidates[0])
 
 
+def _declares_pooling(bundle: Path) -> bool:
+    """Whether the GGUF metadata (kept in the bundle's config.json) names a pooling type."""
+    try:
+        metadata = json.loads((bundle / "config.json").read_text()).get("gguf") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(key.endswith(".pooling_type") for key in metadata)
+
+
 def command_line(
     server: Path, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
 ) -> list[str]:
@@ -76,12 +85,16 @@ def command_line(
     validate_runtime_flags(settings.runtime_flags)
     folder = model.bundle / "model"
     argv = [str(server), *base_args(), "--model", str(model_ggufs(model.bundle)[0]), "--host", str(socket)]
+    # Answers name the model as it was asked for, not by the bundle's file path.
+    argv += ["--alias", model.reference]
     if mode is Mode.COMPLETION:
         template = folder / "template.jinja"
         if template.is_file():
             argv += ["--chat-template-file", str(template)]
     elif mode is Mode.EMBEDDING:
         argv += ["--embeddings"]
+        if "--pooling" not in settings.runtime_flags and not _declares_pooling(model.bundle):
+            argv += ["--pooling", "mean"]  # a generative GGUF has none, and /v1/embeddings needs one
     else:
         argv += ["--embeddings", "--reranking"]
     if settings.reasoning_budget is not None:

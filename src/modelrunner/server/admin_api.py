@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from modelrunner.engines.base import Engine, Mode
+from modelrunner.engines.base import Engine, InstallState, Mode
 from modelrunner.errors import BadRequest, Conflict, ModelNotFound
 from modelrunner.scheduler.durations import format_keep_alive, parse_keep_alive
 from modelrunner.scheduler.runner import RunnerState
@@ -154,7 +154,7 @@ def build_admin_router(
     async def _preload(engine: Engine, model_id: str, name: str, mode: Mode) -> None:
         with contextlib.suppress(Exception):
             model = store.get(model_id)
-            if engine.status().state.value == "Running":
+            if engine.status().state is InstallState.RUNNING:
                 runner = await asyncio.wait_for(
                     scheduler.acquire(engine, model_for_engine(store, model, name), mode), 60
                 )

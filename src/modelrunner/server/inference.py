@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from modelrunner.engines.base import Engine, InstallState, Mode, ModelForEngine
-from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
+from modelrunner.engines.base import Engine, Mode, ModelForEngine
+from modelrunner.errors import BadRequest, EngineNotInstalled, ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.scheduler import Busy, Scheduler
 from modelrunner.server.errors import error_body
@@ -28,10 +28,6 @@ _OPERATIONS = (
 )
 _ROUTE = re.compile(rf"/(?:engines/(?:(?P<backend>[^/]+)/)?)?(?P<op>{_OPERATIONS})")
 _MODES = {"embeddings": Mode.EMBEDDING, "rerank": Mode.RERANKING, "score": Mode.RERANKING}
-
-
-class EngineNotInstalled(ModelRunnerError):
-    status_code = 412
 
 
 class BodyTooLarge(ModelRunnerError):
@@ -149,12 +145,7 @@ class InferenceHandler:
         model = self.store.get(name)
         engine = self._engine(route, model)
         if not self.scheduler.has_runner(engine.name, model.id, route.mode):
-            status = engine.status()
-            if status.state is not InstallState.RUNNING:
-                raise EngineNotInstalled(
-                    f"the {engine.name} engine is not installed ({status.detail or status.state.value}); "
-                    f"run: model install-runner --backend {engine.name}"
-                )
+            engine.require_installed()
         runner = await self.scheduler.acquire(
             engine, model_for_engine(self.store, model, name), route.mode, keep_alive
         )

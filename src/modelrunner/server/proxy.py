@@ -57,6 +57,7 @@ async def relay(scope: Scope, receive: Receive, send: Send, socket: Path, path: 
         return
     watcher = asyncio.get_running_loop().create_task(_close_on_disconnect(receive, writer))
     started = False
+    tail = b"\n\n"  # the last two bytes sent, to know whether an SSE event was cut
     try:
         writer.write(_request_bytes(scope["method"], path, scope, body))
         await writer.drain()
@@ -69,6 +70,7 @@ async def relay(scope: Scope, receive: Receive, send: Send, socket: Path, path: 
         started = True
         async for chunk in body_chunks(reader, headers):
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            tail = chunk[-2:] if len(chunk) >= 2 else tail[-1:] + chunk
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except (UpstreamError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
         if watcher.done():
@@ -77,7 +79,8 @@ async def relay(scope: Scope, receive: Receive, send: Send, socket: Path, path: 
         if not started:
             await _send_error(send, 500, message, engine_died_body(message))
         else:  # mid-stream: the status is sent, so say it in the stream and end it
-            error = b"data: " + engine_died_body(message) + b"\n\n"
+            boundary = b"" if tail == b"\n\n" else b"\n\n"  # end a half-sent event first
+            error = boundary + b"data: " + engine_died_body(message) + b"\n\n"
             await send({"type": "http.response.body", "body": error, "more_body": False})
     finally:
         watcher.cancel()

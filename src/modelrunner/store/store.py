@@ -7,6 +7,7 @@ change, which DMR lacks. The store knows nothing of the network.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -119,7 +120,7 @@ class ModelStore:
             except FileNotFoundError:
                 continue  # renamed or removed by another process meanwhile
             stale_download = path.suffix == ".incomplete" and age > INCOMPLETE_MAX_AGE
-            stale_ingest = path.name.startswith(".ingest-") and age > STRAY_INGEST_MAX_AGE
+            stale_ingest = path.name.startswith((".ingest-", ".load-")) and age > STRAY_INGEST_MAX_AGE
             if stale_download or stale_ingest:
                 with contextlib.suppress(OSError):
                     path.unlink()
@@ -249,40 +250,26 @@ class ModelStore:
         return digest
 
     def write_blob_stream(self, digest: str, size: int, chunks: Iterable[bytes]) -> bool:
-        """Stream a blob of known digest and size into `<hex>.incomplete`, verify it, then rename.
+        """Stream a blob of known digest and size into the store, verified before it is placed.
 
-        Returns False when the blob was already present (the chunks are then drained unread into
-        nothing). A size or digest mismatch deletes the partial file and raises InvalidArtifact.
+        Returns False when the blob was already present (the chunks are then drained unread). Each call
+        writes its own temporary file, so concurrent writers of one blob cannot disturb each other. On any
+        error the temporary file is removed; a size or digest mismatch raises InvalidArtifact.
         """
-        final = self.layout.blob_path(digest)
-        if final.exists() and final.stat().st_size == size:
+        if self.has_blob(digest, size):
             for _ in chunks:
                 pass
             return False
-        partial = self.layout.incomplete_path(digest)
-        hasher = hashlib.sha256()
-        written = 0
+        tmp = self.layout.blobs_dir / f".load-{uuid.uuid4().hex}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                for chunk in chunks:
-                    written += len(chunk)
-                    if written > size:
-                        raise InvalidArtifact(f"blob {digest[:19]} is larger than its declared size")
-                    hasher.update(chunk)
-                    write_all(fd, chunk)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if written != size:
-                raise InvalidArtifact(f"blob {digest[:19]} is shorter than its declared size")
-            if "sha256:" + hasher.hexdigest() != digest:
-                raise InvalidArtifact(f"blob {digest[:19]} does not match its digest")
+            self._fill(fd, digest, size, 0, hashlib.sha256(), chunks)
         except BaseException:
-            with contextlib.suppress(OSError):
-                partial.unlink()
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
             raise
-        self._place_blob(partial, digest)
+        os.close(fd)
+        self._place_blob(tmp, digest)
         return True
 
     def partial_blob_size(self, digest: str) -> int:
@@ -299,48 +286,53 @@ class ModelStore:
     def resume_blob_stream(self, digest: str, size: int, offset: int, chunks: Iterable[bytes]) -> None:
         """Continue `<hex>.incomplete` at `offset` (0 starts over) with `chunks`, then verify and place it.
 
-        The kept prefix is hashed first, so the whole file is verified as write_blob_stream does; a size or
-        digest mismatch deletes the partial and raises InvalidArtifact. Any other error (the network, a
-        cancellation) keeps what was written, flushed, for the next resume.
+        One writer per partial file at a time (an exclusive lock on it, across threads and processes); a
+        writer that finds the blob placed meanwhile stops there. The kept prefix is hashed first, so the
+        whole file is verified; a size or digest mismatch deletes the partial and raises InvalidArtifact.
+        Any other error (the network, a cancellation) keeps what was written, flushed, for the next resume.
         """
         partial = self.layout.incomplete_path(digest)
-        hasher = hashlib.sha256()
         fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self.has_blob(digest, size):
+                return
             if os.fstat(fd).st_size < offset:
                 raise InvalidArtifact(f"partial download of blob {digest[:19]} is shorter than expected")
             os.ftruncate(fd, offset)
-            written = 0
-            while written < offset:
-                block = os.pread(fd, min(CHUNK_SIZE, offset - written), written)
+            hasher = hashlib.sha256()
+            done = 0
+            while done < offset:
+                block = os.pread(fd, min(CHUNK_SIZE, offset - done), done)
                 if not block:
                     break
                 hasher.update(block)
-                written += len(block)
+                done += len(block)
             os.lseek(fd, offset, os.SEEK_SET)
-            try:
-                for chunk in chunks:
-                    written += len(chunk)
-                    if written > size:
-                        raise InvalidArtifact(f"blob {digest[:19]} is larger than its declared size")
-                    hasher.update(chunk)
-                    write_all(fd, chunk)
-            finally:
-                os.fsync(fd)
-            if written != size:
-                raise InvalidArtifact(f"blob {digest[:19]} is shorter than its declared size")
-            if "sha256:" + hasher.hexdigest() != digest:
-                raise InvalidArtifact(f"blob {digest[:19]} does not match its digest")
+            self._fill(fd, digest, size, offset, hasher, chunks)
+            self._place_blob(partial, digest)
         except InvalidArtifact:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                partial.unlink()
+            partial.unlink(missing_ok=True)
             raise
-        except BaseException:
+        finally:
             os.close(fd)
-            raise
-        os.close(fd)
-        self._place_blob(partial, digest)
+
+    @staticmethod
+    def _fill(fd: int, digest: str, size: int, written: int, hasher: Any, chunks: Iterable[bytes]) -> None:
+        """Append chunks to fd, hashing them after the `written` bytes already hashed; then verify."""
+        try:
+            for chunk in chunks:
+                written += len(chunk)
+                if written > size:
+                    raise InvalidArtifact(f"blob {digest[:19]} is larger than its declared size")
+                hasher.update(chunk)
+                write_all(fd, chunk)
+        finally:
+            os.fsync(fd)
+        if written != size:
+            raise InvalidArtifact(f"blob {digest[:19]} is shorter than its declared size")
+        if "sha256:" + hasher.hexdigest() != digest:
+            raise InvalidArtifact(f"blob {digest[:19]} does not match its digest")
 
     # -- models ---------------------------------------------------------------------------------
 

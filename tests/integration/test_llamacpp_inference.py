@@ -1,0 +1,162 @@
+"""The inference path with the real engine: a `model serve` process, a real `llama-server` built from the
+pinned llama.cpp, the tiny GGUF written by tests/models.py, and the official `openai` client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.daemon import Daemon, free_port
+from tests.engines import llama_server
+from tests.models import write_tiny_gguf
+
+__all__ = ["llama_server"]
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+    monkeypatch.setenv("LLAMA_SERVER_PATH", str(llama_server))
+    running = Daemon(tmp_path / "home", free_port()).start()
+    running.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "tiny.gguf")), "tiny")
+    yield running
+    running.stop()
+
+
+def engine_pids(daemon: Daemon) -> list[int]:
+    return [r["pid"] for r in daemon.http("GET", "/engines/ps").json()]
+
+
+def test_chat_completion_not_streamed(daemon: Daemon) -> None:
+    # ignore_eos: random weights may pick end-of-text early; the counts below must be exact
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "ignore_eos": True,
+    }
+    response = daemon.http("POST", "/engines/llama.cpp/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["object"] == "chat.completion"
+    assert answer["usage"]["completion_tokens"] == 8
+    assert answer["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_streamed_through_every_route_prefix(daemon: Daemon) -> None:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 6,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    for path in (
+        "/engines/v1/chat/completions",
+        "/engines/llama.cpp/v1/chat/completions",
+        "/v1/chat/completions",
+    ):
+        with httpx.stream("POST", daemon.url + path, json=body, timeout=60) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    assert len(engine_pids(daemon)) == 1  # one runner served all three prefixes
+
+
+def test_completions(daemon: Daemon) -> None:
+    body = {"model": "tiny", "prompt": "Once upon", "max_tokens": 4, "ignore_eos": True}
+    answer = daemon.http("POST", "/v1/completions", json=body).json()
+    assert answer["usage"]["completion_tokens"] == 4
+
+
+def test_embeddings_run_in_their_own_embedding_mode_runner(daemon: Daemon) -> None:
+    # The tiny model is generative, without a pooling type of its own: the engine adds mean pooling.
+    daemon.http("POST", "/v1/chat/completions", json={"model": "tiny", "messages": [], "max_tokens": 1})
+    answer = daemon.http("POST", "/v1/embeddings", json={"model": "tiny", "input": ["hello", "world"]}).json()
+    assert [item["index"] for item in answer["data"]] == [0, 1]
+    assert len(answer["data"][0]["embedding"]) == 64  # n_embd of the tiny model
+    modes = sorted(r["mode"] for r in daemon.http("GET", "/engines/ps").json())
+    assert modes == ["completion", "embedding"]
+
+
+def test_the_official_openai_client_streams_through_engines_v1(daemon: Daemon) -> None:
+    client = openai.OpenAI(base_url=daemon.url + "/engines/v1", api_key="unused")
+    listed = [m.id for m in client.models.list()]
+    assert listed == ["ai/tiny:latest"]
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True
+    )
+    finish = [c.choices[0].finish_reason for c in stream if c.choices]
+    assert finish[-1] in ("length", "stop")  # random weights may emit end-of-text early
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="absent", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_killing_the_engine_mid_stream_errors_then_the_next_request_reloads(daemon: Daemon) -> None:
+    # A long context, one slot: the tiny model then streams for seconds, long enough to be killed mid-way.
+    daemon.cli("configure", "tiny", "--context-size", "32768", "--", "--parallel", "1")
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 30000,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    with httpx.stream("POST", daemon.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        [pid] = engine_pids(daemon)
+        os.kill(pid, signal.SIGKILL)
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert json.loads(rest[-1][6:])["type"] == "error"
+    again = daemon.http("POST", "/v1/chat/completions", json={**body, "stream": False, "max_tokens": 2})
+    assert again.status_code == 200
+    assert engine_pids(daemon) != [pid]
+
+
+def test_daemon_sigterm_stops_its_engines(daemon: Daemon) -> None:
+    daemon.http("POST", "/v1/chat/completions", json={"model": "tiny", "messages": [], "max_tokens": 1})
+    [pid] = engine_pids(daemon)
+    assert daemon.process is not None
+    daemon.process.send_signal(signal.SIGTERM)
+    assert daemon.process.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its shutdown
+    assert not Path(f"/proc/{pid}").exists() or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower()
+
+
+def test_configured_context_size_reaches_the_engine_and_survives_restart(daemon: Daemon) -> None:
+    assert daemon.cli("configure", "tiny", "--context-size", "256").returncode == 0
+    daemon.stop()
+    daemon.start()
+    daemon.http("POST", "/v1/chat/completions", json={"model": "tiny", "messages": [], "max_tokens": 1})
+    [pid] = engine_pids(daemon)
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[argv.index(b"--ctx-size") + 1] == b"256"
+
+
+def test_cli_run_ps_unload(daemon: Daemon) -> None:
+    out = daemon.cli("run", "tiny", "hello").stdout
+    assert out.endswith("\n") and len(out) > 1
+    ps = daemon.cli("ps").stdout.splitlines()
+    assert ps[0].split()[:3] == ["MODEL", "NAME", "BACKEND"] and ps[1].split()[:3] == [
+        "tiny",
+        "llama.cpp",
+        "completion",
+    ]
+    assert daemon.cli("unload", "tiny").stdout.strip() == "Unloaded 1 model(s)."
+    assert daemon.cli("unload", "--all").stdout.strip() == "No models are running."
+
+
+def test_a_bad_runtime_flag_is_refused(daemon: Daemon) -> None:
+    result = daemon.cli("configure", "tiny", "--", "--model", "/etc/passwd", check=False)
+    assert (
+        result.returncode == 1 and "not allowed" in result.stderr.lower()
+    ) or "path" in result.stderr.lower()
