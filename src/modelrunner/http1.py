@@ -30,23 +30,39 @@ async def read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[bytes
     return int(parts[1]), headers
 
 
+async def _dechunk(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """Decode chunked transfer encoding from whatever has arrived: every complete chunk in one read is
+    passed on together, so a burst of small SSE events costs one hand-over, not one each."""
+    buffer = bytearray()
+    while True:
+        out = bytearray()
+        while (line_end := buffer.find(b"\r\n")) >= 0:
+            size = int(bytes(buffer[:line_end]).split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:  # the last chunk; trailers, if any, are not needed
+                if out:
+                    yield bytes(out)
+                return
+            start, end = line_end + 2, line_end + 2 + size
+            if len(buffer) < end + 2:
+                break
+            out += buffer[start:end]
+            del buffer[: end + 2]
+        if out:
+            yield bytes(out)
+        data = await reader.read(READ_SIZE)
+        if not data:
+            raise UpstreamError("the engine closed the stream mid-response")
+        buffer += data
+
+
 async def body_chunks(
     reader: asyncio.StreamReader, headers: list[tuple[bytes, bytes]]
 ) -> AsyncIterator[bytes]:
     """Yield the response body as it arrives: chunked, sized, or until the engine closes."""
     values = dict(headers)
     if b"chunked" in values.get(b"transfer-encoding", b"").lower():
-        while True:
-            size_line = await reader.readline()
-            if not size_line:
-                raise UpstreamError("the engine closed the stream mid-response")
-            size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
-            if size == 0:
-                with contextlib.suppress(Exception):
-                    await reader.readuntil(b"\r\n")  # trailer end
-                return
-            data = await reader.readexactly(size + 2)  # the chunk and its CRLF
-            yield data[:-2]
+        async for data in _dechunk(reader):
+            yield data
     elif b"content-length" in values:
         remaining = int(values[b"content-length"])
         while remaining > 0:

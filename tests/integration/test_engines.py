@@ -37,14 +37,14 @@ def test_install_status_uninstall_through_the_cli(daemon: Daemon, llama_server: 
 
     assert daemon.http("GET", "/engines/status").json() == {
         "llama.cpp": "Running: llama.cpp b11434",
-        "vllm": "Not Installed: not yet available in modelrunner",
+        "vllm": "Not Installed: no vllm environment installed",
         "mlx": "Not Installed: only supported on macOS arm64",
         "sglang": "Not Installed: not yet available in modelrunner",
-        "diffusers": "Not Installed: not yet available in modelrunner",
+        "diffusers": "Not Installed: no diffusers environment installed",
     }
     lines = daemon.cli("status").stdout.splitlines()
     assert "llama.cpp: running llama.cpp version: b11434" in lines
-    assert "vllm: not installed (not yet available in modelrunner)" in lines
+    assert "vllm: not installed (run: model install-runner --backend vllm)" in lines
     assert "mlx: not supported on linux" in lines
     assert any(line.startswith("accelerator: ") for line in lines)
     status = json.loads(daemon.cli("status", "--json").stdout)
@@ -83,7 +83,10 @@ def test_install_errors_are_clear(daemon: Daemon) -> None:
         error_message(response)
         == "unknown backend 'llamacpp': use one of llama.cpp, vllm, mlx, sglang, diffusers"
     )
-    response = daemon.http("POST", "/engines/install-backend", json={"backend": "vllm"})
+    response = daemon.http("POST", "/engines/install-backend", json={"backend": "vllm", "gpu": "vulkan"})
+    assert response.status_code == 400
+    assert "--gpu auto, cuda or none" in error_message(response)
+    response = daemon.http("POST", "/engines/install-backend", json={"backend": "sglang"})
     assert response.status_code == 400
     assert "not yet available in modelrunner" in error_message(response)
     response = daemon.http("POST", "/engines/install-backend", json={"backend": "llama.cpp", "gpu": "rocm"})

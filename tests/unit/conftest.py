@@ -16,6 +16,7 @@ import pytest
 
 from modelrunner.artifact.builder import PackageSpec, build_artifact
 from modelrunner.errors import ModelRunnerError
+from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore
 from tests.models import write_tiny_gguf
 
@@ -35,25 +36,6 @@ def snapshot(root: Path) -> Snapshot:
             data = path.read_bytes()
             state[relative] = (len(data), hashlib.sha256(data).hexdigest())
     return state
-
-
-class StoreSink:
-    """BlobSink writing into the store, as server/models_api.py's _StoreSink does."""
-
-    def __init__(self, store: ModelStore) -> None:
-        self.store = store
-        self.added: list[str] = []
-
-    def add_file(self, path: Path, what: str) -> tuple[str, int]:
-        digest, size = self.store.ingest_file(path, what)
-        if digest not in self.added:
-            self.added.append(digest)
-        return digest, size
-
-    def add_bytes(self, data: bytes) -> str:
-        digest = self.store.write_blob_bytes(data)
-        self.added.append(digest)
-        return digest
 
 
 @pytest.fixture
@@ -126,5 +108,5 @@ def take_snapshot() -> Callable[[Path], Snapshot]:
 
 @pytest.fixture
 def new_sink(store: ModelStore) -> Callable[[], StoreSink]:
-    """`new_sink()`: a fresh BlobSink into the store, as server/models_api.py's _StoreSink."""
+    """`new_sink()`: a fresh BlobSink into the store."""
     return lambda: StoreSink(store)

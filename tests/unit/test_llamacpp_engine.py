@@ -376,10 +376,10 @@ def test_registry_lists_every_dmr_engine() -> None:
     engines = {engine.name: engine for engine in default_registry()}
     assert list(engines) == ["llama.cpp", "vllm", "mlx", "sglang", "diffusers"]
     assert engines["mlx"].status().describe("mlx") == "Not Installed: only supported on macOS arm64"
-    assert engines["vllm"].status().describe("vllm") == "Not Installed: not yet available in modelrunner"
+    assert engines["sglang"].status().describe("sglang") == "Not Installed: not yet available in modelrunner"
     with pytest.raises(EngineUnsupported, match="not yet available"):
-        engines["vllm"].prepare_install("auto")
-    with pytest.raises(EngineNotInstalled, match="not yet available"):
+        engines["sglang"].prepare_install("auto")
+    with pytest.raises(EngineNotInstalled, match="install-runner --backend diffusers"):
         engines["diffusers"].require_installed()
     with pytest.raises(UnknownEngine, match=r"use one of llama\.cpp, vllm") as info:
         find_engine(engines, "llama")

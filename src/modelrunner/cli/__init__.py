@@ -41,7 +41,13 @@ def main(argv: list[str] | None = None) -> None:
     if "--" in words:
         at = words.index("--")
         words, passthrough = words[:at], words[at + 1 :]
-    args = parser.parse_args(words)
+    args, leftover = parser.parse_known_args(words)
+    # `model run MODEL --max-tokens 9 "a prompt"`: words after an option still belong to the prompt.
+    extra_field = getattr(args, "extra_words_to", None)
+    if leftover and extra_field and not any(word.startswith("-") for word in leftover):
+        setattr(args, extra_field, [*getattr(args, extra_field), *leftover])
+    elif leftover:
+        parser.error(f"unrecognized arguments: {' '.join(leftover)}")
     if passthrough and not getattr(args, "accepts_passthrough", False):
         parser.error("arguments after -- are only accepted by: configure")
     args.passthrough = passthrough

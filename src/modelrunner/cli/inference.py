@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -33,12 +34,38 @@ def _ensure_model(daemon: Client, model: str) -> None:
             pass
 
 
-def stream_answer(daemon: Client, model: str, messages: list[dict[str, Any]], backend: str | None) -> str:
+LOADING_NOTICE_AFTER = 2.0  # seconds without a first token before saying why
+
+
+def _say_if_loading(daemon: Client, model: str) -> None:
+    """A long engine start (vLLM takes ~30 s on a CPU) is reported, so it is not mistaken for a hang."""
+    from modelrunner.errors import DaemonError
+
+    try:
+        runners = daemon.ps()
+    except DaemonError:
+        return
+    for runner in runners:
+        if runner.get("loading") and model in (
+            runner.get("model_name"),
+            display(runner.get("model_name", "")),
+        ):
+            print(f"Loading the model in {runner['backend_name']}...", file=sys.stderr, flush=True)
+            return
+
+
+def stream_answer(
+    daemon: Client, model: str, messages: list[dict[str, Any]], backend: str | None, **options: Any
+) -> str:
     """Print an answer as it streams; returns its text. Reasoning is shown in italics on a terminal."""
     tty = sys.stdout.isatty()
     text: list[str] = []
     in_reasoning = False
-    for event in daemon.chat_stream(model, messages, backend):
+    notice = threading.Timer(LOADING_NOTICE_AFTER, _say_if_loading, (daemon, model))
+    notice.daemon = True
+    notice.start()
+    for event in daemon.chat_stream(model, messages, backend, **options):
+        notice.cancel()
         if "error" in event or event.get("type") == "error":
             error = event.get("error", event)
             message = error.get("message", error) if isinstance(error, dict) else error
@@ -69,6 +96,10 @@ def stream_answer(daemon: Client, model: str, messages: list[dict[str, Any]], ba
 def cmd_run(args: argparse.Namespace) -> int:
     daemon = client()
     _ensure_model(daemon, args.model)
+    from modelrunner.cli.images import is_image_model, run_image
+
+    if is_image_model(daemon.get_model(args.model)):  # a DDUF model: a picture, not a chat
+        return run_image(daemon, args)
     if args.detach:
         daemon.preload(args.model, args.backend)
         return 0
@@ -77,7 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         piped = sys.stdin.read()
         prompt = f"{prompt}\n\n{piped}".strip() if prompt else piped.strip()
     if prompt:
-        stream_answer(daemon, args.model, [{"role": "user", "content": prompt}], args.backend)
+        options = {"max_tokens": args.max_tokens} if args.max_tokens else {}
+        stream_answer(daemon, args.model, [{"role": "user", "content": prompt}], args.backend, **options)
         return 0
     from modelrunner.cli.chat import interactive_chat
 
@@ -178,7 +210,12 @@ def add_commands(commands: Any) -> None:
     run.add_argument("prompt", nargs="*", help="prompt (stdin is appended when piped); none = chat")
     run.add_argument("--backend", help="engine to use (llama.cpp, vllm, diffusers)")
     run.add_argument("-d", "--detach", action="store_true", help="only load the model")
-    run.set_defaults(handler=cmd_run)
+    run.add_argument("--max-tokens", type=int, metavar="N", help="stop the answer after N tokens")
+    run.add_argument("-o", "--output", metavar="FILE", help="image models: the PNG to write")
+    run.add_argument("--size", metavar="WxH", help="image models: width x height (default 512x512)")
+    run.add_argument("--steps", type=int, metavar="N", help="image models: inference steps (default 50)")
+    run.add_argument("--seed", type=int, metavar="N", help="image models: seed, for a repeatable image")
+    run.set_defaults(handler=cmd_run, extra_words_to="prompt")
 
     commands.add_parser("ps", help="List the models loaded in engines.").set_defaults(handler=cmd_ps)
 

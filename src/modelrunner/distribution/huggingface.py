@@ -32,6 +32,7 @@ from modelrunner.distribution.progress import ProgressReporter
 from modelrunner.distribution.registry import USER_AGENT, stall_timeout
 from modelrunner.errors import ModelNotFound, ModelRunnerError
 from modelrunner.reference import Reference
+from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore
 
 PARALLEL_FILES = 4
@@ -40,24 +41,6 @@ MAX_REDIRECTS = 5
 
 def hub_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-
-
-class _StoreSink:
-    """BlobSink into the store that remembers what it added, so that a failure can be undone."""
-
-    def __init__(self, store: ModelStore) -> None:
-        self.store = store
-        self.added: list[str] = []
-
-    def add_file(self, path: Path, what: str) -> tuple[str, int]:
-        digest, size = self.store.ingest_file(path, what)
-        self.added.append(digest)
-        return digest, size
-
-    def add_bytes(self, data: bytes) -> str:
-        digest = self.store.write_blob_bytes(data)
-        self.added.append(digest)
-        return digest
 
 
 def _hub_error(exc: Exception, repo: str) -> ModelRunnerError:
@@ -160,7 +143,7 @@ class HuggingFacePull:
             if path.is_file():
                 os.chmod(path, 0o644)
             os.utime(path, (stamp, stamp))
-        sink = _StoreSink(self.store)
+        sink = StoreSink(self.store)
         try:
             built = build_artifact(spec, sink, created=created)
             return self.store.add_model(built.manifest_bytes, [str(self.reference)])

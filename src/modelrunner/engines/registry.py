@@ -21,7 +21,9 @@ from modelrunner.engines.base import (
     ProgressCallback,
     RunnerSettings,
 )
+from modelrunner.engines.diffusers import DiffusersEngine
 from modelrunner.engines.llamacpp import LlamaCppEngine
+from modelrunner.engines.vllm import VllmEngine
 from modelrunner.errors import EngineNotInstalled, EngineUnsupported, UnknownEngine
 
 DEFAULT_ENGINE = "llama.cpp"
@@ -80,13 +82,6 @@ def _placeholders() -> list[Engine]:
     not_yet = "not yet available in modelrunner"
     return [
         UnavailableEngine(
-            "vllm",
-            frozenset({"safetensors"}),
-            completion | {Mode.RERANKING},
-            not_yet if on_linux else "only supported on Linux",
-            supported=on_linux,
-        ),
-        UnavailableEngine(
             "mlx",
             frozenset({"safetensors"}),
             completion,
@@ -100,19 +95,12 @@ def _placeholders() -> list[Engine]:
             not_yet if on_linux else "only supported on Linux",
             supported=on_linux,
         ),
-        UnavailableEngine(
-            "diffusers",
-            frozenset({"dduf", "diffusers"}),
-            frozenset({Mode.IMAGE_GENERATION}),
-            not_yet,
-            supported=on_linux or _is_macos_arm64(),
-        ),
     ]
 
 
 def default_registry() -> list[Engine]:
-    """Every engine DMR names, in its order: llama.cpp, then the status-only entries."""
-    return [LlamaCppEngine(), *_placeholders()]
+    """Every engine DMR names, in its order: llama.cpp, vllm, the status-only entries, diffusers."""
+    return [LlamaCppEngine(), VllmEngine(), *_placeholders(), DiffusersEngine()]
 
 
 def find_engine(engines: Mapping[str, Engine], name: str) -> Engine:

@@ -19,18 +19,23 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from modelrunner import __version__, config
+from modelrunner.compat.upstream import EngineContext
+from modelrunner.distribution.jobs import TransferManager
 from modelrunner.engines.base import Engine
 from modelrunner.scheduler.memory import memory_budget
 from modelrunner.scheduler.scheduler import Scheduler, SchedulerLimits
 from modelrunner.scheduler.settings import SettingsStore
 from modelrunner.server.admin_api import build_admin_router
+from modelrunner.server.anthropic_api import build_anthropic_router
 from modelrunner.server.distribution_api import build_distribution_router
 from modelrunner.server.engines_api import build_engines_router
 from modelrunner.server.errors import install_error_handlers
 from modelrunner.server.inference import InferenceHandler, match_route
 from modelrunner.server.models_api import build_models_router
+from modelrunner.server.ollama_api import build_ollama_router
 from modelrunner.server.openai_api import build_openai_router
 from modelrunner.server.proxy import App, Receive, Scope, Send
+from modelrunner.server.responses_api import build_responses_router
 from modelrunner.server.security import SecurityMiddleware, SecurityPolicy
 from modelrunner.store.store import ModelStore
 
@@ -122,11 +127,16 @@ def build_daemon(
             "default_backend_disk_usage": default.disk_usage() if default else 0,
         }
 
-    api.include_router(build_distribution_router(store))
+    transfers = TransferManager(store)  # one for every API: shared downloads, one limit on concurrent pulls
+    api.include_router(build_distribution_router(store, transfers))
     api.include_router(build_models_router(store))
     api.include_router(build_openai_router(store))
     api.include_router(build_admin_router(store, scheduler, engines, logs_dir))
     api.include_router(build_engines_router(engines, lambda name: scheduler.unload(None, name)))
+    compat = EngineContext(store, scheduler, engines)  # Ollama, Anthropic, Responses: translated APIs
+    api.include_router(build_ollama_router(compat, transfers))
+    api.include_router(build_anthropic_router(compat))
+    api.include_router(build_responses_router(compat))
     asgi = SecurityMiddleware(
         Dispatcher(api, InferenceHandler(store, scheduler, engines)), SecurityPolicy.from_env(bind_host)
     )

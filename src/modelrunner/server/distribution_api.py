@@ -61,9 +61,8 @@ async def _respond(job: TransferJob, request: Request) -> StreamingResponse:
     )
 
 
-def build_distribution_router(store: ModelStore) -> APIRouter:
+def build_distribution_router(store: ModelStore, transfers: TransferManager) -> APIRouter:
     router = APIRouter()
-    transfers = TransferManager(store)
 
     @router.post("/models/create")
     async def create_model(body: CreateRequest, request: Request) -> StreamingResponse:

@@ -1,6 +1,6 @@
 """OpenAI-style inference routes, served as raw ASGI in front of the FastAPI app.
 
-`/engines[/{backend}]/v1/{chat/completions,completions,embeddings,messages,messages/count_tokens}`,
+`/engines[/{backend}]/v1/{chat/completions,completions,embeddings,images/generations}`,
 `/engines[/{backend}]/{rerank,score}` and the `/v1/...`, `/rerank`, `/score` aliases: read the body once,
 take only its `model` field, get a runner from the scheduler and relay the bytes (server/proxy.py).
 """
@@ -17,17 +17,23 @@ from modelrunner.errors import BadRequest, EngineNotInstalled, ModelNotFound, Mo
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.scheduler import Busy, Scheduler
 from modelrunner.server.errors import error_body
-from modelrunner.server.proxy import Receive, Scope, Send, relay
+from modelrunner.server.proxy import Receive, Scope, Send, relay, send_json
 from modelrunner.store.store import ModelStore, StoredModel
 
 MAX_BODY = 10 * 1024 * 1024
 KNOWN_BACKENDS = ("llama.cpp", "vllm", "mlx", "sglang", "diffusers")
 DEFAULT_BACKEND = "llama.cpp"
 _OPERATIONS = (
-    r"v1/(?:chat/completions|completions|embeddings|messages|messages/count_tokens|rerank|score)|rerank|score"
+    # Anthropic `v1/messages` is served by server/anthropic_api.py (its own error shape)
+    r"v1/(?:chat/completions|completions|embeddings|rerank|score|images/generations)|rerank|score"
 )
 _ROUTE = re.compile(rf"/(?:engines/(?:(?P<backend>[^/]+)/)?)?(?P<op>{_OPERATIONS})")
-_MODES = {"embeddings": Mode.EMBEDDING, "rerank": Mode.RERANKING, "score": Mode.RERANKING}
+_MODES = {
+    "embeddings": Mode.EMBEDDING,
+    "rerank": Mode.RERANKING,
+    "score": Mode.RERANKING,
+    "generations": Mode.IMAGE_GENERATION,
+}
 
 
 class BodyTooLarge(ModelRunnerError):
@@ -87,24 +93,6 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(parts)
 
 
-async def send_json(
-    send: Send, status: int, payload: object, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    body = json.dumps(payload).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
 class InferenceHandler:
     def __init__(self, store: ModelStore, scheduler: Scheduler, engines: Mapping[str, Engine]) -> None:
         self.store = store
@@ -156,6 +144,10 @@ class InferenceHandler:
                 )
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             else:
+                if runner.model.reference != name:
+                    # Engines such as vLLM answer only to the names they were started with: another name
+                    # of the same model (a tag, the short form) is sent as the runner's.
+                    body = json.dumps({**doc, "model": runner.model.reference}).encode()
                 await relay(scope, receive, send, runner.socket, route.upstream_path, body)
         finally:
             await self.scheduler.release(runner)

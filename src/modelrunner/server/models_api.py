@@ -16,6 +16,7 @@ from modelrunner.artifact.builder import BuiltArtifact, PackageSpec, build_artif
 from modelrunner.errors import BadRequest
 from modelrunner.server.body_stream import consume_in_thread
 from modelrunner.store.archive import export_chunks, load_archive
+from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore, full_tag
 
 
@@ -38,26 +39,6 @@ class PackageRequest(BaseModel):
     mmproj: str | None = None
     chat_template: str | None = None
     context_size: int | None = Field(default=None, gt=0, le=2**31 - 1)
-
-
-class _StoreSink:
-    """BlobSink writing into the store, remembering what it added so a failure can be undone."""
-
-    def __init__(self, store: ModelStore) -> None:
-        self.store = store
-        self.added: list[str] = []
-
-    def add_file(self, path: Path, what: str) -> tuple[str, int]:
-        existed = set(self.added)
-        digest, size = self.store.ingest_file(path, what)
-        if digest not in existed:
-            self.added.append(digest)
-        return digest, size
-
-    def add_bytes(self, data: bytes) -> str:
-        digest = self.store.write_blob_bytes(data)
-        self.added.append(digest)
-        return digest
 
 
 def _absolute(raw: str | None, what: str) -> Path | None:
@@ -103,7 +84,7 @@ def build_models_router(store: ModelStore) -> APIRouter:
             chat_template=_absolute(body.chat_template, "chat_template"),
             context_size=body.context_size,
         )
-        sink = _StoreSink(store)
+        sink = StoreSink(store)
         try:
             built: BuiltArtifact
             if body.from_model is not None:

@@ -105,18 +105,19 @@ async def _close_on_disconnect(receive: Receive, writer: asyncio.StreamWriter) -
             return
 
 
-async def _send_error(send: Send, status: int, message: str, body: bytes | None = None) -> None:
-    payload = (
-        body or json.dumps({"error": {"message": message, "type": "server_error", "code": status}}).encode()
-    )
+async def send_json(
+    send: Send, status: int, payload: object, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """A whole JSON response through a raw ASGI `send` (payload: an object, or JSON bytes as they are)."""
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    start_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-            ],
-        }
+        {"type": "http.response.start", "status": status, "headers": [*start_headers, *(headers or [])]}
     )
-    await send({"type": "http.response.body", "body": payload, "more_body": False})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_error(send: Send, status: int, message: str, body: bytes | None = None) -> None:
+    await send_json(
+        send, status, body or {"error": {"message": message, "type": "server_error", "code": status}}
+    )

@@ -11,13 +11,12 @@
 from __future__ import annotations
 
 import hmac
-import json
 import os
 import re
 from dataclasses import dataclass, field
 
 from modelrunner.server.errors import error_body
-from modelrunner.server.proxy import App, Message, Receive, Scope, Send
+from modelrunner.server.proxy import App, Message, Receive, Scope, Send, send_json
 
 MAX_BODY = 10 * 1024 * 1024
 UNBOUNDED_BODY_PATHS = ("/models/load",)
@@ -79,10 +78,7 @@ class SecurityPolicy:
 async def _refuse(
     send: Send, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    body = json.dumps(error_body(status, message)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send_json(send, status, error_body(status, message), extra)
 
 
 class SecurityMiddleware:

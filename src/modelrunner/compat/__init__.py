@@ -1,0 +1,1 @@
+"""Translations between the compatible APIs (Ollama, Anthropic, OpenAI Responses) and OpenAI chat."""

@@ -1,0 +1,80 @@
+"""Anthropic Messages shapes: what a request must look like before it reaches an engine, and error bodies.
+
+The engine (llama-server's native `/v1/messages`) does the translation to its chat template; these models
+only check the request, so that malformed bodies get Anthropic's `invalid_request_error` with a 400 rather
+than whatever status the engine would pick (llama-server answers 500 to a body without `messages`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from modelrunner.errors import BadRequest
+
+# HTTP status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors).
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def error_type(status: int) -> str:
+    if status in _ERROR_TYPES:
+        return _ERROR_TYPES[status]
+    return "invalid_request_error" if 400 <= status < 500 else "api_error"
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type(status), "message": message}}
+
+
+class ContentBlock(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(min_length=1)
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    input_schema: dict[str, Any] | None = None
+
+
+class CountTokensRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(max_length=100_000)
+    system: str | list[ContentBlock] | None = None
+    tools: list[Tool] | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = None
+    top_k: int | None = None
+    stop_sequences: list[str] | None = None
+
+
+def check_request(doc: dict[str, Any], count_tokens: bool) -> CountTokensRequest:
+    shape = CountTokensRequest if count_tokens else MessagesRequest
+    try:
+        return shape.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise BadRequest(f"{where}: {first.get('msg', 'invalid')}") from None

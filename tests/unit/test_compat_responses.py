@@ -1,0 +1,129 @@
+"""Responses <-> chat completions translation, the store's bounds and the streaming event writer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from modelrunner.compat import responses as shapes
+from modelrunner.errors import BadRequest
+
+
+def test_rejected_parameters() -> None:
+    base = {"model": "m", "input": "hi"}
+    assert shapes.check_request(
+        {**base, "service_tier": "auto", "background": False, "truncation": "disabled"}
+    )
+    for extra in (
+        {"include": ["x"]},
+        {"stream_options": {"a": 1}},
+        {"prompt": {"id": "p"}},
+        {"truncation": "auto"},
+    ):
+        with pytest.raises(BadRequest):
+            shapes.check_request({**base, **extra})
+
+
+def test_input_items_and_chat_messages() -> None:
+    items = shapes.input_items(
+        [
+            {"role": "developer", "content": "rules"},
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
+            },
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": {"ok": True}},
+        ]
+    )
+    assert all(item["id"] for item in items)
+    assert items[0]["content"] == [{"type": "input_text", "text": "rules"}]
+    messages = shapes.chat_messages(items)
+    assert messages[0] == {"role": "system", "content": "rules"}
+    assert messages[1] == {"role": "user", "content": "ab"}
+    assert [c["id"] for c in messages[2]["tool_calls"]] == ["c1", "c2"]  # one assistant turn
+    assert messages[3] == {"role": "tool", "tool_call_id": "c1", "content": json.dumps({"ok": True})}
+    image = shapes.input_items(
+        [{"role": "user", "content": [{"type": "input_image", "image_url": "data:x"}]}]
+    )
+    assert shapes.chat_messages(image)[0]["content"] == [
+        {"type": "image_url", "image_url": {"url": "data:x"}}
+    ]
+    with pytest.raises(BadRequest):
+        shapes.input_items([{"type": "item_reference", "id": "x"}])
+
+
+def test_chat_body() -> None:
+    request = shapes.check_request(
+        {
+            "model": "m",
+            "input": "hi",
+            "instructions": "be brief",
+            "max_output_tokens": 5,
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}},
+            "stream": True,
+        }
+    )
+    body = shapes.chat_body(request, [{"role": "user", "content": "hi"}])
+    assert body["messages"][0] == {"role": "system", "content": "be brief"}
+    assert body["max_tokens"] == 5 and body["stream_options"] == {"include_usage": True}
+    assert body["tools"] == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert body["response_format"]["json_schema"]["name"] == "s"
+
+
+def test_output_items_and_usage() -> None:
+    message = {
+        "content": "hello",
+        "reasoning_content": "think",
+        "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}],
+    }
+    assert [i["type"] for i in shapes.output_items(message)] == ["reasoning", "message", "function_call"]
+    usage = shapes.usage_of({"prompt_tokens": 3, "completion_tokens": 2})
+    assert usage["total_tokens"] == 5 and usage["input_tokens_details"] == {"cached_tokens": 0}
+
+
+def test_store_is_bounded_in_count_and_age(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(shapes.time, "monotonic", lambda: now[0])
+    store = shapes.ResponseStore(max_items=2, max_age=60)
+    for name in ("a", "b", "c"):
+        store.put(shapes.StoredResponse({"id": name}, [], []))
+    assert store.get("a") is None and store.get("b") is not None and len(store) == 2
+    now[0] += 61
+    assert store.get("c") is None and len(store) == 0
+    store.put(shapes.StoredResponse({"id": "d"}, [], []))
+    assert store.delete("d") and not store.delete("d")
+
+
+def test_event_writer_sequence() -> None:
+    writer = shapes.EventWriter()
+    raw = writer.text("he") + writer.text("llo")
+    raw += writer.tool_calls([{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{"}}])
+    raw += writer.tool_calls([{"index": 0, "function": {"arguments": "}"}}])
+    raw += writer.close_item()
+    events = [json.loads(chunk.split(b"data: ", 1)[1]) for chunk in raw]
+    assert [e["type"] for e in events] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[4]["text"] == "hello"
+    assert writer.output[0]["content"][0]["text"] == "hello" and writer.output[0]["status"] == "completed"
+    assert writer.output[1]["arguments"] == "{}" and writer.output[1]["call_id"] == "c"

@@ -1,0 +1,71 @@
+"""The minimal HTTP/1.1 reader the relay uses: chunked bodies split at every possible place."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from modelrunner.http1 import UpstreamError, body_chunks, read_head
+
+CHUNKED = [(b"transfer-encoding", b"chunked")]
+
+
+def chunked(*parts: bytes) -> bytes:
+    return b"".join(f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in parts) + b"0\r\n\r\n"
+
+
+async def collect(pieces: list[bytes], headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    reader = asyncio.StreamReader()
+    for piece in pieces:
+        reader.feed_data(piece)
+    reader.feed_eof()
+    return [chunk async for chunk in body_chunks(reader, headers)]
+
+
+def split_randomly(data: bytes, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(data)), k=min(12, len(data) - 1)))
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_chunked_bodies_survive_any_split(seed: int) -> None:
+    events = [f'data: {{"n": {i}}}\n\n'.encode() for i in range(30)]
+    out = asyncio.run(collect(split_randomly(chunked(*events), seed), CHUNKED))
+    assert b"".join(out) == b"".join(events)
+
+
+def test_complete_chunks_that_arrive_together_are_passed_on_together() -> None:
+    out = asyncio.run(collect([chunked(b"a", b"b", b"c")], CHUNKED))
+    assert out == [b"abc"]
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"5\r\nab", UpstreamError),  # the engine died mid-chunk
+        (b"zz\r\nab\r\n", ValueError),  # not a chunk size
+    ],
+)
+def test_broken_chunked_bodies_raise(data: bytes, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        asyncio.run(collect([data], CHUNKED))
+
+
+def test_sized_and_until_close_bodies() -> None:
+    assert b"".join(asyncio.run(collect([b"hel", b"lo"], [(b"content-length", b"5")]))) == b"hello"
+    assert b"".join(asyncio.run(collect([b"abc", b"def"], []))) == b"abcdef"
+    with pytest.raises(UpstreamError):
+        asyncio.run(collect([b"hel"], [(b"content-length", b"5")]))
+
+
+def test_read_head() -> None:
+    async def head() -> tuple[int, list[tuple[bytes, bytes]]]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nX-A:  b \r\n\r\nbody")
+        return await read_head(reader)
+
+    status, headers = asyncio.run(head())
+    assert status == 404 and headers == [(b"content-type", b"application/json"), (b"x-a", b"b")]
