@@ -54,7 +54,11 @@ def test_system_as_a_string_and_as_blocks(daemon: Daemon) -> None:
         [{"type": "text", "text": "Be brief."}, {"type": "text", "text": " Really."}],
     ):
         answer = client.messages.create(model="tiny", max_tokens=2, system=system, messages=HI)
-        assert answer.content and answer.usage.input_tokens + (answer.usage.cache_read_input_tokens or 0) > 0
+        # random weights may end at once (no content): the point is that both forms of system are accepted
+        assert (
+            answer.role == "assistant"
+            and answer.usage.input_tokens + (answer.usage.cache_read_input_tokens or 0) > 0
+        )
 
 
 def test_stream_matches_the_golden_transcript(daemon: Daemon) -> None:

@@ -3,6 +3,7 @@ pinned llama.cpp, the tiny GGUF written by tests/models.py, and the official `op
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -101,11 +102,17 @@ def test_the_official_openai_client_streams_through_engines_v1(daemon: Daemon) -
         client.chat.completions.create(model="absent", messages=[{"role": "user", "content": "hi"}])
 
 
-def test_killing_the_engine_mid_stream_errors_then_the_next_request_reloads(daemon: Daemon) -> None:
-    # A long context, one slot: the tiny model then streams for seconds, long enough to be killed mid-way.
-    daemon.cli("configure", "tiny", "--context-size", "32768", "--", "--parallel", "1")
+def test_killing_the_engine_mid_stream_errors_then_the_next_request_reloads(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    # llama-server caps a slot at the model's trained context: a model trained for 32k tokens streams for
+    # seconds (the 512-token tiny one is done in ~0.1 s), long enough to be killed mid-way.
+    daemon.cli(
+        "package", "--gguf", str(write_tiny_gguf(tmp_path / "long.gguf", context_length=32768)), "long"
+    )
+    daemon.cli("configure", "long", "--", "--parallel", "1")
     body = {
-        "model": "tiny",
+        "model": "long",
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 30000,
         "stream": True,
@@ -160,3 +167,15 @@ def test_a_bad_runtime_flag_is_refused(daemon: Daemon) -> None:
     assert (
         result.returncode == 1 and "not allowed" in result.stderr.lower()
     ) or "path" in result.stderr.lower()
+
+
+def test_sixteen_concurrent_first_requests_start_one_llama_server(daemon: Daemon) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+    def ask(_: int) -> int:
+        return daemon.http("POST", "/v1/chat/completions", json=body).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        assert list(pool.map(ask, range(16))) == [200] * 16
+    assert len(engine_pids(daemon)) == 1
+    assert "modelrunner_runner_loads_total 1" in daemon.http("GET", "/metrics").text
