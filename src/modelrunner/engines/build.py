@@ -26,11 +26,12 @@ import tarfile
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
+from modelrunner.engines.install import cache_lock
 from modelrunner.engines.llamacpp_binary import EXECUTABLE, server_version
 from modelrunner.errors import EngineInstallError, ModelRunnerError
 
@@ -124,21 +125,9 @@ def cached_server(spec: BuildSpec) -> Path | None:
         return None
 
 
-@contextlib.contextmanager
-def _cache_lock(spec: BuildSpec, progress: Progress) -> Iterator[None]:
-    from filelock import FileLock, Timeout
-
-    cache_root().mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(cache_root() / f".{spec.key}.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        progress("Waiting for another build of llama.cpp on this machine to finish")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
+def _cache_lock(spec: BuildSpec, progress: Progress) -> contextlib.AbstractContextManager[None]:
+    waiting = "Waiting for another build of llama.cpp on this machine to finish"
+    return cache_lock(cache_root() / f".{spec.key}.lock", waiting, progress)
 
 
 def ensure_built(spec: BuildSpec, progress: Progress) -> Path:

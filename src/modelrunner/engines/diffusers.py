@@ -25,7 +25,6 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
 
 from modelrunner import config
@@ -40,6 +39,7 @@ from modelrunner.engines.base import (
     RunnerSettings,
 )
 from modelrunner.engines.gpu import GPU_KINDS, detect_accelerator
+from modelrunner.engines.install import InstallTracker, cache_lock
 from modelrunner.errors import BadRequest, EngineInstallError, EngineUnsupported, ModelRunnerError
 
 NAME = "diffusers"
@@ -106,21 +106,9 @@ def cached_env(flavour: str) -> Path | None:
     return env if (env / ENV_INFO).is_file() and (env / "bin" / "python").exists() else None
 
 
-@contextlib.contextmanager
-def _cache_lock(key: str, progress: ProgressCallback) -> Iterator[None]:
-    from filelock import FileLock, Timeout
-
-    cache_root().mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(cache_root() / f".{key}.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        progress("Waiting for another install of the diffusers environment on this machine to finish")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
+def _cache_lock(key: str, progress: ProgressCallback) -> contextlib.AbstractContextManager[None]:
+    waiting = "Waiting for another install of the diffusers environment on this machine to finish"
+    return cache_lock(cache_root() / f".{key}.lock", waiting, progress)
 
 
 def ensure_env(flavour: str, progress: ProgressCallback) -> Path:
@@ -234,8 +222,7 @@ class DiffusersEngine(Engine):
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/diffusers, read when needed
         self._lock = threading.Lock()
-        self._installing = False
-        self._last_error: str | None = None
+        self._tracker = InstallTracker()
 
     @property
     def install_root(self) -> Path:
@@ -264,15 +251,17 @@ class DiffusersEngine(Engine):
         return None
 
     def status(self) -> EngineStatus:
-        if self._installing:
-            return EngineStatus(InstallState.INSTALLING, detail=f"installing diffusers {VERSION}")
+        installing = self._tracker.status_now()
+        if installing:
+            return installing
         problem = self._install_problem()
         if problem is None:
             return EngineStatus(InstallState.RUNNING, version=VERSION)
         if problem == "not installed":
-            if self._last_error:
-                return EngineStatus(InstallState.ERROR, detail=f"install failed: {self._last_error}")
-            return EngineStatus(InstallState.NOT_INSTALLED, detail="no diffusers environment installed")
+            not_installed = EngineStatus(
+                InstallState.NOT_INSTALLED, detail="no diffusers environment installed"
+            )
+            return self._tracker.failed_or(not_installed)
         return EngineStatus(InstallState.ERROR, detail=problem)
 
     def prepare_install(self, gpu: str = "auto", version: str | None = None) -> None:
@@ -284,19 +273,8 @@ class DiffusersEngine(Engine):
 
     def install(self, progress: ProgressCallback, gpu: str = "auto", force: bool = False) -> EngineStatus:
         flavour = resolve_flavour(gpu)
-        with self._lock:
-            self._installing = True
-            try:
-                self._install(flavour, progress, force)
-                self._last_error = None
-            except ModelRunnerError as exc:
-                self._last_error = exc.message.splitlines()[0]
-                raise
-            except Exception as exc:
-                self._last_error = exc.__class__.__name__  # its text may hold paths; the daemon log has it
-                raise
-            finally:
-                self._installing = False
+        with self._lock, self._tracker.running(f"installing diffusers {VERSION}"):
+            self._install(flavour, progress, force)
         return self.status()
 
     def _install(self, flavour: str, progress: ProgressCallback, force: bool) -> None:

@@ -30,6 +30,7 @@ from modelrunner.engines.base import (
     RunnerSettings,
 )
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
+from modelrunner.engines.install import InstallTracker
 from modelrunner.engines.llamacpp_binary import EXECUTABLE, FoundServer, find_server, server_version
 from modelrunner.engines.llamacpp_flags import llama_args_from_env, validate_runtime_flags
 from modelrunner.errors import BadRequest, EngineInstallError, EngineNotInstalled, ModelRunnerError
@@ -116,8 +117,7 @@ class LlamaCppEngine(Engine):
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/llama.cpp, read when needed
         self._lock = threading.Lock()
-        self._installing = False
-        self._last_error: str | None = None
+        self._tracker = InstallTracker()
         self._gguf_info: dict[tuple[str, ...], GGUFInfo] = {}
 
     @property
@@ -147,13 +147,14 @@ class LlamaCppEngine(Engine):
         return found.path
 
     def status(self) -> EngineStatus:
-        if self._installing:
-            return EngineStatus(InstallState.INSTALLING, detail=f"installing llama.cpp {build.VERSION}")
+        installing = self._tracker.status_now()
+        if installing:
+            return installing
         found = self.find()
         if found is None:
-            if self._last_error:
-                return EngineStatus(InstallState.ERROR, detail=f"install failed: {self._last_error}")
-            return EngineStatus(InstallState.NOT_INSTALLED, detail="no llama-server found")
+            return self._tracker.failed_or(
+                EngineStatus(InstallState.NOT_INSTALLED, detail="no llama-server found")
+            )
         try:
             return EngineStatus(InstallState.RUNNING, version=server_version(found.path))
         except EngineInstallError as exc:
@@ -168,19 +169,8 @@ class LlamaCppEngine(Engine):
 
     def install(self, progress: ProgressCallback, gpu: str = "auto", force: bool = False) -> EngineStatus:
         spec = build.BuildSpec(resolve_gpu(gpu))
-        with self._lock:
-            self._installing = True
-            try:
-                self._install(spec, progress, force)
-                self._last_error = None
-            except ModelRunnerError as exc:
-                self._last_error = exc.message.splitlines()[0]
-                raise
-            except Exception as exc:
-                self._last_error = exc.__class__.__name__  # its text may hold paths; the daemon log has it
-                raise
-            finally:
-                self._installing = False
+        with self._lock, self._tracker.running(f"installing llama.cpp {build.VERSION}"):
+            self._install(spec, progress, force)
         return self.status()
 
     def _install(self, spec: build.BuildSpec, progress: ProgressCallback, force: bool) -> None:

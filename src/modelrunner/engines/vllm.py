@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from modelrunner.engines.base import (
     RunnerSettings,
 )
 from modelrunner.engines.gpu import detect_accelerator
+from modelrunner.engines.install import InstallTracker, cache_lock
 from modelrunner.engines.vllm_flags import validate_runtime_flags
 from modelrunner.errors import (
     BadRequest,
@@ -144,21 +145,9 @@ def cached_venv(flavour: Flavour) -> Path | None:
     return folder / "venv" if marker.is_file() and os.access(executable, os.X_OK) else None
 
 
-@contextlib.contextmanager
-def _cache_lock(flavour: Flavour, progress: ProgressCallback) -> Iterator[None]:
-    from filelock import FileLock, Timeout
-
-    cache_root().mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(cache_root() / f".{flavour.key}.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        progress("Waiting for another install of vllm on this machine to finish")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
+def _cache_lock(flavour: Flavour, progress: ProgressCallback) -> contextlib.AbstractContextManager[None]:
+    waiting = "Waiting for another install of vllm on this machine to finish"
+    return cache_lock(cache_root() / f".{flavour.key}.lock", waiting, progress)
 
 
 def _run(argv: list[str], what: str, on_line: Callable[[str], None] | None = None) -> None:
@@ -351,8 +340,7 @@ class VllmEngine(Engine):
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/vllm, read when needed
         self._lock = threading.Lock()
-        self._installing: Flavour | None = None
-        self._last_error: str | None = None
+        self._tracker = InstallTracker()
 
     @property
     def install_root(self) -> Path:
@@ -373,16 +361,16 @@ class VllmEngine(Engine):
         return None
 
     def status(self) -> EngineStatus:
-        if self._installing is not None:
-            return EngineStatus(InstallState.INSTALLING, detail=f"installing vllm {self._installing.version}")
+        installing = self._tracker.status_now()
+        if installing:
+            return installing
         found = self.installed()
         if found is None:
             reason = unsupported_reason("cuda" if detect_accelerator().kind == "cuda" else "cpu")
             if reason:
                 return EngineStatus(InstallState.NOT_INSTALLED, detail=reason)
-            if self._last_error:
-                return EngineStatus(InstallState.ERROR, detail=f"install failed: {self._last_error}")
-            return EngineStatus(InstallState.NOT_INSTALLED, detail="no vllm environment installed")
+            not_installed = EngineStatus(InstallState.NOT_INSTALLED, detail="no vllm environment installed")
+            return self._tracker.failed_or(not_installed)
         return EngineStatus(InstallState.RUNNING, version=str(found[1].get("version", "")))
 
     def prepare_install(self, gpu: str = "auto", version: str | None = None) -> None:
@@ -394,19 +382,8 @@ class VllmEngine(Engine):
 
     def install(self, progress: ProgressCallback, gpu: str = "auto", force: bool = False) -> EngineStatus:
         flavour = resolve_flavour(gpu)
-        with self._lock:
-            self._installing = flavour
-            try:
-                self._install(flavour, progress, force)
-                self._last_error = None
-            except ModelRunnerError as exc:
-                self._last_error = exc.message.splitlines()[0]
-                raise
-            except Exception as exc:
-                self._last_error = exc.__class__.__name__  # its text may hold paths; the daemon log has it
-                raise
-            finally:
-                self._installing = None
+        with self._lock, self._tracker.running(f"installing vllm {flavour.version}"):
+            self._install(flavour, progress, force)
         return self.status()
 
     def _install(self, flavour: Flavour, progress: ProgressCallback, force: bool) -> None:

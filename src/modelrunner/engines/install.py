@@ -1,0 +1,60 @@
+"""What every engine's installer shares: a machine-wide lock around a cache entry, and the bookkeeping that
+lets status() say "Installing" during an install and "install failed: ..." after a failed one."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from modelrunner.engines.base import EngineStatus, InstallState
+from modelrunner.errors import ModelRunnerError
+
+
+@contextlib.contextmanager
+def cache_lock(lock_file: Path, waiting: str, progress: Callable[[str], None]) -> Iterator[None]:
+    """Hold a machine-wide lock on one cache entry; say so when another install holds it first."""
+    from filelock import FileLock, Timeout
+
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_file))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        progress(waiting)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+class InstallTracker:
+    def __init__(self) -> None:
+        self.installing: str | None = None  # what is being installed, while it is
+        self.last_error: str | None = None
+
+    @contextlib.contextmanager
+    def running(self, what: str) -> Iterator[None]:
+        self.installing = what
+        try:
+            yield
+            self.last_error = None
+        except ModelRunnerError as exc:
+            self.last_error = exc.message.splitlines()[0]
+            raise
+        except Exception as exc:
+            self.last_error = exc.__class__.__name__  # its text may hold paths; the daemon log has it
+            raise
+        finally:
+            self.installing = None
+
+    def status_now(self) -> EngineStatus | None:
+        """Installing, if an install runs; else None (the engine then looks at what is on disk)."""
+        return EngineStatus(InstallState.INSTALLING, detail=self.installing) if self.installing else None
+
+    def failed_or(self, not_installed: EngineStatus) -> EngineStatus:
+        """For an engine with nothing installed: the last install's failure, if there was one."""
+        if self.last_error:
+            return EngineStatus(InstallState.ERROR, detail=f"install failed: {self.last_error}")
+        return not_installed
