@@ -129,8 +129,9 @@ class Client:
         result: list[dict[str, Any]] = self.call("GET", "/models")
         return result
 
-    def get_model(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("GET", f"/models/{model_path(name)}")
+    def get_model(self, name: str, remote: bool = False) -> dict[str, Any]:
+        params = {"remote": "true"} if remote else None
+        result: dict[str, Any] = self.call("GET", f"/models/{model_path(name)}", params=params)
         return result
 
     def delete_model(self, name: str, force: bool = False) -> list[dict[str, str]]:

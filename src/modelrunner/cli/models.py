@@ -140,7 +140,7 @@ def cmd_list(args: argparse.Namespace) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
-    data = client().get_model(args.model)
+    data = client().get_model(args.model, remote=args.remote)
     if args.openai:
         data = {
             "id": data["tags"][0] if data["tags"] else data["id"],
@@ -154,7 +154,7 @@ def cmd_inspect(args: argparse.Namespace) -> None:
 def cmd_show(args: argparse.Namespace) -> None:
     from datetime import UTC, datetime
 
-    data = client().get_model(args.model)
+    data = client().get_model(args.model, remote=args.remote)
     cfg: dict[str, Any] = data.get("config") or {}
     created = datetime.fromtimestamp(data.get("created") or 0, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     lines = [
@@ -278,10 +278,16 @@ def add_commands(commands: Any) -> None:
     inspect = commands.add_parser("inspect", help="Show a model's details as JSON.")
     inspect.add_argument("model", help="model name, tag or ID")
     inspect.add_argument("--openai", action="store_true", help="as an OpenAI model object")
+    inspect.add_argument(
+        "-r", "--remote", action="store_true", help="read it from its registry, without pulling"
+    )
     inspect.set_defaults(handler=cmd_inspect)
 
     show = commands.add_parser("show", help="Show a model's details, readable by a person.")
     show.add_argument("model", help="model name, tag or ID")
+    show.add_argument(
+        "-r", "--remote", action="store_true", help="read it from its registry, without pulling"
+    )
     show.set_defaults(handler=cmd_show)
 
     tag = commands.add_parser("tag", help="Give a model another tag (a tag held by another model moves).")

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.artifact.builder import BuiltArtifact, PackageSpec, build_artifact, extend_artifact
 from modelrunner.errors import BadRequest
+from modelrunner.reference import parse_reference
 from modelrunner.server.body_stream import consume_in_thread
 from modelrunner.store.archive import export_chunks, load_archive
 from modelrunner.store.sink import StoreSink
@@ -131,7 +132,11 @@ def build_models_router(store: ModelStore) -> APIRouter:
         return StreamingResponse(export_chunks(store, name), media_type="application/x-tar")
 
     @router.get("/models/{name:path}")
-    def get_model(name: str) -> dict[str, Any]:
+    def get_model(name: str, remote: bool = False) -> dict[str, Any]:
+        if remote:  # read from the registry without pulling (`model inspect --remote`)
+            from modelrunner.distribution.inspect import inspect_remote
+
+            return inspect_remote(parse_reference(name))
         return store.get(name).to_api()
 
     @router.delete("/models/{name:path}")
