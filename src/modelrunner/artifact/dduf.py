@@ -93,7 +93,7 @@ def read_dduf(path: Path) -> DDUFInfo:
             try:
                 with zipfile.ZipFile(raw) as zf:
                     infos = zf.infolist()
-            except Exception:  # zipfile raises many kinds (BadZipFile, NotImplementedError, ...) on bad input
+            except Exception:  # zipfile raises many kinds on bad input (BadZipFile, unsupported methods, ...)
                 raise InvalidModelFile(f"{archive}: not a valid ZIP archive") from None
             seen: set[str] = set()
             for info in infos:

@@ -39,7 +39,7 @@ from modelrunner.engines.base import (
     RunnerSettings,
 )
 from modelrunner.engines.gpu import GPU_KINDS, detect_accelerator
-from modelrunner.engines.install import InstallTracker, cache_lock
+from modelrunner.engines.install import InstallTracker, cache_lock, folder_size, remove_install
 from modelrunner.errors import BadRequest, EngineInstallError, EngineUnsupported, ModelRunnerError
 
 NAME = "diffusers"
@@ -318,20 +318,11 @@ class DiffusersEngine(Engine):
 
     def uninstall(self) -> None:
         """Removes the runner home's install; the machine's cached environment stays for other homes."""
-        from filelock import FileLock
-
         with self._lock:
-            root = self.install_root
-            if not root.exists():
-                return
-            with FileLock(str(root.parent / f".{NAME}.lock")):
-                shutil.rmtree(root)
+            remove_install(self.install_root, self.install_root.parent / f".{NAME}.lock")
 
     def disk_usage(self) -> int:
-        total = 0
-        for folder, _, files in os.walk(self.install_root):  # does not follow the link to the cache
-            total += sum(os.lstat(os.path.join(folder, name)).st_size for name in files)
-        return total
+        return folder_size(self.install_root)  # not the shared environment the install links to
 
     # -- runners -------------------------------------------------------------------------------------
 

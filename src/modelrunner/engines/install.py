@@ -4,6 +4,8 @@ lets status() say "Installing" during an install and "install failed: ..." after
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -58,3 +60,23 @@ class InstallTracker:
         if self.last_error:
             return EngineStatus(InstallState.ERROR, detail=f"install failed: {self.last_error}")
         return not_installed
+
+
+def remove_install(root: Path, lock_file: Path) -> None:
+    """Remove a runner home's install folder, under the lock its installs take."""
+    from filelock import FileLock
+
+    if not root.exists():
+        return
+    with FileLock(str(lock_file)):
+        shutil.rmtree(root)
+
+
+def folder_size(root: Path) -> int:
+    """Bytes of the files under root; links (e.g. to a shared cached environment) are not followed."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total

@@ -30,7 +30,7 @@ from modelrunner.engines.base import (
     RunnerSettings,
 )
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
-from modelrunner.engines.install import InstallTracker
+from modelrunner.engines.install import InstallTracker, folder_size, remove_install
 from modelrunner.engines.llamacpp_binary import EXECUTABLE, FoundServer, find_server, server_version
 from modelrunner.engines.llamacpp_flags import llama_args_from_env, validate_runtime_flags
 from modelrunner.errors import BadRequest, EngineInstallError, EngineNotInstalled, ModelRunnerError
@@ -233,22 +233,11 @@ class LlamaCppEngine(Engine):
                 raise
 
     def uninstall(self) -> None:
-        from filelock import FileLock
-
         with self._lock:
-            root = self.install_root
-            if not root.exists():
-                return
-            with FileLock(str(root.parent / f".{NAME}.lock")):
-                shutil.rmtree(root)
+            remove_install(self.install_root, self.install_root.parent / f".{NAME}.lock")
 
     def disk_usage(self) -> int:
-        total = 0
-        if self.install_root.is_dir():
-            for path in self.install_root.rglob("*"):
-                if path.is_file() and not path.is_symlink():
-                    total += path.stat().st_size
-        return total
+        return folder_size(self.install_root)
 
     # -- runners -------------------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from modelrunner.engines.base import (
     RunnerSettings,
 )
 from modelrunner.engines.gpu import detect_accelerator
-from modelrunner.engines.install import InstallTracker, cache_lock
+from modelrunner.engines.install import InstallTracker, cache_lock, folder_size, remove_install
 from modelrunner.engines.vllm_flags import validate_runtime_flags
 from modelrunner.errors import (
     BadRequest,
@@ -427,25 +427,12 @@ class VllmEngine(Engine):
     def uninstall(self) -> None:
         """Forget this runner home's install; the machine's cached environment stays for other homes
         (`reinstall-runner` makes it anew)."""
-        from filelock import FileLock
-
         with self._lock:
-            root = self.install_root
-            if not root.exists():
-                return
-            with FileLock(str(root.parent / f".{NAME}.lock")):
-                shutil.rmtree(root)
+            remove_install(self.install_root, self.install_root.parent / f".{NAME}.lock")
 
     def disk_usage(self) -> int:
         found = self.installed()
-        if found is None:
-            return 0
-        total = 0
-        for path in found[0].rglob("*"):
-            with contextlib.suppress(OSError):
-                if path.is_file() and not path.is_symlink():
-                    total += path.stat().st_size
-        return total
+        return folder_size(found[0]) if found else 0
 
     # -- runners -------------------------------------------------------------------------------------
 
