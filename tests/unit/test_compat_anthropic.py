@@ -1,11 +1,17 @@
-"""Anthropic request checks and error bodies."""
+"""Anthropic request checks, error bodies, and the repairs of the relayed event stream."""
 
 from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from modelrunner.compat import anthropic as shapes
 from modelrunner.errors import BadRequest
+from modelrunner.server.anthropic_api import relay_events
 
 
 def test_error_types_follow_the_status() -> None:
@@ -38,3 +44,61 @@ def test_requests_are_checked() -> None:
     ):
         with pytest.raises(BadRequest):
             shapes.check_request(bad, count_tokens=False)
+
+
+class _RecordedCall:
+    """The body of an engine's answer, as the relay reads it (EngineCall's chunks/close)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = chunks
+        self.closed = False
+
+    async def _iterate(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._iterate()
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def relayed(chunks: list[bytes]) -> list[dict[str, Any]]:
+    call = _RecordedCall(chunks)
+
+    async def collect() -> bytes:
+        return b"".join([c async for c in relay_events(call, "tiny")])  # type: ignore[arg-type]
+
+    text = asyncio.run(collect()).decode()
+    assert call.closed
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+START = b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1"}}\n\n'
+# What llama-server b11434 sent when its first tokens were an incomplete UTF-8 sequence: no message_start.
+WITHOUT_START = [
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+    b'"content_block":{"type":"text","text":""}}\n\n',
+    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n',
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"max_tokens"},'
+    b'"usage":{"output_tokens":4}}\n\n',
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+]
+
+
+def test_a_stream_without_message_start_gets_one() -> None:
+    events = relayed(WITHOUT_START)
+    assert [e["type"] for e in events][:2] == ["message_start", "content_block_start"]
+    message = events[0]["message"]
+    assert message["model"] == "tiny" and message["role"] == "assistant" and message["id"].startswith("msg_")
+    assert message["content"] == [] and message["usage"]["output_tokens"] == 0
+
+
+def test_a_stream_with_message_start_is_passed_on_unchanged_however_it_is_cut() -> None:
+    whole = START + b"".join(WITHOUT_START)
+    for pieces in ([whole], [whole[:5], whole[5:30], whole[30:]], [bytes([b]) for b in whole]):
+        events = relayed(pieces)
+        assert [e["type"] for e in events].count("message_start") == 1 and events[0]["message"][
+            "id"
+        ] == "msg_1"

@@ -7,6 +7,8 @@ than whatever status the engine would pick (llama-server answers 500 to a body w
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,6 +36,23 @@ def error_type(status: int) -> str:
 
 def error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type(status), "message": message}}
+
+
+def message_start_event(model: str) -> bytes:
+    """A `message_start` event for a stream that lacks one. Token counts are not known here: 0, as the
+    engine's `message_delta` carries the output count."""
+    message: dict[str, Any] = {
+        "id": f"msg_{uuid.uuid4().hex}",
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "model": model,
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+    }
+    data = json.dumps({"type": "message_start", "message": message})
+    return b"event: message_start\ndata: " + data.encode() + b"\n\n"
 
 
 class ContentBlock(BaseModel):

@@ -45,12 +45,29 @@ class AnthropicRoute(APIRoute):
         return guarded
 
 
-async def _relay(call: EngineCall) -> AsyncIterator[bytes]:
+_MESSAGE_START = b"event: message_start"
+
+
+async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
+    """The engine's event stream, as it comes, with two repairs: a stream that does not open with
+    `message_start` gets one (llama-server b11434 skips it when the first tokens are an incomplete UTF-8
+    sequence it holds back, and Anthropic's clients cannot build the message without it), and an engine
+    that dies mid-stream ends it with an `error` event."""
     tail = b"\n\n"
+    opening: bytes | None = b""  # the first bytes, until it is clear how the stream opens
     try:
         async for chunk in call.chunks():
+            if opening is not None:
+                opening += chunk
+                if len(opening) < len(_MESSAGE_START):
+                    continue
+                chunk, opening = opening, None
+                if not chunk.startswith(_MESSAGE_START):
+                    yield shapes.message_start_event(model)
             yield chunk
             tail = (tail + chunk)[-2:]
+        if opening:  # a stream shorter than the event name
+            yield opening
     except (UpstreamError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
         event = shapes.error_body(500, f"the engine stopped while answering: {exc}")
         boundary = b"" if tail == b"\n\n" else b"\n\n"  # end a half-sent event first
@@ -74,7 +91,7 @@ def build_anthropic_router(ctx: EngineContext) -> APIRouter:
         call = await ctx.call(checked.model, path, doc, Mode.COMPLETION, keep_alive, backend)
         if doc.get("stream") and not count_tokens:
             return StreamingResponse(
-                _relay(call),
+                relay_events(call, checked.model),
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
             )
