@@ -456,7 +456,10 @@ class ModelStore:
         return self.add_model(manifest.to_bytes(), [target])
 
     def bundle(self, reference: str) -> Path:
-        model = self.get(reference)
+        return self.bundle_of(self.get(reference))
+
+    def bundle_of(self, model: StoredModel) -> Path:
+        """The model's bundle folder (built if missing), for a model already looked up."""
         return build_bundle(self.layout, model.id, model.manifest, model.config.config)
 
     def purge(self) -> None:
