@@ -28,13 +28,24 @@ def events(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: Path) -> Iterator[Start]:
+def relay() -> str:
+    """Which relay answers plain inference requests: the HTTP front, or (parametrized) the ASGI stack."""
+    return "front"
+
+
+# The relay's behaviour, tested on both relays (the ASGI one serves requests the front hands over).
+both_relays = pytest.mark.parametrize("relay", ["front", "asgi"])
+
+
+@pytest.fixture
+def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: Path, relay: str) -> Iterator[Start]:
     monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
     running: list[InProcessDaemon] = []
 
     def starter(env: dict[str, str] | None = None, memory: int = 1000, **limits: Any) -> InProcessDaemon:
         engine = FakeEngine(env={"FAKE_EVENTS": str(events), **(env or {})}, memory=memory)
-        daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}, **limits).start()
+        home = tmp_path / "home"
+        daemon = InProcessDaemon(home, {"llama.cpp": engine}, relay == "front", **limits).start()
         running.append(daemon)
         return daemon
 
@@ -72,6 +83,7 @@ def test_concurrent_first_requests_start_one_engine(start: Start, tmp_path: Path
     assert runner["model_name"] == "tiny" and runner["in_use"] is False and runner["loading"] is False
 
 
+@both_relays
 def test_streaming_is_relayed_chunk_by_chunk(start: Start, tmp_path: Path) -> None:
     daemon = start(env={"FAKE_CHUNKS": "4"})
     package(daemon, tmp_path, "tiny")
@@ -135,6 +147,7 @@ def test_a_model_larger_than_the_budget_is_refused(start: Start, tmp_path: Path)
     assert "memory budget" in response.json()["error"]["message"]
 
 
+@both_relays
 def test_busy_runners_queue_and_a_full_queue_answers_503(start: Start, tmp_path: Path) -> None:
     daemon = start(env={"FAKE_CHUNKS": "20", "FAKE_CHUNK_DELAY": "0.1"}, max_runners=1, max_waiting=1)
     package(daemon, tmp_path, "one", seed=1)
@@ -154,6 +167,7 @@ def test_busy_runners_queue_and_a_full_queue_answers_503(start: Start, tmp_path:
     assert [r["model_name"] for r in daemon.ps()] == ["two"]
 
 
+@both_relays
 def test_engine_crash_mid_stream_then_reload(start: Start, tmp_path: Path, events: Path) -> None:
     daemon = start(env={"FAKE_CRASH_AFTER": "2"})
     package(daemon, tmp_path, "tiny")
@@ -179,6 +193,7 @@ def test_engine_that_fails_to_start_gives_its_message_without_paths(start: Start
     assert daemon.ps() == []
 
 
+@both_relays
 def test_client_disconnect_cancels_the_engine_request(start: Start, tmp_path: Path, events: Path) -> None:
     daemon = start(env={"FAKE_CHUNKS": "200", "FAKE_CHUNK_DELAY": "0.05"})
     package(daemon, tmp_path, "tiny")
@@ -216,6 +231,7 @@ def test_configure_persists_across_a_daemon_restart(start: Start, tmp_path: Path
     assert argv[argv.index("--ctx-size") + 1] == "1024" and "--fake-flag" in argv
 
 
+@both_relays
 @pytest.mark.parametrize(
     ("request_kwargs", "status"),
     [

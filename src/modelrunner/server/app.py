@@ -1,5 +1,6 @@
 """The daemon's application: raw ASGI inference relay and FastAPI routers, behind the security middleware.
 
+HTTP front (server/front.py): plain inference requests relayed byte for byte; all others:
 SecurityMiddleware -> Dispatcher -> inference routes (InferenceHandler: scheduler + proxy)
                                  -> everything else (FastAPI: models, openai listing, admin, engines)
 """
@@ -30,6 +31,7 @@ from modelrunner.server.anthropic_api import build_anthropic_router
 from modelrunner.server.distribution_api import build_distribution_router
 from modelrunner.server.engines_api import build_engines_router
 from modelrunner.server.errors import install_error_handlers
+from modelrunner.server.front import FastPath
 from modelrunner.server.inference import InferenceHandler, match_route
 from modelrunner.server.models_api import build_models_router
 from modelrunner.server.ollama_api import build_ollama_router
@@ -72,6 +74,7 @@ class Daemon:
     scheduler: Scheduler
     engines: Mapping[str, Engine]
     asgi: App
+    fast: FastPath  # what the HTTP front answers without the ASGI stack (server/front.py)
 
 
 class Dispatcher:
@@ -137,11 +140,7 @@ def build_daemon(
     api.include_router(build_ollama_router(compat, transfers))
     api.include_router(build_anthropic_router(compat))
     api.include_router(build_responses_router(compat))
-    asgi = SecurityMiddleware(
-        Dispatcher(api, InferenceHandler(store, scheduler, engines)), SecurityPolicy.from_env(bind_host)
-    )
-    return Daemon(store=store, scheduler=scheduler, engines=engines, asgi=asgi)
-
-
-def create_app(store: ModelStore | None = None, bind_host: str = "127.0.0.1") -> App:
-    return build_daemon(store, bind_host=bind_host).asgi
+    inference = InferenceHandler(store, scheduler, engines)
+    policy = SecurityPolicy.from_env(bind_host)
+    asgi = SecurityMiddleware(Dispatcher(api, inference), policy)
+    return Daemon(store, scheduler, engines, asgi, FastPath(inference, policy))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from modelrunner.engines.base import Engine, Mode, ModelForEngine
 from modelrunner.errors import BadRequest, EngineNotInstalled, ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
+from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy, Scheduler
 from modelrunner.server.errors import error_body
 from modelrunner.server.proxy import Receive, Scope, Send, relay, send_json
@@ -70,7 +71,7 @@ def model_for_engine(store: ModelStore, model: StoredModel, requested_as: str) -
     return ModelForEngine(
         id=model.id,
         reference=requested_as,
-        bundle=store.bundle(model.id),
+        bundle=store.bundle_of(model),
         format=model.config.format,
         context_size=model.config.context_size,
         size_bytes=sum(layer.size for layer in model.manifest.layers),
@@ -111,17 +112,12 @@ class InferenceHandler:
     async def __call__(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         try:
             await self._handle(scope, receive, send, route)
-        except Busy as exc:
-            await send_json(
-                send, exc.status_code, error_body(exc.status_code, exc.message), [(b"retry-after", b"5")]
-            )
         except ModelRunnerError as exc:
-            await send_json(send, exc.status_code, error_body(exc.status_code, exc.message))
+            status, body, headers = error_parts(exc)
+            await send_json(send, status, body, headers)
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
-        if scope["method"] != "POST":
-            raise ModelRunnerError("use POST for this route")
-        body = await read_body(receive, MAX_BODY)
+    async def prepare(self, route: Route, body: bytes) -> tuple[Runner, bytes]:
+        """A runner for the request's model, acquired (the caller releases it), and the body to send it."""
         try:
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError):
@@ -137,6 +133,16 @@ class InferenceHandler:
         runner = await self.scheduler.acquire(
             engine, model_for_engine(self.store, model, name), route.mode, keep_alive
         )
+        if runner.model.reference != name:
+            # Engines such as vLLM answer only to the names they were started with: another name of the
+            # same model (a tag, the short form) is sent as the runner's.
+            body = json.dumps({**doc, "model": runner.model.reference}).encode()
+        return runner, body
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
+        if scope["method"] != "POST":
+            raise ModelRunnerError("use POST for this route")
+        runner, body = await self.prepare(route, await read_body(receive, MAX_BODY))
         try:
             if _header(scope, b"x-preload-only") == b"true":
                 await send(
@@ -144,13 +150,15 @@ class InferenceHandler:
                 )
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             else:
-                if runner.model.reference != name:
-                    # Engines such as vLLM answer only to the names they were started with: another name
-                    # of the same model (a tag, the short form) is sent as the runner's.
-                    body = json.dumps({**doc, "model": runner.model.reference}).encode()
                 await relay(scope, receive, send, runner.socket, route.upstream_path, body)
         finally:
             await self.scheduler.release(runner)
+
+
+def error_parts(exc: ModelRunnerError) -> tuple[int, dict[str, object], list[tuple[bytes, bytes]]]:
+    """Status, JSON body and extra headers of the answer to a refused inference request."""
+    headers = [(b"retry-after", str(exc.retry_after).encode())] if isinstance(exc, Busy) else []
+    return exc.status_code, error_body(exc.status_code, exc.message), headers
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

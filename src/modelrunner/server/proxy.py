@@ -12,7 +12,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from modelrunner.http1 import MAX_HEAD, UpstreamError, body_chunks, read_head
 
@@ -21,6 +21,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
+T = TypeVar("T")
 
 # Hop-by-hop headers, and CORS headers the engine must not decide (DMR strips them too).
 _DROPPED = {
@@ -41,9 +42,10 @@ def engine_died_body(message: str) -> bytes:
     ).encode()
 
 
-def _request_bytes(method: str, path: str, scope: Scope, body: bytes) -> bytes:
+def request_bytes(method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+    """The request as the engine gets it: one connection per request, only the headers it needs."""
     lines = [f"{method} {path} HTTP/1.1".encode(), b"host: localhost", b"connection: close"]
-    lines += [name + b": " + value for name, value in scope["headers"] if name in _FORWARDED]
+    lines += [name + b": " + value for name, value in headers if name in _FORWARDED]
     lines.append(b"content-length: " + str(len(body)).encode())
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
@@ -51,7 +53,7 @@ def _request_bytes(method: str, path: str, scope: Scope, body: bytes) -> bytes:
 async def relay(scope: Scope, receive: Receive, send: Send, socket: Path, path: str, body: bytes) -> None:
     """Proxy one request to the engine on `socket` and stream its answer back to the client."""
     try:
-        reader, writer = await _connect(socket)
+        reader, writer = await connect(socket)
     except OSError:
         await _send_error(send, 502, "the engine is not reachable")
         return
@@ -59,7 +61,7 @@ async def relay(scope: Scope, receive: Receive, send: Send, socket: Path, path: 
     started = False
     tail = b"\n\n"  # the last two bytes sent, to know whether an SSE event was cut
     try:
-        writer.write(_request_bytes(scope["method"], path, scope, body))
+        writer.write(request_bytes(scope["method"], path, scope["headers"], body))
         await writer.drain()
         status, headers = await read_head(reader)
         out = [(k, v) for k, v in headers if k not in _DROPPED]
@@ -87,14 +89,18 @@ async def relay(scope: Scope, receive: Receive, send: Send, socket: Path, path: 
         writer.close()
 
 
-async def _connect(socket: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Connect to the engine; a full listen backlog (EAGAIN on Unix sockets) is retried for a moment."""
+async def connect(socket: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await retry_full_backlog(lambda: asyncio.open_unix_connection(str(socket), limit=MAX_HEAD))
+
+
+async def retry_full_backlog(open_connection: Callable[[], Awaitable[T]]) -> T:
+    """Connect to an engine; a full listen backlog (EAGAIN on Unix sockets) is retried for a moment."""
     for attempt in range(100):
         try:
-            return await asyncio.open_unix_connection(str(socket), limit=MAX_HEAD)
+            return await open_connection()
         except BlockingIOError:
             await asyncio.sleep(0.001 * (attempt + 1))
-    return await asyncio.open_unix_connection(str(socket), limit=MAX_HEAD)
+    return await open_connection()
 
 
 async def _close_on_disconnect(receive: Receive, writer: asyncio.StreamWriter) -> None:

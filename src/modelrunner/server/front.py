@@ -1,0 +1,484 @@
+"""The daemon's HTTP front: plain inference requests relayed byte for byte, everything else to uvicorn.
+
+uvicorn creates one `FrontProtocol` per connection. It reads each request head itself; a plain inference
+request (HTTP/1.1 POST to an inference route with a sized JSON body, an allowed Host, a valid key, no
+Origin) is answered here: the scheduler gives a runner, the request goes to the engine's Unix socket and
+the engine's answer comes back with only its head rewritten, its body (chunked or sized) passed on as it
+arrives, without de-chunking or an ASGI hand-over per chunk. Any other request hands the connection to
+uvicorn's own protocol and the full ASGI stack (security middleware, FastAPI, the same inference handler),
+so refusals, CORS and every other route keep one implementation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, ClassVar, cast
+
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from modelrunner.errors import ModelRunnerError
+from modelrunner.http1 import MAX_HEAD
+from modelrunner.scheduler.runner import Runner
+from modelrunner.server.errors import error_body
+from modelrunner.server.inference import MAX_BODY, InferenceHandler, Route, error_parts, match_route
+from modelrunner.server.proxy import engine_died_body, request_bytes, retry_full_backlog
+from modelrunner.server.security import SecurityPolicy
+
+log = logging.getLogger(__name__)
+
+# Response headers the engine must not decide: hop-by-hop ones, ours (server, date) and CORS.
+_DROPPED = {b"connection", b"keep-alive", b"access-control-allow-origin", b"server", b"date"}
+_ALNUM = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+_SAFE_TARGET = frozenset(_ALNUM + b"-._~/?=&+:,;")
+_TOKEN = frozenset(_ALNUM + b"!#$%&'*+-.^_`|~")  # header names
+_CONTROL = frozenset(range(32)) - {9} | {127}  # bytes no header value may hold (tab may)
+_PAUSE_AT = 1024 * 1024  # bytes a client may send ahead while its previous request is answered
+
+
+@dataclass(frozen=True)
+class Request:
+    route: Route
+    headers: list[tuple[bytes, bytes]]  # names in lower case
+    content_length: int
+    close: bool  # the client asked to close the connection after the answer
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """Decides which requests the front answers itself, and finds their runner."""
+
+    handler: InferenceHandler
+    policy: SecurityPolicy
+
+    def accept(self, head: bytes) -> Request | None:
+        """The request, if it is a plain inference request; None hands it to the full ASGI stack."""
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1":
+            return None
+        target = parts[1]
+        if not target.startswith(b"/") or not _SAFE_TARGET.issuperset(target):
+            return None  # percent-escapes and the like: uvicorn decodes them
+        route = match_route(target.partition(b"?")[0].decode("ascii"))
+        if route is None:
+            return None
+        headers: list[tuple[bytes, bytes]] = []
+        by_name: dict[bytes, bytes] = {}
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if (
+                not colon
+                or not name
+                or not _TOKEN.issuperset(name)
+                or name.lower() in by_name
+                or not _CONTROL.isdisjoint(value)
+            ):
+                return None  # malformed, folded or repeated headers, stray CR/LF/NUL: uvicorn answers those
+            name, value = name.lower(), value.strip()
+            headers.append((name, value))
+            by_name[name] = value
+        length = by_name.get(b"content-length", b"")
+        host = by_name[b"host"].decode("latin-1") if b"host" in by_name else None
+        connection = by_name.get(b"connection", b"keep-alive").lower()
+        if (
+            not length.isdigit()
+            or int(length) > MAX_BODY
+            or connection not in (b"keep-alive", b"close")
+            or by_name.keys() & {b"transfer-encoding", b"expect", b"origin", b"upgrade", b"x-preload-only"}
+            or not self.policy.host_allowed(host)
+            or not self.policy.key_valid(by_name)
+        ):
+            return None
+        return Request(route, headers, int(length), connection == b"close")
+
+
+class FrontProtocol(asyncio.Protocol):
+    """One client connection; made by uvicorn, with the constructor signature of its HTTP protocols."""
+
+    fast: ClassVar[FastPath]
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.config = config
+        self.server_state = server_state
+        self.app_state = app_state
+        self.loop = _loop or asyncio.get_event_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.busy = False  # a request is being answered
+        self.head_sent = False  # of the answer in progress
+        self.closing = False  # close once the current answer is complete
+        self.write_paused = False
+        self.read_paused = False
+        self.upstream: Upstream | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        self.server_state.connections.add(self)  # type: ignore[arg-type]  # uvicorn calls shutdown() only
+        self._arm_idle_timer()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if not self.busy:
+            self._next_request()
+        elif len(self.buffer) > _PAUSE_AT and not self.read_paused and self.transport is not None:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server_state.connections.discard(self)
+        self._cancel_idle_timer()
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.close()  # the engine sees the socket close and stops generating
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.resume_reading()
+
+    # uvicorn's server interface
+
+    def shutdown(self) -> None:
+        """Graceful shutdown: close when idle, or after the answer in progress."""
+        self.closing = True
+        if not self.busy and self.transport is not None:
+            self.transport.close()
+
+    # requests
+
+    def _next_request(self) -> None:
+        assert self.transport is not None
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buffer) > MAX_HEAD:
+                self._hand_over()
+            return
+        request = self.fast.accept(bytes(self.buffer[:end]))
+        if request is None:
+            self._hand_over()
+            return
+        body_end = end + 4 + request.content_length
+        if len(self.buffer) < body_end:
+            return  # the rest of the body is on its way
+        body = bytes(self.buffer[end + 4 : body_end])
+        del self.buffer[:body_end]
+        self.busy = True
+        self.closing = self.closing or request.close
+        self._cancel_idle_timer()
+        task = self.loop.create_task(self._answer(request, body))
+        self.server_state.tasks.add(task)
+        task.add_done_callback(self.server_state.tasks.discard)
+
+    def _hand_over(self) -> None:
+        """From here on uvicorn serves this connection, starting with the bytes already read."""
+        assert self.transport is not None
+        self._cancel_idle_timer()
+        self.server_state.connections.discard(self)
+        protocol = HttpToolsProtocol(self.config, self.server_state, self.app_state, _loop=self.loop)
+        self.transport.set_protocol(protocol)
+        protocol.connection_made(self.transport)
+        if self.write_paused:
+            protocol.pause_writing()
+        if self.buffer:
+            data, self.buffer = bytes(self.buffer), bytearray()
+            protocol.data_received(data)
+
+    async def _answer(self, request: Request, body: bytes) -> None:
+        assert self.transport is not None
+        self.head_sent = False
+        try:
+            await self._relay(request, body)
+        except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out of time
+            self.transport.close()
+            raise
+        except Exception:
+            log.exception("inference request failed")
+            if not self.head_sent:
+                self._write_json(500, json.dumps(error_body(500, "internal error")).encode())
+            self.closing = True
+        self.busy = False
+        if self.closing or self.transport.is_closing():
+            self.transport.close()
+            return
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        self._arm_idle_timer()
+        if self.buffer:
+            self._next_request()
+
+    async def _relay(self, request: Request, body: bytes) -> None:
+        try:
+            runner, body = await self.fast.handler.prepare(request.route, body)
+        except ModelRunnerError as exc:
+            status, payload, headers = error_parts(exc)
+            self._write_json(status, json.dumps(payload).encode(), headers)
+            return
+        try:
+            await self._stream(runner, request, body)
+        finally:
+            await self.fast.handler.scheduler.release(runner)
+
+    async def _stream(self, runner: Runner, request: Request, body: bytes) -> None:
+        assert self.transport is not None
+        if self.transport.is_closing():
+            return  # the client left while its model loaded
+        upstream = Upstream(self, request_bytes("POST", request.route.upstream_path, request.headers, body))
+        try:
+            await retry_full_backlog(
+                lambda: self.loop.create_unix_connection(lambda: upstream, str(runner.socket))
+            )
+        except OSError:
+            self._write_json(502, json.dumps(error_body(502, "the engine is not reachable")).encode())
+            return
+        try:
+            await upstream.finished
+        finally:
+            self.upstream = None
+            if upstream.transport is not None:
+                upstream.transport.close()  # already closed, unless this task was cancelled
+        self._finish(upstream)
+
+    def _finish(self, upstream: Upstream) -> None:
+        """After the engine closed its side: end the client's answer, as well as it can be ended."""
+        assert self.transport is not None
+        framing = upstream.framing
+        if self.transport.is_closing():
+            return  # the client left
+        if framing is None:
+            message = f"the engine stopped while answering: {upstream.failure or 'no response'}"
+            self._write_json(500, engine_died_body(message))
+        elif framing.until_close:
+            self.closing = True  # the only end of such a body is the end of the connection
+        elif not framing.complete:
+            message = f"the engine stopped while answering: {upstream.failure or 'connection closed'}"
+            if upstream.event_stream and isinstance(framing, Chunked) and framing.at_boundary:
+                # the status is sent: say it in the stream (ending a half-sent event first), then end it
+                boundary = b"" if framing.tail == b"\n\n" else b"\n\n"
+                event = boundary + b"data: " + engine_died_body(message) + b"\n\n"
+                self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(event), event))
+            else:
+                self.closing = True  # the body cannot be completed: closing tells the client
+
+    def write_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        assert self.transport is not None
+        try:
+            reason = HTTPStatus(status).phrase.encode()
+        except ValueError:
+            reason = b""
+        lines = [b"HTTP/1.1 %d %b" % (status, reason)]
+        lines += [name + b": " + value for name, value in self.server_state.default_headers]
+        lines += [name + b": " + value for name, value in headers]
+        if self.closing:
+            lines.append(b"connection: close")
+        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n")
+        self.head_sent = True
+
+    def _write_json(self, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        self.write_head(status, headers + (extra or []))
+        assert self.transport is not None
+        self.transport.write(body)
+
+    def _arm_idle_timer(self) -> None:
+        self._cancel_idle_timer()
+        self.idle_timer = self.loop.call_later(self.config.timeout_keep_alive, self._close_if_idle)
+
+    def _cancel_idle_timer(self) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+
+    def _close_if_idle(self) -> None:
+        if not self.busy and self.transport is not None:
+            self.transport.close()
+
+
+class Upstream(asyncio.Protocol):
+    """The connection to the engine for one request: its answer goes to the client as it arrives."""
+
+    def __init__(self, front: FrontProtocol, request: bytes) -> None:
+        self.front = front
+        self.request = request
+        self.transport: asyncio.Transport | None = None
+        self.head = bytearray()
+        self.framing: Framing | None = None  # set once the head has been passed on
+        self.event_stream = False
+        self.failure: str | None = None
+        self.finished: asyncio.Future[None] = front.loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.front.upstream = self  # from now on a client that leaves closes this connection
+        self.transport.write(self.request)
+        if self.front.write_paused:
+            self.transport.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None and self.front.transport is not None
+        framing = self.framing
+        try:
+            if framing is None:
+                head = self._pass_head(data)
+                if head is None:
+                    return
+                framing, data = head
+                self.framing = framing
+            if data:
+                self.front.transport.write(data)
+                framing.feed(data)
+        except ValueError as exc:
+            self.failure = f"the engine sent an invalid response ({exc})"
+            self.transport.abort()
+            return
+        if framing.complete:
+            self.transport.close()  # answered: the connection was for this request only
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.framing is not None and isinstance(self.framing, UntilClose) and exc is None:
+            self.framing.complete = True
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+    def _pass_head(self, data: bytes) -> tuple[Framing, bytes] | None:
+        """Collect the engine's head; once whole, send the client ours and return the body's framing and
+        the body bytes that came with the head."""
+        self.head += data
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.head) > MAX_HEAD:
+                raise ValueError("the response head is too large")
+            return None
+        lines = bytes(self.head[:end]).split(b"\r\n")
+        rest = bytes(self.head[end + 4 :])
+        parts = lines[0].split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise ValueError("not HTTP")
+        headers = []
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            headers.append((name.strip().lower(), value.strip()))
+        framing = framing_of(headers)
+        kept = [(k, v) for k, v in headers if k not in _DROPPED]
+        self.event_stream = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in kept)
+        if self.event_stream:
+            kept += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+        if framing.until_close:
+            self.front.closing = True
+        self.front.write_head(int(parts[1]), kept)
+        return framing, rest
+
+
+class Framing:
+    """How the engine's response body ends, followed as its bytes pass."""
+
+    until_close = False
+
+    def __init__(self) -> None:
+        self.complete = False
+
+    def feed(self, data: bytes) -> None:
+        raise NotImplementedError
+
+
+class Sized(Framing):
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self.remaining = length
+        self.complete = length == 0
+
+    def feed(self, data: bytes) -> None:
+        self.remaining -= len(data)
+        self.complete = self.remaining <= 0
+
+
+class UntilClose(Framing):
+    until_close = True
+
+    def feed(self, data: bytes) -> None:
+        pass
+
+
+class Chunked(Framing):
+    """Chunked transfer encoding, followed without copying the body: where each chunk ends, whether the
+    last one came, and the last two body bytes (to know whether an SSE event was cut)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = "size"  # size line, "data", "crlf" after the data, "trailer" lines after the last chunk
+        self.remaining = 0
+        self.line = b""
+        self.tail = b"\n\n"
+
+    @property
+    def at_boundary(self) -> bool:
+        return self.state == "size" and not self.line
+
+    def feed(self, data: bytes) -> None:
+        pos, end = 0, len(data)
+        while pos < end and not self.complete:
+            if self.state == "data":
+                take = min(self.remaining, end - pos)
+                self.tail = (self.tail + data[pos : pos + take])[-2:]
+                pos += take
+                self.remaining -= take
+                if self.remaining == 0:
+                    self.state, self.remaining = "crlf", 2
+            elif self.state == "crlf":
+                take = min(self.remaining, end - pos)
+                pos += take
+                self.remaining -= take
+                if self.remaining == 0:
+                    self.state = "size"
+            else:
+                newline = data.find(b"\n", pos)
+                if newline < 0:
+                    self.line += data[pos:]
+                    if len(self.line) > 4096:
+                        raise ValueError("a chunk line is too long")
+                    return
+                line, self.line = (self.line + data[pos:newline]).strip(), b""
+                pos = newline + 1
+                if self.state == "trailer":
+                    self.complete = not line  # the empty line after the trailers ends the body
+                    continue
+                size = int(line.split(b";", 1)[0], 16)
+                if size < 0:
+                    raise ValueError("negative chunk size")
+                self.state, self.remaining = ("data", size) if size else ("trailer", 0)
+
+
+def framing_of(headers: list[tuple[bytes, bytes]]) -> Framing:
+    values = dict(headers)
+    if b"chunked" in values.get(b"transfer-encoding", b"").lower():
+        return Chunked()
+    if b"content-length" in values:
+        length = values[b"content-length"]
+        if not length.isdigit():
+            raise ValueError("invalid content-length")
+        return Sized(int(length))
+    return UntilClose()
+
+
+def protocol_class(fast: FastPath) -> type[FrontProtocol]:
+    """The protocol class to give uvicorn (`http=`) for one daemon."""
+    return type("FrontProtocol", (FrontProtocol,), {"fast": fast})

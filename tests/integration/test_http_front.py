@@ -1,0 +1,148 @@
+"""The HTTP front (server/front.py) on a real port, with the scripted engine: which requests it answers,
+keep-alive and the hand-over of a connection to uvicorn, pipelining, split requests, graceful shutdown."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from modelrunner.server.inference import InferenceHandler
+from tests.fake_engine import FakeEngine
+from tests.inprocess import InProcessDaemon
+from tests.models import write_tiny_gguf
+
+CHAT = "/engines/v1/chat/completions"
+
+
+@pytest.fixture
+def asgi_inference_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Paths of the inference requests the ASGI stack answered (the front answers the others)."""
+    calls: list[str] = []
+    original = InferenceHandler.__call__
+
+    async def counted(self: InferenceHandler, scope: Any, receive: Any, send: Any, route: Any) -> None:
+        calls.append(scope["path"])
+        await original(self, scope, receive, send, route)
+
+    monkeypatch.setattr(InferenceHandler, "__call__", counted)
+    return calls
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessDaemon]:
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+    engine = FakeEngine(env={"FAKE_CHUNKS": "3"})
+    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    assert (
+        running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)}).status_code == 201
+    )
+    yield running
+    running.stop()
+
+
+def body(stream: bool) -> dict[str, Any]:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+
+
+def contents(text: str) -> list[str]:
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]]
+
+
+def test_plain_requests_go_to_the_front_and_a_handed_over_connection_stays_with_uvicorn(
+    daemon: InProcessDaemon, asgi_inference_calls: list[str]
+) -> None:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:  # one keep-alive connection
+        streamed = client.post(CHAT, json=body(True))
+        assert streamed.status_code == 200 and contents(streamed.text) == ["t0 ", "t1 ", "t2 "]
+        assert streamed.headers["cache-control"] == "no-cache" and "date" in streamed.headers
+        answered = client.post("/v1/chat/completions", json=body(False))
+        assert answered.json()["choices"][0]["message"]["content"] == "hi"
+        assert asgi_inference_calls == []  # both answered by the front, on one connection
+        assert client.get("/models").status_code == 200  # not inference: the connection goes to uvicorn
+        again = client.post(CHAT, json=body(True))
+        assert again.status_code == 200 and contents(again.text) == ["t0 ", "t1 ", "t2 "]
+        assert asgi_inference_calls == [CHAT]
+    cors = daemon.http("POST", CHAT, json=body(False), headers={"origin": "http://localhost:3000"})
+    assert cors.headers["access-control-allow-origin"] == "http://localhost:3000"
+    assert asgi_inference_calls == [CHAT, CHAT]  # a browser's request: the middleware decides
+
+
+class _Reader:
+    """Lets http.client read several responses from one buffered socket file (it closes the file after
+    each response, hence a file that stays open)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.file = _Unclosed(socket.SocketIO(sock, "rb"))
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return self.file
+
+
+class _Unclosed(io.BufferedReader):
+    def close(self) -> None:
+        pass
+
+
+def raw_request(path: str, payload: dict[str, Any], extra: bytes = b"") -> bytes:
+    data = json.dumps(payload).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    return head.encode() + extra + b"Content-Length: %d\r\n\r\n" % len(data) + data
+
+
+def test_pipelined_and_split_requests_are_answered_in_order(daemon: InProcessDaemon) -> None:
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as sock:
+        reader = _Reader(sock)
+        sock.sendall(raw_request(CHAT, body(False)) + raw_request(CHAT, body(True)))
+        first = http.client.HTTPResponse(reader)  # type: ignore[arg-type]
+        first.begin()
+        assert first.status == 200 and json.loads(first.read())["object"] == "chat.completion"
+        second = http.client.HTTPResponse(reader)  # type: ignore[arg-type]
+        second.begin()
+        assert second.status == 200 and second.getheader("transfer-encoding") == "chunked"
+        assert contents(second.read().decode()) == ["t0 ", "t1 ", "t2 "]
+
+        request = raw_request(CHAT, body(False))
+        for piece in (request[:20], request[20:-5], request[-5:]):  # the head and body in pieces
+            sock.sendall(piece)
+            time.sleep(0.05)
+        third = http.client.HTTPResponse(reader)  # type: ignore[arg-type]
+        third.begin()
+        assert third.status == 200 and json.loads(third.read())["object"] == "chat.completion"
+
+        sock.sendall(raw_request(CHAT, {"messages": []}, b"Connection: close\r\n"))
+        refused = http.client.HTTPResponse(reader)  # type: ignore[arg-type]
+        refused.begin()
+        assert refused.status == 400 and "model" in json.loads(refused.read())["error"]["message"]
+        assert refused.getheader("connection") == "close"
+        assert sock.recv(1) == b""  # closed, as asked
+
+
+def test_a_stopping_daemon_finishes_the_stream_in_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+    engine = FakeEngine(env={"FAKE_CHUNKS": "10", "FAKE_CHUNK_DELAY": "0.1"})
+    daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    daemon.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
+    with httpx.stream("POST", daemon.url + CHAT, json=body(True), timeout=30) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        stopper = threading.Thread(target=daemon.stop)
+        stopper.start()
+        rest = list(lines)
+    stopper.join()
+    assert [line for line in rest if line.startswith("data: ")][-1] == "data: [DONE]"

@@ -1,0 +1,115 @@
+"""The HTTP front's two decisions: which requests it answers itself, and where an engine's body ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelrunner.server.front import Chunked, FastPath, Sized, UntilClose, framing_of
+from modelrunner.server.inference import InferenceHandler
+from modelrunner.server.security import SecurityPolicy
+
+PLAIN = (
+    b"POST /engines/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:12434\r\n"
+    b"Content-Type: application/json\r\nContent-Length: 42"
+)
+
+
+def fast(policy: SecurityPolicy | None = None) -> FastPath:
+    # accept() looks at the head only; the handler is not called
+    handler = InferenceHandler.__new__(InferenceHandler)
+    return FastPath(handler, policy or SecurityPolicy())
+
+
+def test_a_plain_inference_request_is_taken() -> None:
+    request = fast().accept(PLAIN)
+    assert request is not None
+    assert request.route.upstream_path == "/v1/chat/completions" and request.content_length == 42
+    assert (b"content-type", b"application/json") in request.headers and not request.close
+    closing = fast().accept(PLAIN + b"\r\nConnection: close")
+    assert closing is not None and closing.close
+
+
+@pytest.mark.parametrize(
+    "path", [b"/v1/chat/completions", b"/engines/llama.cpp/v1/completions", b"/v1/embeddings?x=1", b"/rerank"]
+)
+def test_every_inference_route_is_taken(path: bytes) -> None:
+    head = PLAIN.replace(b"/engines/v1/chat/completions", path)
+    assert fast().accept(head) is not None
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        PLAIN.replace(b"POST", b"GET"),
+        PLAIN.replace(b"HTTP/1.1", b"HTTP/1.0"),
+        PLAIN.replace(b"/engines/v1/chat/completions", b"/models"),
+        PLAIN.replace(b"/engines/v1/chat/completions", b"/v1/messages"),  # Anthropic: its own errors
+        PLAIN.replace(b"chat/completions", b"chat%2Fcompletions"),
+        PLAIN.replace(b"Content-Length: 42", b"Transfer-Encoding: chunked"),
+        PLAIN.replace(b"Content-Length: 42", b"Content-Length: -1"),
+        PLAIN.replace(b"Content-Length: 42", b"Content-Length: 10485761"),  # over the limit: 413 there
+        PLAIN + b"\r\nContent-Length: 42",  # repeated
+        PLAIN + b"\r\nOrigin: http://localhost:3000",  # CORS is the middleware's
+        PLAIN + b"\r\nExpect: 100-continue",
+        PLAIN + b"\r\nX-Preload-Only: true",
+        PLAIN + b"\r\nConnection: upgrade",
+        PLAIN + b"\r\n folded-continuation",
+        PLAIN + b"\r\nBad Name: x",
+        PLAIN + b"\r\n: no name",
+        PLAIN + b"\r\nAccept: a\nX-Injected: 1",  # a bare LF would be a header line to the engine
+        PLAIN + b"\r\nAccept: a\x00b",
+        PLAIN.replace(b"127.0.0.1:12434", b"evil.example.com"),  # refused there with 403
+        b"POST  /v1/chat/completions HTTP/1.1\r\nContent-Length: 1",
+        b"\x00\xff garbage",
+    ],
+)
+def test_anything_else_goes_to_the_asgi_stack(head: bytes) -> None:
+    assert fast().accept(head) is None
+
+
+def test_with_an_api_key_only_requests_that_carry_it_are_taken() -> None:
+    keyed = fast(SecurityPolicy(api_key="s3cret"))
+    assert keyed.accept(PLAIN) is None  # refused with 401 by the middleware
+    assert keyed.accept(PLAIN + b"\r\nAuthorization: Bearer s3cret") is not None
+    assert keyed.accept(PLAIN + b"\r\nx-api-key: s3cret") is not None
+    assert keyed.accept(PLAIN + b"\r\nx-api-key: wrong") is None
+
+
+def test_chunked_framing_follows_chunks_split_anywhere() -> None:
+    body = b"5\r\nhello\r\n1a;ext=1\r\n" + b"x" * 24 + b"\n\n\r\n0\r\n\r\n"
+    for cut in range(1, len(body)):
+        framing = Chunked()
+        framing.feed(body[:cut])
+        assert not framing.complete
+        framing.feed(body[cut:])
+        assert framing.complete and framing.tail == b"\n\n"
+
+
+def test_chunked_framing_knows_chunk_boundaries_and_trailers() -> None:
+    framing = Chunked()
+    framing.feed(b"3\r\nab")
+    assert not framing.at_boundary
+    framing.feed(b"c\r\n")
+    assert framing.at_boundary and framing.tail == b"bc"
+    framing.feed(b"0\r\nx-trailer: 1\r\n")
+    assert not framing.complete
+    framing.feed(b"\r\n")
+    assert framing.complete
+
+
+@pytest.mark.parametrize("junk", [b"zz\r\n", b"-5\r\n", b"1" * 5000])
+def test_chunked_framing_refuses_junk(junk: bytes) -> None:
+    with pytest.raises(ValueError):
+        Chunked().feed(junk)
+
+
+def test_framing_is_chosen_from_the_headers() -> None:
+    assert isinstance(framing_of([(b"transfer-encoding", b"chunked")]), Chunked)
+    sized = framing_of([(b"content-length", b"4")])
+    assert isinstance(sized, Sized) and not sized.complete
+    sized.feed(b"abcd")
+    assert sized.complete
+    assert framing_of([(b"content-length", b"0")]).complete
+    assert isinstance(framing_of([]), UntilClose) and framing_of([]).until_close
+    with pytest.raises(ValueError):
+        framing_of([(b"content-length", b"4, 4")])
