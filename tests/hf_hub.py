@@ -3,7 +3,12 @@ uses, serving repositories held in memory.
 
 * `GET /api/models/{org}/{name}`: model info (`sha`, `lastModified`, `siblings`)
 * `GET /api/models/{org}/{name}/tree/{revision}[/{path}]`: the file list (`recursive` honoured)
-* `GET /{org}/{name}/resolve/{revision}/{path}`: file contents
+* `GET /{org}/{name}/resolve/{revision}/{path}`: file contents, `Range: bytes=N-` answered with 206 as the
+  Hub's CDN does
+
+Large files (.gguf, .safetensors) are listed with their LFS sha256, as on the Hub. Faults for resume tests:
+`cut_after` (a download of that file stops after N bytes of the body, `times` times), `ignore_range`
+(always 200 with the whole file), `corrupt` (one byte of that file flipped in what is sent).
 
 Private repositories need `Authorization: Bearer <token>`; unknown ones answer 404 with the Hub's
 `X-Error-Code: RepoNotFound`, which huggingface_hub turns into RepositoryNotFoundError.
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,11 +37,26 @@ class HubRepo:
 
 
 @dataclass
+class Download:
+    path: str
+    revision: str
+    range: str | None
+    sent: int  # body bytes written
+
+
+@dataclass
 class FakeHub:
     repos: dict[str, HubRepo] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     downloads: list[str] = field(default_factory=list)
+    requests: list[Download] = field(default_factory=list)
+    cut_after: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (bytes, times)
+    ignore_range: bool = False
+    corrupt: set[str] = field(default_factory=set)
     _server: ThreadingHTTPServer | None = None
+
+    def sent(self, path: str) -> int:
+        return sum(r.sent for r in self.requests if r.path == path)
 
     @property
     def url(self) -> str:
@@ -57,7 +78,11 @@ class FakeHub:
                 if recursive and (not prefix or folder.startswith(prefix + "/")):
                     folders.add(folder)
             oid = hashlib.sha1(data).hexdigest()
-            entries.append({"type": "file", "oid": oid, "size": len(data), "path": path})
+            entry: dict[str, Any] = {"type": "file", "oid": oid, "size": len(data), "path": path}
+            if path.endswith((".gguf", ".safetensors")):
+                sha256 = hashlib.sha256(data).hexdigest()
+                entry["lfs"] = {"oid": sha256, "size": len(data), "pointerSize": 134}
+            entries.append(entry)
         dirs = [{"type": "directory", "oid": "0" * 40, "path": f} for f in sorted(folders)]
         return dirs + entries
 
@@ -127,9 +152,42 @@ class FakeHub:
                         self._send(404, b'{"error":"Entry not found"}', X_Error_Code="EntryNotFound")
                         return
                     hub.downloads.append(file_path)
-                    self._send(200, repo.files[file_path], "application/octet-stream")
+                    self._file(file_path, segments[3], repo.files[file_path])
                     return
                 self._send(404, b'{"error":"not found"}')
+
+            def _file(self, path: str, revision: str, data: bytes) -> None:
+                if path in hub.corrupt:
+                    data = data[:-1] + bytes([data[-1] ^ 1])
+                asked = self.headers.get("Range")
+                start = 0
+                if asked and not hub.ignore_range:
+                    start = int(asked.removeprefix("bytes=").split("-")[0])
+                    if start >= len(data):
+                        self._send(416, b"", "text/plain", Content_Range=f"bytes */{len(data)}")
+                        return
+                body = data[start:]
+                limit, times = hub.cut_after.get(path, (len(body), 0))
+                if times:
+                    hub.cut_after[path] = (limit, times - 1)
+                    body_sent = body[:limit]
+                else:
+                    body_sent = body
+                record = Download(path, revision, asked, len(body_sent))
+                hub.requests.append(record)
+                self.send_response(206 if start else 200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(body)))
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.end_headers()
+                if self.command == "HEAD":
+                    return
+                self.wfile.write(body_sent)
+                if len(body_sent) < len(body):
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)  # cut mid-body, as a dropped connection
 
             do_HEAD = do_GET
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,3 +177,63 @@ def test_unknown_repository_is_a_404(daemon: Daemon) -> None:
     response = pull(daemon, "hf.co/TestOrg/Nothing-Here")
     assert response.status_code == 404
     assert "not found" in error_message(response)
+
+
+TINY = "Tiny-Q4_K_M.gguf"
+
+
+def test_an_interrupted_download_resumes_with_range_at_the_pinned_commit(
+    daemon: Daemon, hub: FakeHub
+) -> None:
+    size = len(hub.repos["TestOrg/Tiny-GGUF"].files[TINY])
+    hub.cut_after[TINY] = (size // 3, 2)  # two cuts, then the rest
+    events = json_lines(pull(daemon, "hf.co/TestOrg/Tiny-GGUF").text)
+    assert events[-1]["type"] == "success", events[-1]
+    ranges = [r.range for r in hub.requests if r.path == TINY]
+    assert ranges == [None, f"bytes={size // 3}-", f"bytes={2 * (size // 3)}-"]
+    assert hub.sent(TINY) == size  # no byte fetched twice
+    assert {r.revision for r in hub.requests} == {"c0ffee" * 6 + "ab"}  # the commit, not `main`
+    assert not any((daemon.store_root / "downloads").iterdir())  # built: the partial folder is gone
+
+
+def test_a_failed_pull_leaves_partials_that_the_next_pull_continues(daemon: Daemon, hub: FakeHub) -> None:
+    size = len(hub.repos["TestOrg/Tiny-GGUF"].files[TINY])
+    hub.cut_after[TINY] = (size // 10, 5)  # every attempt of this pull is cut short
+    events = json_lines(pull(daemon, "hf.co/TestOrg/Tiny-GGUF").text)
+    assert events[-1]["type"] == "error" and "pull again to resume" in events[-1]["message"]
+    assert daemon.models() == []
+    [partial] = (daemon.store_root / "downloads").rglob(TINY + ".incomplete")
+    assert partial.stat().st_size == 5 * (size // 10)
+    before = hub.sent(TINY)
+
+    events = json_lines(pull(daemon, "hf.co/TestOrg/Tiny-GGUF").text)
+    assert events[-1]["type"] == "success", events[-1]
+    assert hub.sent(TINY) - before == size - 5 * (size // 10)  # only the missing bytes
+    assert hub.downloads.count("mmproj-Tiny-f16.gguf") == 1  # finished files are not fetched again
+    layers = [e["layer"] for e in events if e["type"] == "progress"]
+    progress = [layer["current"] for layer in layers if layer.get("id") == TINY]
+    assert progress and min(progress) == 5 * (size // 10)  # the progress starts where the partial ends
+
+
+def test_a_hub_that_ignores_range_restarts_the_file(daemon: Daemon, hub: FakeHub) -> None:
+    size = len(hub.repos["TestOrg/Tiny-GGUF"].files[TINY])
+    hub.cut_after[TINY] = (size // 2, 1)
+    hub.ignore_range = True
+    events = json_lines(pull(daemon, "hf.co/TestOrg/Tiny-GGUF").text)
+    assert events[-1]["type"] == "success", events[-1]
+    assert hub.sent(TINY) == size // 2 + size
+    [model] = daemon.models()
+    layers = manifest_of(daemon, model["id"])["layers"]
+    gguf = next(layer for layer in layers if layer["mediaType"] == mt.GGUF)
+    expected = hashlib.sha256(hub.repos["TestOrg/Tiny-GGUF"].files[TINY]).hexdigest()
+    assert gguf["digest"] == "sha256:" + expected
+
+
+def test_a_file_that_does_not_match_the_hubs_sha256_is_refused(daemon: Daemon, hub: FakeHub) -> None:
+    hub.corrupt.add(TINY)
+    events = json_lines(pull(daemon, "hf.co/TestOrg/Tiny-GGUF").text)
+    assert events[-1]["type"] == "error" and "sha256" in events[-1]["message"]
+    assert daemon.models() == []
+    assert not list((daemon.store_root / "downloads").rglob(TINY + "*"))  # nothing bad kept to resume from
+    hub.corrupt.clear()
+    assert json_lines(pull(daemon, "hf.co/TestOrg/Tiny-GGUF").text)[-1]["type"] == "success"

@@ -748,6 +748,27 @@ def test_stale_partials_are_removed_at_init_and_fresh_ones_kept(store: ModelStor
     assert fresh_ingest.exists()
 
 
+def test_partial_downloads_are_removed_a_week_after_their_last_byte(store: ModelStore) -> None:
+    downloads = store.layout.downloads_dir
+    now = time.time()
+    old_stamp = (now - INCOMPLETE_MAX_AGE - 3600,) * 2
+    stale, active = downloads / "hf-stale", downloads / "hf-active"
+    for folder in (stale, active):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "a.gguf.incomplete").write_bytes(b"partial")
+        (folder / "done.json").write_bytes(b"{}")
+    for path in (stale / "sub" / "a.gguf.incomplete", stale / "sub", stale / "done.json", stale):
+        os.utime(path, old_stamp)
+    for path in (active / "done.json", active / "sub", active):
+        os.utime(path, old_stamp)  # old folder, but a byte written an hour ago
+    lock = downloads / "hf-stale.lock"
+    lock.write_bytes(b"")
+    os.utime(lock, old_stamp)
+    ModelStore(store.layout.root)
+    assert not stale.exists() and not lock.exists()
+    assert (active / "sub" / "a.gguf.incomplete").exists()
+
+
 def test_store_init_survives_a_blob_folder_entry_that_vanishes(store: ModelStore) -> None:
     # A dangling symlink fails stat() exactly as a file renamed by another process after the listing does.
     (store.layout.blobs_dir / ".ingest-racing").symlink_to(store.layout.blobs_dir / "renamed-meanwhile")

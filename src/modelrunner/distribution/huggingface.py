@@ -1,18 +1,23 @@
 """Pull `hf.co/org/repo[:QUANT]` from the Hugging Face Hub's native API and build the artifact locally.
 
 The file list and repository info come through huggingface_hub (`HF_ENDPOINT`, `HF_TOKEN` honoured); files
-download 4 at a time into a temporary folder with progress, then `build_artifact` makes a v0.1 (GGUF) or
-v0.2 (safetensors) artifact. File times and `created` are the repository's lastModified, so the same
-repository gives the same model ID on every machine.
+of the repository's current commit (pinned, so a push during the pull cannot mix versions) download 4 at a
+time into the store's `downloads/` folder, with progress, retries and HTTP `Range` resume: an interrupted
+or cancelled pull leaves its partial files, and the next pull of the same model fetches only what is
+missing. Large (LFS) files are checked against the sha256 the Hub lists, hashed as they arrive. Then
+`build_artifact` makes a v0.1 (GGUF) or v0.2 (safetensors) artifact. File times and `created` are the
+repository's lastModified, so the same repository gives the same model ID on every machine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import logging
 import os
+import re
 import shutil
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -21,6 +26,7 @@ from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
+from filelock import FileLock, Timeout
 
 from modelrunner.artifact.builder import MAX_CHAT_TEMPLATE_BYTES, PackageSpec, build_artifact
 from modelrunner.artifact.manifest import check_relative_path
@@ -29,14 +35,33 @@ from modelrunner.distribution import netpolicy
 from modelrunner.distribution.errors import RegistryUnauthorized, RegistryUnavailable, TransferCancelled
 from modelrunner.distribution.hf_select import Selection, select_files
 from modelrunner.distribution.progress import ProgressReporter
-from modelrunner.distribution.registry import USER_AGENT, stall_timeout
-from modelrunner.errors import ModelNotFound, ModelRunnerError
+from modelrunner.distribution.registry import (
+    MAX_ATTEMPTS,
+    USER_AGENT,
+    backoff_seconds,
+    cancellable_sleep,
+    describe,
+    stall_timeout,
+)
+from modelrunner.errors import Conflict, InvalidArtifact, ModelNotFound, ModelRunnerError
 from modelrunner.reference import Reference
 from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore
 
 PARALLEL_FILES = 4
 MAX_REDIRECTS = 5
+HASH_BLOCK = 1024 * 1024
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-\d+/(?:\d+|\*)")
+
+log = logging.getLogger(__name__)
+
+
+class _Retry(Exception):
+    """A download attempt that failed in a way worth retrying (network, 429/5xx, cut short)."""
+
+
+class _RangeRefused(_Retry):
+    """The partial file cannot be continued: the next attempt starts the file over."""
 
 
 def hub_endpoint() -> str:
@@ -78,6 +103,8 @@ class HuggingFacePull:
         self.endpoint = hub_endpoint()
         self.selection: Selection | None = None
         self.sizes: dict[str, int] = {}
+        self.sha256: dict[str, str] = {}  # of the LFS files, as the Hub lists them
+        self.revision = "main"
         self.last_modified: datetime | None = None
 
     def resolve(self) -> Selection:
@@ -88,11 +115,14 @@ class HuggingFacePull:
         api = HfApi(endpoint=self.endpoint, token=self.token or False, user_agent=USER_AGENT)
         try:
             info = api.model_info(self.repo)
-            entries = [e for e in api.list_repo_tree(self.repo, recursive=True) if isinstance(e, RepoFile)]
+            self.revision = info.sha or "main"
+            tree = api.list_repo_tree(self.repo, recursive=True, revision=self.revision)
+            entries = [e for e in tree if isinstance(e, RepoFile)]
         except Exception as exc:
             raise _hub_error(exc, self.repo) from None
         self.last_modified = info.last_modified
         self.sizes = {e.path: int(e.size) for e in entries}
+        self.sha256 = {e.path: e.lfs.sha256 for e in entries if e.lfs is not None and e.lfs.sha256}
         selection = select_files(sorted(self.sizes), self.reference.original_tag, self.repo)
         for path in selection.all_files:
             check_relative_path(path, "Hugging Face file")
@@ -118,15 +148,26 @@ class HuggingFacePull:
         assert selection is not None
         if self._cached():
             return self.store.get(str(self.reference)).id
-        folder = Path(tempfile.mkdtemp(prefix="modelrunner-hf-"))
+        folder = self._download_folder()
+        folder.mkdir(parents=True, exist_ok=True)
         try:
-            self._download_all(selection.all_files, folder)
-            self.reporter.status("Building model artifact...")
-            model_id = self._build(selection, folder)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            with FileLock(str(folder) + ".lock", timeout=0):
+                self._download_all(selection.all_files, folder)  # on failure the files stay, to resume
+                self.reporter.status("Building model artifact...")
+                try:
+                    model_id = self._build(selection, folder)
+                finally:
+                    shutil.rmtree(folder, ignore_errors=True)  # built, or not a model: not worth keeping
+                    Path(str(folder) + ".lock").unlink(missing_ok=True)
+        except Timeout:
+            raise Conflict(f"hf.co/{self.repo} is being pulled by another process") from None
         self.reporter.success("Model pulled successfully")
         return model_id
+
+    def _download_folder(self) -> Path:
+        """Where this model's files gather: one folder per endpoint, repository, commit and tag."""
+        key = "\n".join((self.endpoint, self.repo, self.revision, self.reference.original_tag or ""))
+        return self.store.layout.downloads_dir / ("hf-" + hashlib.sha256(key.encode()).hexdigest()[:32])
 
     def _build(self, selection: Selection, folder: Path) -> str:
         created = self.last_modified or datetime.fromtimestamp(0, UTC)
@@ -187,14 +228,88 @@ class HuggingFacePull:
                 future.result()
 
     def _download(self, http: httpx.Client, path: str, folder: Path) -> None:
+        """One file into `<path>.incomplete`, resumed from its size after an interruption, then renamed."""
         target = folder / path
+        partial = target.with_name(target.name + ".incomplete")
+        expected = self.sizes[path]
+        if target.is_file() and target.stat().st_size == expected:
+            self.reporter.layer_done(path)  # complete and checked by an earlier pull
+            return
         target.parent.mkdir(parents=True, exist_ok=True)
-        url = f"{self.endpoint}/{self.repo}/resolve/main/{quote(path)}"
+        failures = 0
+        while True:
+            try:
+                self._fetch(http, path, partial, expected)
+                break
+            except _Retry as exc:
+                failures += 1
+                if failures >= MAX_ATTEMPTS:
+                    raise RegistryUnavailable(
+                        f"download of {path} failed {failures} times: {exc}; pull again to resume"
+                    ) from None
+                log.info("download of %s interrupted (%s); resuming", path, exc)
+                cancellable_sleep(backoff_seconds(failures - 1), self.cancelled)
+        os.replace(partial, target)
+        self.reporter.layer_done(path)
+
+    def _fetch(self, http: httpx.Client, path: str, partial: Path, expected: int) -> None:
+        """One attempt: continue `partial` from its size (from 0 if the server ignores `Range`), then check
+        the whole file's size and, when the Hub lists one, its sha256."""
+        offset = partial.stat().st_size if partial.exists() else 0
+        if offset > expected:
+            offset = 0
+        self.reporter.set_layer(path, offset)
+        try:
+            response = self._open(http, path, offset)
+            with contextlib.closing(response):
+                start = _start_offset(response, offset)
+                if start != offset:
+                    log.info("the Hub ignored Range for %s; restarting the file", path)
+                    self.reporter.set_layer(path, start)
+                digest = self._receive(response, path, partial, start, expected)
+        except _RangeRefused:
+            partial.unlink(missing_ok=True)
+            raise
+        except httpx.TransportError as exc:
+            raise _Retry(describe(exc)) from None
+        wanted = self.sha256.get(path)
+        if wanted and digest.hexdigest() != wanted.lower():
+            partial.unlink()
+            raise InvalidArtifact(f"{path} does not match the sha256 the Hub lists for it; pull again")
+
+    def _receive(
+        self, response: httpx.Response, path: str, partial: Path, start: int, expected: int
+    ) -> hashlib._Hash:
+        """Write the body into `partial` from `start`, hashing the file as it grows; the file's sha256."""
+        digest = _hash_prefix(partial, start)
+        written = start
+        with open(partial, "r+b" if start else "wb") as handle:
+            handle.truncate(start)
+            handle.seek(start)
+            for chunk in response.iter_bytes():  # written as it arrives: an interruption loses nothing read
+                if self.cancelled():
+                    raise TransferCancelled("the pull was cancelled; pull again to resume")
+                written += len(chunk)
+                if written > expected:
+                    handle.truncate(0)
+                    raise RegistryUnavailable(f"{path} is larger than the Hub said")
+                handle.write(chunk)
+                digest.update(chunk)
+                self.reporter.advance(path, len(chunk))
+        if written != expected:
+            raise _Retry(f"the Hub sent {written} of {expected} bytes")
+        return digest
+
+    def _open(self, http: httpx.Client, path: str, offset: int) -> httpx.Response:
+        """The file's streamed response, redirects followed (the token stays with the Hub)."""
+        url = f"{self.endpoint}/{self.repo}/resolve/{quote(self.revision)}/{quote(path)}"
         endpoint_host = urlsplit(self.endpoint).netloc
         for _ in range(MAX_REDIRECTS):
             request = http.build_request("GET", url)
+            if offset:
+                request.headers["Range"] = f"bytes={offset}-"
             if urlsplit(url).netloc != endpoint_host:
-                request.headers.pop("Authorization", None)  # the token stays with the Hub
+                request.headers.pop("Authorization", None)
             response = http.send(request, stream=True)
             if response.status_code not in (301, 302, 303, 307, 308):
                 break
@@ -203,22 +318,36 @@ class HuggingFacePull:
             netpolicy.check_target(url, endpoint_host, "redirect")
         else:
             raise RegistryUnavailable(f"too many redirects for {path}")
-        with contextlib.closing(response):
-            if response.status_code in (401, 403):
-                raise RegistryUnauthorized(f"access to hf.co/{self.repo} was refused; check HF_TOKEN")
-            if response.status_code >= 400:
-                raise RegistryUnavailable(f"the Hub answered HTTP {response.status_code} for {path}")
-            expected = self.sizes[path]
-            written = 0
-            with open(target, "wb") as handle:
-                for chunk in response.iter_bytes():
-                    if self.cancelled():
-                        raise TransferCancelled("the pull was cancelled")
-                    written += len(chunk)
-                    if written > expected:
-                        raise RegistryUnavailable(f"{path} is larger than the Hub said")
-                    handle.write(chunk)
-                    self.reporter.advance(path, len(chunk))
-        if written != expected:
-            raise RegistryUnavailable(f"{path} arrived incomplete ({written} of {expected} bytes)")
-        self.reporter.layer_done(path)
+        status = response.status_code
+        if status < 400:
+            return response
+        response.close()
+        if status in (401, 403):
+            raise RegistryUnauthorized(f"access to hf.co/{self.repo} was refused; check HF_TOKEN")
+        if status == 429 or status >= 500:
+            raise _Retry(f"HTTP {status}")
+        if status == 416:
+            raise _RangeRefused(f"the Hub refused the range of {path}")
+        raise RegistryUnavailable(f"the Hub answered HTTP {status} for {path}")
+
+
+def _start_offset(response: httpx.Response, offset: int) -> int:
+    """Where the response's bytes start: `offset` for a matching 206, 0 for a 200."""
+    if response.status_code != 206:
+        return 0
+    match = _CONTENT_RANGE.fullmatch(response.headers.get("content-range", "").strip())
+    if not match or int(match.group(1)) != offset:
+        raise _RangeRefused("the Hub answered a different range than asked")
+    return offset
+
+
+def _hash_prefix(path: Path, size: int) -> hashlib._Hash:
+    """sha256 over the first `size` bytes already on disk (a resumed file is checked whole)."""
+    digest = hashlib.sha256()
+    if size:
+        with open(path, "rb") as handle:
+            remaining = size
+            while remaining and (block := handle.read(min(HASH_BLOCK, remaining))):
+                digest.update(block)
+                remaining -= len(block)
+    return digest

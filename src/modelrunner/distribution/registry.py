@@ -57,6 +57,15 @@ def stall_timeout() -> float:
         return 60.0
 
 
+def cancellable_sleep(seconds: float, cancelled: Callable[[], bool]) -> None:
+    """Sleep, waking early on cancellation (TransferCancelled)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if cancelled():
+            raise TransferCancelled("the transfer was cancelled")
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
 def backoff_seconds(attempt: int) -> float:
     """0.25, 0.5, 1, 2 s... capped at 8 s."""
     return float(min(8.0, 0.25 * 2**attempt))
@@ -261,12 +270,7 @@ class RegistryClient:
         raise AssertionError("unreachable")
 
     def sleep(self, seconds: float) -> None:
-        """Sleep, waking early on cancellation."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.cancelled():
-                raise TransferCancelled("the transfer was cancelled")
-            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        cancellable_sleep(seconds, self.cancelled)
 
     def request(
         self,

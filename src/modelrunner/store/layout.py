@@ -39,6 +39,11 @@ class StoreLayout:
         return self.root / "bundles" / "sha256"
 
     @property
+    def downloads_dir(self) -> Path:
+        """Files being downloaded that are not blobs yet (Hugging Face pulls), kept to resume."""
+        return self.root / "downloads"
+
+    @property
     def configs_dir(self) -> Path:
         """Per-model runtime configuration (`model configure`), persisted next to the models."""
         return self.root / "configs"

@@ -124,6 +124,14 @@ class ModelStore:
             if stale_download or stale_ingest:
                 with contextlib.suppress(OSError):
                     path.unlink()
+        if self.layout.downloads_dir.is_dir():
+            for folder in self.layout.downloads_dir.iterdir():
+                if now - _newest_mtime(folder) > INCOMPLETE_MAX_AGE:
+                    if folder.is_dir() and not folder.is_symlink():
+                        shutil.rmtree(folder, ignore_errors=True)
+                    else:
+                        with contextlib.suppress(OSError):
+                            folder.unlink()
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -478,3 +486,15 @@ class ModelStore:
                     child.unlink()
             self._cache.clear()
         self._init_layout()
+
+
+def _newest_mtime(path: Path) -> float:
+    """The latest change under `path` (a partial download's age is that of its newest byte)."""
+    try:
+        newest = path.lstat().st_mtime
+        if path.is_dir() and not path.is_symlink():
+            for child in path.rglob("*"):
+                newest = max(newest, child.lstat().st_mtime)
+    except OSError:
+        return time.time()  # changing right now: not stale
+    return newest
