@@ -748,6 +748,18 @@ def test_stale_partials_are_removed_at_init_and_fresh_ones_kept(store: ModelStor
     assert fresh_ingest.exists()
 
 
+def test_adopting_a_downloaded_file_moves_it_into_the_blobs(store: ModelStore) -> None:
+    store.layout.downloads_dir.mkdir()
+    first, second = store.layout.downloads_dir / "a.bin", store.layout.downloads_dir / "b.bin"
+    first.write_bytes(b"weights")
+    second.write_bytes(b"weights")
+    expected = "sha256:" + hashlib.sha256(b"weights").hexdigest()
+    assert store.adopt_file(first) == (expected, 7)  # hashed here
+    assert not first.exists() and store.read_blob(expected) == b"weights"
+    assert store.adopt_file(second, expected) == (expected, 7)  # digest known from the download
+    assert not second.exists() and store.read_blob(expected) == b"weights"
+
+
 def test_partial_downloads_are_removed_a_week_after_their_last_byte(store: ModelStore) -> None:
     downloads = store.layout.downloads_dir
     now = time.time()

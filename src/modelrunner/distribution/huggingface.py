@@ -5,7 +5,8 @@ of the repository's current commit (pinned, so a push during the pull cannot mix
 time into the store's `downloads/` folder, with progress, retries and HTTP `Range` resume: an interrupted
 or cancelled pull leaves its partial files, and the next pull of the same model fetches only what is
 missing. Large (LFS) files are checked against the sha256 the Hub lists, hashed as they arrive. Then
-`build_artifact` makes a v0.1 (GGUF) or v0.2 (safetensors) artifact. File times and `created` are the
+`build_artifact` makes a v0.1 (GGUF) or v0.2 (safetensors) artifact, moving the files into the blobs with
+the digests already computed: no second copy on disk, no second read. File times and `created` are the
 repository's lastModified, so the same repository gives the same model ID on every machine.
 """
 
@@ -45,7 +46,7 @@ from modelrunner.distribution.registry import (
 )
 from modelrunner.errors import Conflict, InvalidArtifact, ModelNotFound, ModelRunnerError
 from modelrunner.reference import Reference
-from modelrunner.store.sink import StoreSink
+from modelrunner.store.sink import AdoptingStoreSink
 from modelrunner.store.store import ModelStore
 
 PARALLEL_FILES = 4
@@ -104,6 +105,7 @@ class HuggingFacePull:
         self.selection: Selection | None = None
         self.sizes: dict[str, int] = {}
         self.sha256: dict[str, str] = {}  # of the LFS files, as the Hub lists them
+        self.digests: dict[Path, str] = {}  # of the files this pull downloaded, by resolved path
         self.revision = "main"
         self.last_modified: datetime | None = None
 
@@ -184,7 +186,7 @@ class HuggingFacePull:
             if path.is_file():
                 os.chmod(path, 0o644)
             os.utime(path, (stamp, stamp))
-        sink = StoreSink(self.store)
+        sink = AdoptingStoreSink(self.store, self.digests)  # moved, not copied: one copy on disk
         try:
             built = build_artifact(spec, sink, created=created)
             return self.store.add_model(built.manifest_bytes, [str(self.reference)])
@@ -239,7 +241,7 @@ class HuggingFacePull:
         failures = 0
         while True:
             try:
-                self._fetch(http, path, partial, expected)
+                digest = self._fetch(http, path, partial, expected)
                 break
             except _Retry as exc:
                 failures += 1
@@ -250,11 +252,12 @@ class HuggingFacePull:
                 log.info("download of %s interrupted (%s); resuming", path, exc)
                 cancellable_sleep(backoff_seconds(failures - 1), self.cancelled)
         os.replace(partial, target)
+        self.digests[target.resolve()] = "sha256:" + digest
         self.reporter.layer_done(path)
 
-    def _fetch(self, http: httpx.Client, path: str, partial: Path, expected: int) -> None:
+    def _fetch(self, http: httpx.Client, path: str, partial: Path, expected: int) -> str:
         """One attempt: continue `partial` from its size (from 0 if the server ignores `Range`), then check
-        the whole file's size and, when the Hub lists one, its sha256."""
+        the whole file's size and, when the Hub lists one, its sha256; the file's sha256 (hex)."""
         offset = partial.stat().st_size if partial.exists() else 0
         if offset > expected:
             offset = 0
@@ -276,6 +279,7 @@ class HuggingFacePull:
         if wanted and digest.hexdigest() != wanted.lower():
             partial.unlink()
             raise InvalidArtifact(f"{path} does not match the sha256 the Hub lists for it; pull again")
+        return digest.hexdigest()
 
     def _receive(
         self, response: httpx.Response, path: str, partial: Path, start: int, expected: int

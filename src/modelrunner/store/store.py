@@ -7,6 +7,7 @@ change, which DMR lacks. The store knows nothing of the network.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -34,7 +35,7 @@ from modelrunner.errors import (
     ModelNotFound,
     StoreCorrupted,
 )
-from modelrunner.fileio import copy_and_hash, fsync_dir, write_all, write_file_atomic
+from modelrunner.fileio import copy_and_hash, fsync_dir, hash_file, write_all, write_file_atomic
 from modelrunner.reference import parse_model_id, parse_reference, validate_digest
 from modelrunner.store.bundle import build_bundle
 from modelrunner.store.layout import LAYOUT_VERSION, StoreLayout
@@ -249,6 +250,21 @@ class ModelStore:
         tmp = self.layout.blobs_dir / f".ingest-{uuid.uuid4().hex}"
         digest, size = copy_and_hash(path, tmp, what)
         self._place_blob(tmp, digest)
+        return digest, size
+
+    def adopt_file(self, path: Path, digest: str | None = None, what: str = "file") -> tuple[str, int]:
+        """Move a file the store downloaded itself (under downloads/, so on the same filesystem) into the
+        blobs instead of copying it; hashed here unless the download already did (`digest`)."""
+        if digest is None:
+            digest, size = hash_file(path, what)
+        else:
+            size = path.stat().st_size
+        try:
+            self._place_blob(path, digest)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:  # downloads/ mounted elsewhere: copy after all
+                raise
+            return self.ingest_file(path, what)
         return digest, size
 
     def write_blob_bytes(self, data: bytes) -> str:
