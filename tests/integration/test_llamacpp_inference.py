@@ -74,6 +74,44 @@ def test_chat_streamed_through_every_route_prefix(daemon: Daemon) -> None:
     assert len(engine_pids(daemon)) == 1  # one runner served all three prefixes
 
 
+def test_speculative_decoding_with_a_draft_model(daemon: Daemon, tmp_path: Path) -> None:
+    daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "target.gguf", seed=8)), "target")
+    # the draft: the target's weights in another file (another model ID), so its drafts are accepted
+    draft = write_tiny_gguf(tmp_path / "draft.gguf", seed=8, context_length=1024)
+    daemon.cli("package", "--gguf", str(draft), "draft")
+    draft_id = daemon.http("GET", "/models/draft").json()["id"]
+    daemon.cli(
+        *("configure", "target", "--speculative-draft-model", "draft"),
+        # random weights give flat probabilities: any minimum above 0 would stop every draft
+        *("--speculative-num-tokens", "4", "--speculative-min-acceptance-rate", "0"),
+    )
+    [shown] = daemon.http("GET", "/engines/_configure", params={"model": "target"}).json()
+    assert shown["Config"] == {
+        "speculative_draft_model": draft_id,
+        "speculative_num_tokens": 4,
+        "speculative_min_acceptance_rate": 0.0,
+    }
+    body = {
+        "model": "target",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 16,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    answer = daemon.http("POST", "/v1/chat/completions", json=body).json()
+    assert answer["usage"]["completion_tokens"] == 16
+    assert answer["timings"]["draft_n"] > 0 and answer["timings"]["draft_n_accepted"] > 0
+    [runner] = [r for r in daemon.http("GET", "/engines/ps").json() if r["model_name"] == "target"]
+    argv = Path(f"/proc/{runner['pid']}/cmdline").read_bytes().decode().split("\0")
+    assert argv[argv.index("--model-draft") + 1].startswith(str(daemon.store_root / "bundles"))
+    assert argv[argv.index("--spec-draft-n-max") + 1] == "4"
+
+    daemon.cli("configure", "target", "--speculative-draft-model", "")  # off again
+    assert daemon.http("GET", "/engines/_configure", params={"model": "target"}).json()[0]["Config"] == {}
+    answer = daemon.http("POST", "/v1/chat/completions", json=body).json()
+    assert answer["usage"]["completion_tokens"] == 16 and not answer["timings"].get("draft_n")
+
+
 def test_completions(daemon: Daemon) -> None:
     body = {"model": "tiny", "prompt": "Once upon", "max_tokens": 4, "ignore_eos": True}
     answer = daemon.http("POST", "/v1/completions", json=body).json()

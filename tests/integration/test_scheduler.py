@@ -267,6 +267,14 @@ def test_bad_inference_requests(
         {"model": "tiny", "mode": "dreaming"},
         {"model": "tiny", "unknown": True},
         {"model": "absent", "context-size": 10},
+        {"model": "tiny", "speculative": {"draft_model": "absent"}},
+        {"model": "tiny", "speculative": {"draft_model": 5}},
+        {"model": "tiny", "speculative": {"draft_model": "tiny", "num_tokens": 0}},
+        {"model": "tiny", "speculative": {"draft_model": "tiny", "num_tokens": "4"}},
+        {"model": "tiny", "speculative": {"draft_model": "tiny", "num_tokens": True}},
+        {"model": "tiny", "speculative": {"draft_model": "tiny", "min_acceptance_rate": 1.5}},
+        {"model": "tiny", "speculative": {"num_tokens": 4}},
+        {"model": "tiny", "speculative": {"draft": "tiny"}},
     ],
 )
 def test_bad_configure_requests(start: Start, tmp_path: Path, body: dict[str, Any]) -> None:

@@ -316,6 +316,24 @@ def test_engine_estimate_uses_configure_then_model_context(tmp_path: Path) -> No
     assert engine.estimate_memory(model, RunnerSettings()) == small
 
 
+def test_a_draft_model_adds_its_flags_and_its_memory(tmp_path: Path) -> None:
+    engine = LlamaCppEngine(install_root=tmp_path / "engines")
+    model = make_bundle(tmp_path / "target")
+    draft = make_bundle(tmp_path / "draft")
+    spec = {"draft_bundle": draft.bundle, "draft_tokens": 4, "draft_min_probability": 0.5}
+    line = argv(model, **spec)
+    draft_gguf = str(draft.bundle / "model" / "model.gguf")
+    at = line.index("--model-draft")
+    assert line[at : at + 8] == [
+        *("--model-draft", draft_gguf, "--spec-type", "draft-simple"),
+        *("--spec-draft-n-max", "4", "--spec-draft-p-min", "0.50"),
+    ]
+    assert "--spec-draft-n-max" not in argv(model, draft_bundle=draft.bundle)  # llama.cpp's defaults
+    alone = engine.estimate_memory(model, RunnerSettings(context_size=512))
+    both = engine.estimate_memory(model, RunnerSettings(context_size=512, draft_bundle=draft.bundle))
+    assert both == 2 * alone  # the same tiny model twice, at the same context
+
+
 # -- install state, adoption, registry --------------------------------------------------------------------
 
 

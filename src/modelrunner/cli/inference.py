@@ -191,6 +191,17 @@ def cmd_configure(args: argparse.Namespace) -> None:
         vllm["gpu-memory-utilization"] = args.gpu_memory_utilization
     if vllm:
         request["vllm"] = vllm
+    speculative = {
+        key: value
+        for key, value in (
+            ("draft_model", args.speculative_draft_model),
+            ("num_tokens", args.speculative_num_tokens),
+            ("min_acceptance_rate", args.speculative_min_acceptance_rate),
+        )
+        if value is not None
+    }
+    if speculative:
+        request["speculative"] = speculative
     if len(request) == 1:
         raise UsageError("nothing to configure: give --context-size, --keep-alive, --think, --mode or flags")
     daemon.configure(request, args.backend)
@@ -244,6 +255,20 @@ def add_commands(commands: Any) -> None:
     )
     configure.add_argument("--hf_overrides", "--hf-overrides", metavar="JSON", help="vLLM hf_overrides")
     configure.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="vLLM, 0-1")
+    configure.add_argument(
+        "--speculative-draft-model",
+        metavar="MODEL",
+        help='speculative decoding (llama.cpp): a small model with the same vocabulary; "" turns it off',
+    )
+    configure.add_argument(
+        "--speculative-num-tokens", type=int, metavar="N", help="tokens the draft model proposes per step"
+    )
+    configure.add_argument(
+        "--speculative-min-acceptance-rate",
+        type=float,
+        metavar="F",
+        help="minimum draft probability (0-1) for a drafted token to be proposed",
+    )
     configure.add_argument("--backend", help="engine the settings are for")
     configure.set_defaults(handler=cmd_configure, accepts_passthrough=True)
 

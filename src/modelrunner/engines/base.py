@@ -50,6 +50,11 @@ class RunnerSettings:
     reasoning_budget: int | None = None
     hf_overrides: dict[str, object] | None = None
     gpu_memory_utilization: float | None = None
+    # speculative decoding: the draft model's bundle (found by the scheduler), tokens drafted per step,
+    # minimum draft probability
+    draft_bundle: Path | None = None
+    draft_tokens: int | None = None
+    draft_min_probability: float | None = None
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,14 @@ def command_line(
     argv += list(settings.runtime_flags)
     mmproj = folder / "model.mmproj"
     argv += ["--mmproj", str(mmproj)] if mmproj.is_file() else ["--jinja"]
+    if settings.draft_bundle is not None:  # speculative decoding with a draft model (DMR's flags)
+        argv += ["--model-draft", str(model_ggufs(settings.draft_bundle)[0])]
+        if "--spec-type" not in settings.runtime_flags:
+            argv += ["--spec-type", "draft-simple"]  # b11434 loads a draft but drafts only when told
+        if settings.draft_tokens is not None:
+            argv += ["--spec-draft-n-max", str(settings.draft_tokens)]
+        if settings.draft_min_probability is not None:
+            argv += ["--spec-draft-p-min", f"{settings.draft_min_probability:.2f}"]
     return [*argv, "--no-webui"]
 
 
@@ -250,7 +258,10 @@ class LlamaCppEngine(Engine):
         return LaunchSpec(argv=command_line(self.server_path(), model, mode, settings, socket), socket=socket)
 
     def gguf_info(self, model: ModelForEngine) -> GGUFInfo:
-        files = model_ggufs(model.bundle)
+        return self._bundle_info(model.bundle)
+
+    def _bundle_info(self, bundle: Path) -> GGUFInfo:
+        files = model_ggufs(bundle)
         key = tuple(str(p) for p in files)
         if key not in self._gguf_info:
             self._gguf_info[key] = read_gguf(files)
@@ -262,7 +273,10 @@ class LlamaCppEngine(Engine):
         if context is None or context <= 0:  # llama-server's default (and -1): the model's trained context
             context = info.context_size or 4096
         kv = llamacpp_memory.kv_settings([*base_args(), *settings.runtime_flags], context)
-        return llamacpp_memory.estimate(info, kv).total
+        total = llamacpp_memory.estimate(info, kv).total
+        if settings.draft_bundle is not None:  # the draft model runs in the same process, same context
+            total += llamacpp_memory.estimate(self._bundle_info(settings.draft_bundle), kv).total
+        return total
 
 
 def _link_or_copy(source: Path, dest: Path) -> None:

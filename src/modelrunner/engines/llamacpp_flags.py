@@ -53,6 +53,11 @@ ALLOWED_FLAGS = frozenset(
         *("--draft", "--draft-n", "--draft-max", "--draft-min", "--draft-n-min", "--draft-p-min"),
         *("-cd", "--ctx-size-draft", "-devd", "--device-draft", "-ngld", "--gpu-layers-draft"),
         *("--n-gpu-layers-draft", "-td", "--threads-draft", "-tbd", "--threads-batch-draft"),
+        # ... and their names in llama.cpp b11434, with the draft-free n-gram kinds (`--spec-type`)
+        *("--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min"),
+        *("--spec-draft-p-split", "--spec-draft-sampling", "--spec-draft-ngl", "--spec-draft-threads"),
+        *("--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max", "--spec-ngram-mod-n-match"),
+        *("--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m", "--spec-ngram-simple-min-hits"),
         *("--lora-init-without-apply", "--control-vector-layer-range"),
         # grammar, templates, reasoning
         *("--grammar", "-j", "--json-schema", "-bs", "--backend-sampling"),

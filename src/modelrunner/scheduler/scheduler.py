@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from modelrunner.engines.base import Engine, Mode, ModelForEngine
-from modelrunner.errors import ModelRunnerError
+from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import NEVER, format_keep_alive
 from modelrunner.scheduler.runner import LoadError, Runner, RunnerKey, RunnerState, end_orphans
 from modelrunner.scheduler.settings import ModelSettings, SettingsStore
@@ -59,8 +59,10 @@ class Scheduler:
         run_dir: Path,
         logs_dir: Path,
         limits: SchedulerLimits,
+        bundles: Callable[[str], Path] | None = None,
     ) -> None:
         self.engines = engines
+        self.bundles = bundles  # model ID -> bundle folder, for draft models of speculative decoding
         self.settings = settings
         self.run_dir = run_dir
         self.logs_dir = logs_dir
@@ -119,7 +121,7 @@ class Scheduler:
 
     def _new_runner(self, key: RunnerKey, engine: Engine, model: ModelForEngine, mode: Mode) -> Runner:
         stored = self.settings.get(engine.name, model.id, mode) or ModelSettings()
-        settings = stored.runner_settings()
+        settings = stored.runner_settings(self._draft_bundle(stored))
         self._next_slot += 1
         socket = self.run_dir / f"runner-{self._next_slot}.sock"
         spec = engine.launch_spec(model, mode, settings, socket)
@@ -128,6 +130,19 @@ class Scheduler:
         return Runner(
             key, model, spec, engine.estimate_memory(model, settings), log, self.run_dir / "pids", keep_alive
         )
+
+    def _draft_bundle(self, stored: ModelSettings) -> Path | None:
+        if stored.speculative_draft_model is None:
+            return None
+        if self.bundles is None:
+            raise BadRequest("speculative decoding needs the model store")
+        try:
+            return self.bundles(stored.speculative_draft_model)
+        except ModelNotFound:
+            raise ModelNotFound(
+                f"the draft model {stored.speculative_draft_model[:19]} configured for speculative decoding "
+                "is not in the store any more; configure the model again"
+            ) from None
 
     def _used_memory(self) -> int:
         return sum(r.memory for r in self.runners.values())

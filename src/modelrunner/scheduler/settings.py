@@ -28,14 +28,20 @@ class ModelSettings:
     keep_alive: float | None = None  # seconds; inf = never; None = the daemon's default
     hf_overrides: dict[str, Any] | None = None
     gpu_memory_utilization: float | None = None
+    speculative_draft_model: str | None = None  # a model ID
+    speculative_num_tokens: int | None = None
+    speculative_min_acceptance_rate: float | None = None
 
-    def runner_settings(self) -> RunnerSettings:
+    def runner_settings(self, draft_bundle: Path | None = None) -> RunnerSettings:
         return RunnerSettings(
             context_size=self.context_size,
             runtime_flags=tuple(self.runtime_flags),
             reasoning_budget=self.reasoning_budget,
             hf_overrides=self.hf_overrides,
             gpu_memory_utilization=self.gpu_memory_utilization,
+            draft_bundle=draft_bundle,
+            draft_tokens=self.speculative_num_tokens,
+            draft_min_probability=self.speculative_min_acceptance_rate,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -66,7 +66,7 @@ def check_hf_overrides(value: Any, depth: int = 0) -> None:
 
 
 def settings_from_request(
-    body: ConfigureRequest, engine: Engine, base: ModelSettings | None
+    body: ConfigureRequest, engine: Engine, base: ModelSettings | None, store: ModelStore
 ) -> ModelSettings:
     settings = base or ModelSettings()
     if body.context_size is not None:
@@ -88,7 +88,7 @@ def settings_from_request(
         settings.keep_alive = parse_keep_alive(body.keep_alive)
     if body.llamacpp and "reasoning-budget" in body.llamacpp:
         budget = body.llamacpp["reasoning-budget"]
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
+        if not (_is_number(budget, int) and budget >= -1):
             raise BadRequest("reasoning-budget must be -1 (unlimited), 0 (off) or a number of tokens")
         settings.reasoning_budget = budget
     if body.vllm:
@@ -100,16 +100,55 @@ def settings_from_request(
             settings.hf_overrides = overrides
         utilisation = body.vllm.get("gpu-memory-utilization")
         if utilisation is not None:
-            if (
-                isinstance(utilisation, bool)
-                or not isinstance(utilisation, int | float)
-                or not 0 < utilisation <= 1
-            ):
+            if not (_is_number(utilisation, int | float) and 0 < utilisation <= 1):
                 raise BadRequest("gpu-memory-utilization must be a number in (0, 1]")
             settings.gpu_memory_utilization = float(utilisation)
-    if body.speculative:
-        raise BadRequest("speculative decoding is not supported yet")
+    if body.speculative is not None:
+        speculative_settings(body.speculative, engine, store, settings)
     return settings
+
+
+def _is_number(value: Any, kind: Any) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def speculative_settings(
+    spec: dict[str, Any], engine: Engine, store: ModelStore, settings: ModelSettings
+) -> None:
+    """`speculative: {draft_model, num_tokens, min_acceptance_rate}` (DMR's shape); an empty draft_model
+    turns speculative decoding off."""
+    unknown = sorted(set(spec) - {"draft_model", "num_tokens", "min_acceptance_rate"})
+    if unknown:
+        raise BadRequest(
+            f"unknown speculative setting {unknown[0][:40]!r}; known: draft_model, num_tokens, "
+            "min_acceptance_rate"
+        )
+    draft = spec.get("draft_model")
+    if draft is None or draft == "":
+        if set(spec) - {"draft_model"}:
+            raise BadRequest("speculative settings need a draft_model")
+        settings.speculative_draft_model = None
+        settings.speculative_num_tokens = settings.speculative_min_acceptance_rate = None
+        return
+    if not isinstance(draft, str):
+        raise BadRequest("draft_model must be a model name")
+    if engine.name != "llama.cpp":
+        raise BadRequest("speculative decoding with a draft model is supported for llama.cpp (GGUF) models")
+    try:
+        model = store.get(draft)
+    except ModelNotFound:
+        raise ModelNotFound(f"draft model {draft[:200]} not found; pull or package it first") from None
+    if model.config.format != "gguf":
+        raise BadRequest(f"the draft model must be a GGUF model, and {draft[:200]} is {model.config.format}")
+    tokens = spec.get("num_tokens")
+    if tokens is not None and not (_is_number(tokens, int) and 1 <= tokens <= 128):
+        raise BadRequest("num_tokens must be a number of tokens from 1 to 128")
+    rate = spec.get("min_acceptance_rate")
+    if rate is not None and not (_is_number(rate, int | float) and 0 <= rate <= 1):
+        raise BadRequest("min_acceptance_rate must be a number from 0 to 1")
+    settings.speculative_draft_model = model.id
+    settings.speculative_num_tokens = tokens
+    settings.speculative_min_acceptance_rate = None if rate is None else float(rate)
 
 
 def build_admin_router(
@@ -145,7 +184,8 @@ def build_admin_router(
         mode = body.mode or (Mode.EMBEDDING if "--embeddings" in flags else Mode.COMPLETION)
         if scheduler.in_use(engine.name, model.id, mode):
             raise Conflict("the model is answering requests; configure it again when it is idle")
-        settings = settings_from_request(body, engine, scheduler.settings.get(engine.name, model.id, mode))
+        stored = scheduler.settings.get(engine.name, model.id, mode)
+        settings = settings_from_request(body, engine, stored, store)
         scheduler.settings.put(engine.name, model.id, mode, settings)
         await scheduler.unload({model.id}, engine.name)  # the next load uses the new settings
         asyncio.get_running_loop().create_task(_preload(engine, model.id, body.model, mode))

@@ -103,7 +103,12 @@ def build_daemon(
     engines = engines if engines is not None else default_engines()
     logs_dir = config.logs_dir()
     scheduler = Scheduler(
-        engines, SettingsStore(store.layout.configs_dir), runtime_dir(), logs_dir, scheduler_limits()
+        engines,
+        SettingsStore(store.layout.configs_dir),
+        runtime_dir(),
+        logs_dir,
+        scheduler_limits(),
+        store.bundle,
     )
 
     @asynccontextmanager
