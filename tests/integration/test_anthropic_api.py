@@ -137,6 +137,7 @@ def test_unknown_model_is_a_not_found_error(daemon: Daemon) -> None:
     [
         b"{not json",
         b"[]",
+        b"[" * 100_000,  # nested deeper than any parser's stack
         b'{"model": "tiny", "max_tokens": 4}',
         b'{"model": "tiny", "max_tokens": 4, "messages": [{"role": "robot", "content": "hi"}]}',
         b'{"model": "tiny", "max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]}',

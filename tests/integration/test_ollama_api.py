@@ -226,3 +226,11 @@ def test_push_then_pull_from_a_registry(client: ollama.Client, daemon: Daemon, t
         assert missing.value.status_code == 404
     finally:
         registry.stop()
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[]", b"[" * 100_000])
+def test_malformed_bodies_are_400(daemon: Daemon, body: bytes) -> None:
+    for path in ("/api/chat", "/api/generate", "/api/embed", "/api/show", "/api/pull", "/api/copy"):
+        response = daemon.http("POST", path, content=body)
+        assert response.status_code == 400, (path, response.text)
+        assert response.json()["error"]

@@ -558,6 +558,14 @@ def test_invalid_reference_is_a_400(daemon: Daemon) -> None:
         assert response.status_code == 400, bad
 
 
+@pytest.mark.parametrize("body", [b"{not json", b"[]", b"[" * 100_000, b'{"bearer-token": 5}'])
+def test_malformed_push_and_pull_bodies_are_400(daemon: Daemon, body: bytes) -> None:
+    for path in ("/models/ai/tiny/push", "/models/create"):
+        response = daemon.http("POST", path, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 400, (path, response.text)
+        assert error_message(response)
+
+
 # --- concurrency -------------------------------------------------------------------------------------------
 
 

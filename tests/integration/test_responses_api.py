@@ -145,8 +145,9 @@ def test_refused_parameters(daemon: Daemon, body: dict[str, Any], fragment: str)
 def test_errors_have_openai_shape(client: openai.OpenAI, daemon: Daemon) -> None:
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="absent", input="hi")
-    response = daemon.http("POST", "/v1/responses", content=b"{not json")
-    assert response.status_code == 400 and error_message(response)
+    for bad in (b"{not json", b"[" * 100_000):
+        response = daemon.http("POST", "/v1/responses", content=bad)
+        assert response.status_code == 400 and error_message(response)
     response = daemon.http("GET", "/v1/responses/resp_absent")
     assert response.status_code == 404 and error_message(response)
     with httpx.stream(

@@ -239,6 +239,7 @@ def test_configure_persists_across_a_daemon_restart(start: Start, tmp_path: Path
         ({"json": {"messages": []}}, 400),
         ({"json": ["not", "an", "object"]}, 400),
         ({"content": b"{broken json", "headers": {"content-type": "application/json"}}, 400),
+        ({"content": b"[" * 100_000, "headers": {"content-type": "application/json"}}, 400),  # too deep
         ({"content": b"x" * (10 * 1024 * 1024 + 1)}, 413),
         ({"json": {"model": "tiny", "messages": []}, "headers": {"host": "evil.example.com"}}, 403),
         ({"json": {"model": "tiny", "messages": []}, "headers": {"origin": "https://evil.example.com"}}, 403),

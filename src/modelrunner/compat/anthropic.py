@@ -11,9 +11,9 @@ import json
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from modelrunner.errors import BadRequest
+from modelrunner.compat.bodies import validated
 
 # HTTP status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors).
 _ERROR_TYPES = {
@@ -90,10 +90,4 @@ class MessagesRequest(CountTokensRequest):
 
 
 def check_request(doc: dict[str, Any], count_tokens: bool) -> CountTokensRequest:
-    shape = CountTokensRequest if count_tokens else MessagesRequest
-    try:
-        return shape.model_validate(doc)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise BadRequest(f"{where}: {first.get('msg', 'invalid')}") from None
+    return validated(CountTokensRequest if count_tokens else MessagesRequest, doc, prefix="")

@@ -14,8 +14,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from modelrunner.compat.bodies import validated
 from modelrunner.errors import BadRequest
 
 MAX_STORED = 1000
@@ -68,12 +69,7 @@ def check_request(doc: dict[str, Any]) -> ResponsesRequest:
         raise BadRequest(f"the parameter {name!r} is not supported")
     if doc.get("truncation") not in (None, "disabled"):
         raise BadRequest("only truncation 'disabled' is supported")
-    try:
-        return ResponsesRequest.model_validate(doc)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise BadRequest(f"invalid request: {where}: {first.get('msg', 'invalid')}") from None
+    return validated(ResponsesRequest, doc)
 
 
 # -- input -------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelrunner.engines.base import Engine, Mode
-from modelrunner.errors import BadRequest, EngineNotInstalled, ModelNotFound, ModelRunnerError
+from modelrunner.errors import EngineNotInstalled, ModelNotFound, ModelRunnerError
 from modelrunner.http1 import MAX_HEAD, UpstreamError, body_chunks, read_head
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Scheduler
@@ -203,14 +203,3 @@ class EngineCall:
         if not self._released:
             self._released = True
             await self.scheduler.release(self.runner)
-
-
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """A request body that must be a JSON object."""
-    try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("the request body is not valid JSON") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return doc

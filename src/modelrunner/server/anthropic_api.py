@@ -21,7 +21,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 
 from modelrunner.compat import anthropic as shapes
-from modelrunner.compat.upstream import EngineCall, EngineContext, parse_json_object
+from modelrunner.compat.bodies import parse_json_object
+from modelrunner.compat.upstream import EngineCall, EngineContext
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelNotFound, ModelRunnerError
 from modelrunner.http1 import UpstreamError

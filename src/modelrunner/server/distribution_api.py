@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from modelrunner.compat.bodies import parse_json_object, validated
 from modelrunner.distribution.jobs import TransferJob, TransferManager
 from modelrunner.distribution.progress import encode_line
 from modelrunner.store.store import ModelStore
@@ -72,7 +73,7 @@ def build_distribution_router(store: ModelStore, transfers: TransferManager) -> 
     @router.post("/models/{name:path}/push")
     async def push_model(name: str, request: Request) -> StreamingResponse:
         raw = await request.body()
-        body = PushRequest.model_validate_json(raw) if raw.strip() else PushRequest()
+        body = validated(PushRequest, parse_json_object(raw)) if raw.strip() else PushRequest()
         job = await anyio.to_thread.run_sync(transfers.start_push, name, body.bearer_token)
         return await _respond(job, request)
 

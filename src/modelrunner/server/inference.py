@@ -120,7 +120,7 @@ class InferenceHandler:
         """A runner for the request's model, acquired (the caller releases it), and the body to send it."""
         try:
             doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply
             raise BadRequest("the request body is not valid JSON") from None
         name = doc.get("model") if isinstance(doc, dict) else None
         if not isinstance(name, str) or not name.strip():

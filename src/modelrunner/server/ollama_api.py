@@ -18,13 +18,14 @@ import anyio.to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from modelrunner.compat import ollama as shapes
-from modelrunner.compat.upstream import EngineCall, EngineContext, parse_json_object
+from modelrunner.compat.bodies import parse_json_object, validated
+from modelrunner.compat.upstream import EngineCall, EngineContext
 from modelrunner.distribution.jobs import TransferJob, TransferManager
 from modelrunner.engines.base import Mode
-from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
+from modelrunner.errors import ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import NEVER, parse_keep_alive
 from modelrunner.scheduler.settings import ModelSettings
 from modelrunner.store.store import StoredModel
@@ -56,13 +57,7 @@ class OllamaRoute(APIRoute):
 
 
 async def parse(request: Request, shape: type[Shape]) -> Shape:
-    doc = parse_json_object(await request.body())
-    try:
-        return shape.model_validate(doc)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise BadRequest(f"invalid request: {where}: {first.get('msg', 'invalid')}") from None
+    return validated(shape, parse_json_object(await request.body()))
 
 
 def _line(doc: dict[str, Any]) -> bytes:

@@ -14,7 +14,8 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from modelrunner.compat import responses as shapes
-from modelrunner.compat.upstream import EngineCall, EngineContext, parse_json_object
+from modelrunner.compat.bodies import parse_json_object
+from modelrunner.compat.upstream import EngineCall, EngineContext
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelNotFound, ModelRunnerError
 
