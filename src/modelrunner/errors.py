@@ -41,6 +41,10 @@ class ModelNotFound(ModelRunnerError):
     status_code = 404
 
 
+class MethodNotAllowed(ModelRunnerError):
+    status_code = 405
+
+
 class Conflict(ModelRunnerError):
     status_code = 409
 

@@ -257,6 +257,16 @@ def test_bad_inference_requests(
     assert daemon.ps() == []
 
 
+def test_other_methods_on_inference_routes_are_405(start: Start) -> None:
+    daemon = start()
+    for method in ("GET", "PUT", "DELETE", "PATCH"):
+        for path in ("/v1/chat/completions", "/engines/llama.cpp/v1/embeddings", "/rerank"):
+            response = daemon.http(method, path)
+            assert response.status_code == 405 and response.headers["allow"] == "POST", (method, path)
+            assert "use POST" in response.json()["error"]["message"]
+    assert daemon.http("HEAD", "/v1/chat/completions").status_code == 405
+
+
 @pytest.mark.parametrize(
     "body",
     [

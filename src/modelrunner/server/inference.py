@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from modelrunner.engines.base import Engine, Mode, ModelForEngine
-from modelrunner.errors import BadRequest, EngineNotInstalled, ModelNotFound, ModelRunnerError
+from modelrunner.errors import (
+    BadRequest,
+    EngineNotInstalled,
+    MethodNotAllowed,
+    ModelNotFound,
+    ModelRunnerError,
+)
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy, Scheduler
@@ -141,7 +147,7 @@ class InferenceHandler:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         if scope["method"] != "POST":
-            raise ModelRunnerError("use POST for this route")
+            raise MethodNotAllowed("use POST for this route")
         runner, body = await self.prepare(route, await read_body(receive, MAX_BODY))
         try:
             if _header(scope, b"x-preload-only") == b"true":
@@ -157,7 +163,11 @@ class InferenceHandler:
 
 def error_parts(exc: ModelRunnerError) -> tuple[int, dict[str, object], list[tuple[bytes, bytes]]]:
     """Status, JSON body and extra headers of the answer to a refused inference request."""
-    headers = [(b"retry-after", str(exc.retry_after).encode())] if isinstance(exc, Busy) else []
+    headers: list[tuple[bytes, bytes]] = []
+    if isinstance(exc, Busy):
+        headers.append((b"retry-after", str(exc.retry_after).encode()))
+    elif isinstance(exc, MethodNotAllowed):
+        headers.append((b"allow", b"POST"))
     return exc.status_code, error_body(exc.status_code, exc.message), headers
 
 
