@@ -35,6 +35,7 @@ from modelrunner.server.front import FastPath
 from modelrunner.server.inference import InferenceHandler, match_route
 from modelrunner.server.models_api import build_models_router
 from modelrunner.server.ollama_api import build_ollama_router
+from modelrunner.server.ollama_create import build_ollama_create_router
 from modelrunner.server.openai_api import build_openai_router
 from modelrunner.server.proxy import App, Receive, Scope, Send
 from modelrunner.server.responses_api import build_responses_router
@@ -143,6 +144,7 @@ def build_daemon(
     api.include_router(build_engines_router(engines, lambda name: scheduler.unload(None, name)))
     compat = EngineContext(store, scheduler, engines)  # Ollama, Anthropic, Responses: translated APIs
     api.include_router(build_ollama_router(compat, transfers))
+    api.include_router(build_ollama_create_router(store))
     api.include_router(build_anthropic_router(compat))
     api.include_router(build_responses_router(compat))
     inference = InferenceHandler(store, scheduler, engines)

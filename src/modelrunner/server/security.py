@@ -19,7 +19,7 @@ from modelrunner.server.errors import error_body
 from modelrunner.server.proxy import App, Message, Receive, Scope, Send, send_json
 
 MAX_BODY = 10 * 1024 * 1024
-UNBOUNDED_BODY_PATHS = ("/models/load",)
+UNBOUNDED_BODY_PATHS = ("/models/load", "/api/blobs/")  # model archives and files, streamed to disk
 OPEN_PATHS = ("/",)  # liveness probes work without the key
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "host.docker.internal", "model-runner.docker.internal"}
 _LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0)(:\d+)?")
