@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, ClassVar, cast
@@ -388,7 +389,7 @@ class Upstream(asyncio.Protocol):
         return framing, rest
 
 
-class Framing:
+class Framing(ABC):
     """How the engine's response body ends, followed as its bytes pass."""
 
     until_close = False
@@ -396,8 +397,9 @@ class Framing:
     def __init__(self) -> None:
         self.complete = False
 
+    @abstractmethod
     def feed(self, data: bytes) -> None:
-        raise NotImplementedError
+        """Account for `data`, the next bytes of the body as they were passed on."""
 
 
 class Sized(Framing):
