@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -46,6 +48,17 @@ def write_stream_atomic(path: Path, chunks: Iterable[bytes]) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def link_or_copy(source: Path, dest: Path) -> None:
+    """Hard-link `source` to `dest` (its folder made), or copy it, mode kept, where links cannot be made."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, dest)
+    except OSError as exc:  # another filesystem, or links not allowed: copy instead
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        shutil.copy2(source, dest)
 
 
 def require_regular_file(path: Path, what: str = "file") -> os.stat_result:

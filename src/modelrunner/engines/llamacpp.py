@@ -8,7 +8,6 @@ The command line follows DMR's (contract 5.3) so that users' `LLAMA_ARGS` and ru
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from modelrunner.engines.install import InstallTracker, folder_size, remove_inst
 from modelrunner.engines.llamacpp_binary import EXECUTABLE, FoundServer, find_server, server_version
 from modelrunner.engines.llamacpp_flags import llama_args_from_env, validate_runtime_flags
 from modelrunner.errors import BadRequest, EngineInstallError, EngineNotInstalled, ModelRunnerError
+from modelrunner.fileio import link_or_copy
 
 NAME = "llama.cpp"
 INSTALL_INFO = "install.json"
@@ -226,7 +226,7 @@ class LlamaCppEngine(Engine):
             try:
                 staging.chmod(0o755)  # mkdtemp makes it private; the engine is not a secret
                 (staging / "bin").mkdir()
-                _link_or_copy(cached, staging / "bin" / EXECUTABLE)
+                link_or_copy(cached, staging / "bin" / EXECUTABLE)
                 licence = cached.parent.parent / "LICENSE"
                 if licence.is_file():
                     shutil.copyfile(licence, staging / "LICENSE")
@@ -277,12 +277,3 @@ class LlamaCppEngine(Engine):
         if settings.draft_bundle is not None:  # the draft model runs in the same process, same context
             total += llamacpp_memory.estimate(self._bundle_info(settings.draft_bundle), kv).total
         return total
-
-
-def _link_or_copy(source: Path, dest: Path) -> None:
-    try:
-        os.link(source, dest)
-    except OSError as exc:  # the cache is on another filesystem, or links are not allowed
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-            raise
-        shutil.copy2(source, dest)

@@ -31,6 +31,7 @@ from modelrunner.artifact.builder import BuiltArtifact, PackageSpec, build_artif
 from modelrunner.artifact.manifest import check_relative_path
 from modelrunner.compat.bodies import parse_json_object, validated
 from modelrunner.errors import BadRequest
+from modelrunner.fileio import link_or_copy
 from modelrunner.reference import validate_digest
 from modelrunner.server.body_stream import consume_in_thread
 from modelrunner.server.ollama_api import OllamaRoute
@@ -93,11 +94,7 @@ def _stage_files(store: ModelStore, files: dict[str, str], folder: Path) -> dict
         if not source.is_file():
             raise BadRequest(f"no uploaded file {digest[:19]} for {name[:100]}: POST it to /api/blobs first")
         target = folder / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, target)  # uploads and blobs live in the store: the same filesystem, mostly
-        except OSError:
-            shutil.copyfile(source, target)
+        link_or_copy(source, target)  # uploads and blobs live in the store: a link, mostly
         digests[target.resolve()] = digest
     return digests
 

@@ -17,20 +17,11 @@ from pathlib import Path
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.artifact.manifest import Descriptor, Manifest, check_paths_distinct, check_relative_path
 from modelrunner.errors import InvalidArtifact
+from modelrunner.fileio import link_or_copy
 from modelrunner.store.layout import StoreLayout
 
 MODEL_DIR = "model"
 CONFIG_FILE = "config.json"
-
-
-def _link_or_copy(source: Path, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(source, dest)
-    except OSError as exc:  # another filesystem, or links not allowed: copy instead
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-            raise
-        shutil.copyfile(source, dest)
 
 
 def _numbered(stem: str, suffix: str, layers: list[Descriptor]) -> list[tuple[Descriptor, str]]:
@@ -84,7 +75,7 @@ def build_bundle(
     staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     try:
         for layer, name in bundle_file_names(manifest):
-            _link_or_copy(layout.blob_path(layer.digest), staging / MODEL_DIR / name)
+            link_or_copy(layout.blob_path(layer.digest), staging / MODEL_DIR / name)
         (staging / CONFIG_FILE).write_text(json.dumps(runtime_config))
         if final.exists():  # a damaged bundle (no config.json): move it aside, then replace it
             shutil.rmtree(
