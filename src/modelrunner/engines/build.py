@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
-from modelrunner.engines.install import cache_lock
+from modelrunner.engines.install import cache_lock, staged_folder
 from modelrunner.engines.llamacpp_binary import EXECUTABLE, server_version
 from modelrunner.errors import EngineInstallError, ModelRunnerError
 
@@ -259,9 +259,7 @@ def store_in_cache(
     if version != VERSION:
         raise EngineInstallError(f"the build reports llama.cpp {version}, expected {VERSION}")
     final = cache_dir(spec)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    try:
-        staging.chmod(0o755)  # mkdtemp makes it private; the engine is not a secret
+    with staged_folder(final) as staging:  # replaces an incomplete or broken entry cached_server() refused
         (staging / "bin").mkdir()
         shutil.copy2(built, staging / "bin" / EXECUTABLE)
         if source_dir is not None and (source_dir / "LICENSE").is_file():
@@ -274,12 +272,6 @@ def store_in_cache(
             "build_seconds": round(build_seconds, 1) if build_seconds is not None else None,
         }
         (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-        if final.exists():
-            shutil.rmtree(final)  # an incomplete or broken entry: cached_server() refused it
-        os.rename(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return final / "bin" / EXECUTABLE
 
 

@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -39,7 +38,13 @@ from modelrunner.engines.base import (
     RunnerSettings,
 )
 from modelrunner.engines.gpu import GPU_KINDS, detect_accelerator
-from modelrunner.engines.install import InstallTracker, cache_lock, folder_size, remove_install
+from modelrunner.engines.install import (
+    InstallTracker,
+    cache_lock,
+    folder_size,
+    remove_install,
+    staged_folder,
+)
 from modelrunner.errors import BadRequest, EngineInstallError, EngineUnsupported, ModelRunnerError
 
 NAME = "diffusers"
@@ -124,16 +129,9 @@ def ensure_env(flavour: str, progress: ProgressCallback) -> Path:
         started = time.monotonic()
         # Built under a temporary name and renamed: the server runs as `python -m`, which does not care
         # where the environment was created (only the pip/uvicorn launcher scripts would).
-        staging = Path(tempfile.mkdtemp(dir=cache_root(), prefix=f".{key}."))
-        try:
+        final = cache_root() / key
+        with staged_folder(final) as staging:  # replaces an incomplete one (no ENV_INFO)
             _create_env(staging, flavour, progress)
-            final = cache_root() / key
-            if final.exists():
-                shutil.rmtree(final)  # an incomplete one (no ENV_INFO)
-            os.rename(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         progress(f"Created the diffusers environment in {time.monotonic() - started:.0f} s")
         return final
 
@@ -297,24 +295,15 @@ class DiffusersEngine(Engine):
 
         root = self.install_root
         root.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(root.parent / f".{NAME}.lock")):
-            staging = Path(tempfile.mkdtemp(dir=root, prefix=".install-"))
-            try:
-                staging.chmod(0o755)  # mkdtemp makes it private; the engine is not a secret
-                (staging / "venv").symlink_to(env, target_is_directory=True)
-                # Only the server package, under its own import name: nothing else of modelrunner is there.
-                package = staging / "server" / Path(*SERVER_PACKAGE.split("."))
-                shutil.copytree(SERVER_SOURCE, package, ignore=shutil.ignore_patterns("__pycache__"))
-                for parent in (package.parent, package.parent.parent):
-                    (parent / "__init__.py").touch()
-                info = {"version": VERSION, "flavour": flavour, "env": env.name, "server": server_digest()}
-                (staging / INSTALL_INFO).write_text(json.dumps(info) + "\n")
-                if self.install_dir.exists():
-                    shutil.rmtree(self.install_dir)
-                os.rename(staging, self.install_dir)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
+        with FileLock(str(root.parent / f".{NAME}.lock")), staged_folder(self.install_dir) as staging:
+            (staging / "venv").symlink_to(env, target_is_directory=True)
+            # Only the server package, under its own import name: nothing else of modelrunner is there.
+            package = staging / "server" / Path(*SERVER_PACKAGE.split("."))
+            shutil.copytree(SERVER_SOURCE, package, ignore=shutil.ignore_patterns("__pycache__"))
+            for parent in (package.parent, package.parent.parent):
+                (parent / "__init__.py").touch()
+            info = {"version": VERSION, "flavour": flavour, "env": env.name, "server": server_digest()}
+            (staging / INSTALL_INFO).write_text(json.dumps(info) + "\n")
 
     def uninstall(self) -> None:
         """Removes the runner home's install; the machine's cached environment stays for other homes."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +30,22 @@ def cache_lock(lock_file: Path, waiting: str, progress: Callable[[str], None]) -
         yield
     finally:
         lock.release()
+
+
+@contextlib.contextmanager
+def staged_folder(final: Path) -> Iterator[Path]:
+    """A folder filled under a temporary name next to `final`, then renamed into place (replacing what was
+    there: an incomplete or older entry); removed if filling it fails, so `final` is never half-made."""
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it private; engines are not secrets
+        yield staging
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 class InstallTracker:

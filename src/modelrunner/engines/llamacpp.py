@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from modelrunner.engines.base import (
     RunnerSettings,
 )
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
-from modelrunner.engines.install import InstallTracker, folder_size, remove_install
+from modelrunner.engines.install import InstallTracker, folder_size, remove_install, staged_folder
 from modelrunner.engines.llamacpp_binary import EXECUTABLE, FoundServer, find_server, server_version
 from modelrunner.engines.llamacpp_flags import llama_args_from_env, validate_runtime_flags
 from modelrunner.errors import BadRequest, EngineInstallError, EngineNotInstalled, ModelRunnerError
@@ -221,24 +220,14 @@ class LlamaCppEngine(Engine):
 
         root = self.install_root
         root.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(root.parent / f".{NAME}.lock")):
-            staging = Path(tempfile.mkdtemp(dir=root, prefix=".install-"))
-            try:
-                staging.chmod(0o755)  # mkdtemp makes it private; the engine is not a secret
-                (staging / "bin").mkdir()
-                link_or_copy(cached, staging / "bin" / EXECUTABLE)
-                licence = cached.parent.parent / "LICENSE"
-                if licence.is_file():
-                    shutil.copyfile(licence, staging / "LICENSE")
-                info = {"version": build.VERSION, "gpu": spec.gpu, "build": spec.key}
-                (staging / INSTALL_INFO).write_text(json.dumps(info) + "\n")
-                final = root / build.VERSION
-                if final.exists():
-                    shutil.rmtree(final)
-                os.rename(staging, final)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
+        with FileLock(str(root.parent / f".{NAME}.lock")), staged_folder(root / build.VERSION) as staging:
+            (staging / "bin").mkdir()
+            link_or_copy(cached, staging / "bin" / EXECUTABLE)
+            licence = cached.parent.parent / "LICENSE"
+            if licence.is_file():
+                shutil.copyfile(licence, staging / "LICENSE")
+            info = {"version": build.VERSION, "gpu": spec.gpu, "build": spec.key}
+            (staging / INSTALL_INFO).write_text(json.dumps(info) + "\n")
 
     def uninstall(self) -> None:
         with self._lock:
