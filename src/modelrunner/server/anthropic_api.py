@@ -18,32 +18,22 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.routing import APIRoute
 
 from modelrunner.compat import anthropic as shapes
 from modelrunner.compat.bodies import parse_json_object
 from modelrunner.compat.upstream import EngineCall, EngineContext
 from modelrunner.engines.base import Mode
-from modelrunner.errors import ModelNotFound, ModelRunnerError
+from modelrunner.errors import ModelNotFound
 from modelrunner.http1 import UpstreamError
 from modelrunner.scheduler.durations import parse_keep_alive
+from modelrunner.server.errors import error_route_class
 
 
 def anthropic_error(status: int, message: str) -> JSONResponse:
     return JSONResponse(shapes.error_body(status, message), status_code=status)
 
 
-class AnthropicRoute(APIRoute):
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def guarded(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except ModelRunnerError as exc:
-                return anthropic_error(exc.status_code, exc.message)
-
-        return guarded
+AnthropicRoute = error_route_class(anthropic_error)
 
 
 _MESSAGE_START = b"event: message_start"

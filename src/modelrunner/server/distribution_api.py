@@ -45,7 +45,9 @@ async def _stream(job: TransferJob, html_escape: bool) -> AsyncIterator[bytes]:
         job.detach()
 
 
-async def _respond(job: TransferJob, request: Request) -> StreamingResponse:
+async def wait_started(job: TransferJob) -> None:
+    """Wait until the job runs (or has failed at once): a failure detaches from the job and is raised, so it
+    becomes an HTTP status before any progress is streamed."""
     try:
         error = await anyio.to_thread.run_sync(job.wait_resolved)
     except BaseException:
@@ -54,6 +56,10 @@ async def _respond(job: TransferJob, request: Request) -> StreamingResponse:
     if error is not None:
         job.detach()
         raise error
+
+
+async def _respond(job: TransferJob, request: Request) -> StreamingResponse:
+    await wait_started(job)
     as_json = "application/json" in request.headers.get("accept", "")
     return StreamingResponse(
         _stream(job, html_escape=not as_json),

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from modelrunner.errors import ModelRunnerError
@@ -29,6 +33,25 @@ def error_body(status: int, message: str) -> dict[str, object]:
 
 def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_body(status, message), status_code=status)
+
+
+def error_route_class(render: Callable[[int, str], Response]) -> type[APIRoute]:
+    """A route class whose routes answer a ModelRunnerError with `render(status, message)`: the error
+    shape of a compatible API (Ollama's, Anthropic's) instead of the OpenAI-style one."""
+
+    class ErrorShapedRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def guarded(request: Request) -> Response:
+                try:
+                    return await handler(request)
+                except ModelRunnerError as exc:
+                    return render(exc.status_code, exc.message)
+
+            return guarded
+
+    return ErrorShapedRoute
 
 
 def _validation_message(exc: RequestValidationError) -> str:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import anyio.to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from modelrunner.compat import ollama as shapes
@@ -28,6 +27,8 @@ from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import NEVER, parse_keep_alive
 from modelrunner.scheduler.settings import ModelSettings
+from modelrunner.server.distribution_api import wait_started
+from modelrunner.server.errors import error_route_class
 from modelrunner.store.store import StoredModel
 
 OLLAMA_VERSION = "0.1.0"  # what DMR answers
@@ -41,19 +42,7 @@ def ollama_error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-class OllamaRoute(APIRoute):
-    """Errors in Ollama's shape for every route of this router."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def guarded(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except ModelRunnerError as exc:
-                return ollama_error(exc.status_code, exc.message)
-
-        return guarded
+OllamaRoute = error_route_class(ollama_error)  # errors in Ollama's shape for every route of the router
 
 
 async def parse(request: Request, shape: type[Shape]) -> Shape:
@@ -310,14 +299,7 @@ def build_ollama_router(ctx: EngineContext, transfers: TransferManager) -> APIRo
         return Response(status_code=200)
 
     async def transfer(job: TransferJob, stream: bool, first: str) -> Response:
-        try:
-            error = await anyio.to_thread.run_sync(job.wait_resolved)
-        except BaseException:
-            job.detach()
-            raise
-        if error is not None:
-            job.detach()
-            raise error
+        await wait_started(job)
         if stream:
             return StreamingResponse(_progress(job, first), media_type=NDJSON)
         last: dict[str, Any] = {}
