@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,17 +44,10 @@ def is_loopback_host(host: str) -> bool:
 
 
 def setup_logging() -> None:
-    """One line per event, to stderr and to logs/daemon.log (served by /logs and `model logs`)."""
-    log_dir = config.logs_dir()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S%z")
-    handlers: list[logging.Handler] = [logging.StreamHandler(), logging.FileHandler(log_dir / "daemon.log")]
-    root = logging.getLogger()
-    root.handlers.clear()
-    for handler in handlers:
-        handler.setFormatter(formatter)
-        root.addHandler(handler)
-    root.setLevel(os.environ.get("LOG_LEVEL", "INFO").upper())
+    """One structured line per event, to stderr and to logs/daemon.log (served by /logs and `model logs`)."""
+    from modelrunner import eventlog
+
+    eventlog.setup(config.logs_dir() / "daemon.log")
 
 
 def uvicorn_config(daemon: Daemon, host: str, port: int, front: bool = True) -> uvicorn.Config:

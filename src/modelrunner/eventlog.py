@@ -1,0 +1,93 @@
+"""Structured log lines: one line per event, `key=value` fields (logfmt), the request id on every line.
+
+    2026-12-01T08:46:14.123Z INFO scheduler event=load rid=4f2a9c01d3e8b7a6 model=ai/gemma3:270m
+
+`event(log, "load", model=..., mode=...)` writes such a line. The request id lives in a context variable, so
+every line written while a request is handled carries it without being passed around; the front sets it
+when a request arrives and returns it to the client as the `X-Request-Id` header.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import secrets
+import sys
+import time
+from logging.handlers import RotatingFileHandler
+from pathlib import Path
+
+REQUEST_ID_HEADER = b"x-request-id"
+DEFAULT_MAX_BYTES = 10 * 1024 * 1024
+DEFAULT_BACKUPS = 3
+
+request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+
+
+def new_request_id() -> str:
+    return secrets.token_hex(8)
+
+
+def event(log: logging.Logger, name: str, level: int = logging.INFO, **fields: object) -> None:
+    """One structured line: `event=<name>` and the fields in the order given (None values left out)."""
+    if log.isEnabledFor(level):
+        log.log(level, name, extra={"fields": fields})
+
+
+def quote(value: object) -> str:
+    """A logfmt value: bare when it is one plain word, else double-quoted with escapes (one line always)."""
+    text = value if isinstance(value, str) else str(value)
+    if text and all(c.isprintable() and c not in ' "=\\' for c in text):
+        return text
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return '"' + "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in escaped) + '"'
+
+
+class LogfmtFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        parts = [
+            f"{stamp}.{int(record.msecs):03d}Z",
+            record.levelname,
+            record.name.removeprefix("modelrunner."),
+        ]
+        fields: dict[str, object] | None = getattr(record, "fields", None)
+        if fields is not None:
+            parts.append("event=" + quote(record.msg))
+        rid = request_id.get()
+        if rid is not None:
+            parts.append("rid=" + rid)
+        if fields is not None:
+            parts += [f"{key}={quote(value)}" for key, value in fields.items() if value is not None]
+        else:
+            parts.append("msg=" + quote(record.getMessage()))
+        if record.exc_info:
+            parts.append("exc=" + quote(self.formatException(record.exc_info)))
+        return " ".join(parts)
+
+
+def log_level() -> int:
+    """`MODEL_RUNNER_LOG_LEVEL` (or DMR's `LOG_LEVEL`): debug, info, warning or error; info by default."""
+    raw = (os.environ.get("MODEL_RUNNER_LOG_LEVEL") or os.environ.get("LOG_LEVEL") or "info").upper()
+    level = logging.getLevelName(raw)
+    if not isinstance(level, int):
+        raise ValueError(f"MODEL_RUNNER_LOG_LEVEL must be debug, info, warning or error, got {raw.lower()!r}")
+    return level
+
+
+def setup(log_file: Path, level: int | None = None) -> None:
+    """Structured lines to stderr and to `log_file`, rotated by size (`MODEL_RUNNER_LOG_MAX_BYTES`)."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    max_bytes = int(os.environ.get("MODEL_RUNNER_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES)
+    handlers: list[logging.Handler] = [
+        logging.StreamHandler(sys.stderr),
+        RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=DEFAULT_BACKUPS, encoding="utf-8"),
+    ]
+    formatter = LogfmtFormatter()
+    root = logging.getLogger()
+    root.handlers.clear()
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(log_level() if level is None else level)
