@@ -1,0 +1,221 @@
+"""Benchmark the relay's ceiling: CPU time per relayed chunk, the daemon against nginx, in one run.
+
+A stand-in engine (bench/standin_engine.py) plays a GPU server: one token per stream per batch step (step
+time a parameter), so every read a relay makes holds one event and its cost per chunk sets the ceiling.
+The daemon starts it as its `llama-server` (LLAMA_SERVER_PATH); nginx (Debian's package: one worker,
+`proxy_pass` to the same Unix socket with kept-alive upstream connections, `proxy_buffering off`) relays to
+the same process. At each concurrency both are driven alternately by the same client (kept-alive
+connections, streamed chat), which checks that every chunk arrives, in order.
+
+Reported per level and path: chunks per second, and CPU microseconds per relayed chunk (user + system time
+of the relaying processes from /proc: the daemon's own process, not its engine child; nginx's master and
+worker), and their ratio daemon / nginx.
+
+    .venv/bin/python bench/relay.py [--levels 1,16,64,256] [--step-ms 2] [--tokens 200] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from modelrunner.http1 import MAX_HEAD, body_chunks, read_head  # noqa: E402
+from tests.daemon import Daemon, free_port  # noqa: E402
+from tests.models import write_tiny_gguf  # noqa: E402
+
+NGINX_CONF = """
+{user}
+worker_processes 1;
+daemon off;
+pid {work}/nginx.pid;
+error_log {work}/nginx-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {work}/nginx-body;
+    proxy_temp_path {work}/nginx-proxy;
+    fastcgi_temp_path {work}/nginx-fastcgi;
+    uwsgi_temp_path {work}/nginx-uwsgi;
+    scgi_temp_path {work}/nginx-scgi;
+    upstream engine {{ server unix:{socket}; keepalive 512; }}
+    server {{
+        listen 127.0.0.1:{port};
+        keepalive_requests 100000;
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+_INDEX = re.compile(rb'"content":"(\d+) "')
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+async def drive(port: int, path: str, body: bytes, concurrency: int, requests: int, tokens: int) -> int:
+    """`requests` streamed chats over `concurrency` kept-alive connections; returns the chunks received
+    after checking each stream holds tokens 0..tokens-1 in order."""
+    left = [requests]
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode()
+
+    async def worker() -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=MAX_HEAD)
+        received = 0
+        try:
+            while left[0] > 0:
+                left[0] -= 1
+                writer.write(head + body)
+                status, headers = await read_head(reader)
+                if status != 200:
+                    raise RuntimeError(f"{path}: status {status}")
+                expected = 0
+                async for piece in body_chunks(reader, headers):
+                    for match in _INDEX.finditer(piece):
+                        if int(match.group(1)) != expected:
+                            raise RuntimeError(f"{path}: token {match.group(1).decode()} where {expected}")
+                        expected += 1
+                if expected != tokens:
+                    raise RuntimeError(f"{path}: {expected} tokens of {tokens}")
+                received += expected
+        finally:
+            writer.close()
+        return received
+
+    return sum(await asyncio.gather(*(worker() for _ in range(concurrency))))
+
+
+def measure(
+    port: int, path: str, pids: list[int], body: bytes, concurrency: int, tokens: int
+) -> dict[str, float]:
+    requests = max(16, 2 * concurrency)
+    before = cpu_seconds(pids)
+    started = time.perf_counter()
+    chunks = asyncio.run(drive(port, path, body, concurrency, requests, tokens))
+    seconds = time.perf_counter() - started
+    cpu = cpu_seconds(pids) - before
+    return {"chunks": chunks, "seconds": seconds, "cpu_s": cpu}
+
+
+def start_nginx(work: Path, socket: str) -> tuple[subprocess.Popen[bytes], int]:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        raise SystemExit("nginx is missing: apt-get install nginx (Debian's package is the reference)")
+    port = free_port()
+    conf = work / "nginx.conf"
+    # as root, nginx's worker would run as nobody, who may not open the daemon's runner folder
+    user = "user root;" if os.geteuid() == 0 else ""
+    conf.write_text(NGINX_CONF.format(user=user, work=work, socket=socket, port=port))
+    process = subprocess.Popen([nginx, "-c", str(conf), "-e", str(work / "nginx-error.log")])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with __import__("socket").create_connection(("127.0.0.1", port), timeout=1):
+                return process, port
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("nginx did not start; see " + str(work / "nginx-error.log"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--levels", default="1,16,64,256")
+    parser.add_argument("--step-ms", type=float, default=2.0)
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "relay.json")
+    args = parser.parse_args()
+    levels = [int(level) for level in args.levels.split(",")]
+
+    work = Path(tempfile.mkdtemp(prefix="bench-relay-"))
+    wrapper = work / "llama-server"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT / "bench" / "standin_engine.py"} "$@"\n')
+    wrapper.chmod(0o755)
+    announce = work / "socket"
+    os.environ.update(
+        LLAMA_SERVER_PATH=str(wrapper), STANDIN_ANNOUNCE=str(announce), STANDIN_STEP_MS=str(args.step_ms)
+    )
+    daemon = Daemon(work / "home", free_port()).start()
+    nginx: subprocess.Popen[bytes] | None = None
+    try:
+        daemon.cli("package", "--gguf", str(write_tiny_gguf(work / "tiny.gguf")), "bench")
+        daemon.cli("configure", "bench", "--keep-alive", "-1")
+        body = json.dumps(
+            {
+                "model": "bench",
+                "messages": [{"role": "user", "content": "go"}],
+                "stream": True,
+                "max_tokens": args.tokens,
+            }
+        ).encode()
+        asyncio.run(drive(daemon.port, "/engines/v1/chat/completions", body, 1, 1, args.tokens))  # load
+        nginx, nginx_port = start_nginx(work, announce.read_text())
+        assert daemon.process is not None
+        paths = {
+            "nginx": (nginx_port, "/v1/chat/completions", [nginx.pid, *children(nginx.pid)]),
+            "daemon": (daemon.port, "/engines/v1/chat/completions", [daemon.process.pid]),
+        }
+        results: dict[str, Any] = {"step_ms": args.step_ms, "tokens": args.tokens, "levels": {}}
+        for concurrency in levels:
+            totals = {name: {"chunks": 0, "seconds": 0.0, "cpu_s": 0.0} for name in paths}
+            for _ in range(args.rounds):
+                for name, (port, path, pids) in paths.items():
+                    run = measure(port, path, pids, body, concurrency, args.tokens)
+                    for key in run:
+                        totals[name][key] += run[key]
+            row: dict[str, Any] = {}
+            for name, total in totals.items():
+                row[name] = {
+                    "chunks_per_s": total["chunks"] / total["seconds"],
+                    "cpu_us_per_chunk": total["cpu_s"] / total["chunks"] * 1e6,
+                    "chunks": total["chunks"],
+                }
+            row["cpu_ratio"] = row["daemon"]["cpu_us_per_chunk"] / row["nginx"]["cpu_us_per_chunk"]
+            results["levels"][concurrency] = row
+            cells = [
+                f"{name} {r['chunks_per_s']:>8.0f} chunks/s {r['cpu_us_per_chunk']:>6.2f} us/chunk"
+                for name, r in ((name, row[name]) for name in paths)
+            ]
+            print(f"c={concurrency:<4} " + " | ".join(cells) + f" | ratio {row['cpu_ratio']:.2f}", flush=True)
+    finally:
+        if nginx is not None:
+            nginx.terminate()
+            nginx.wait(10)
+        daemon.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
