@@ -1,4 +1,4 @@
-// Building the page without innerHTML: every text goes in as a text node, so nothing from the daemon or a
+// Building the page from elements, never from markup strings: every text goes in as a text node, so nothing from the daemon or a
 // model is ever parsed as markup.
 
 export function h(tag, attrs = {}, ...children) {

@@ -71,3 +71,4 @@ window.addEventListener("hashchange", route);
 route();
 refreshDaemon();
 document.body.dataset.ready = "true"; // the browser tests wait for this
+performance.mark("dashboard-interactive");

@@ -45,6 +45,8 @@ export default {
     const topP = number("top_p", { min: 0, max: 1, step: 0.05, placeholder: "default" });
     const maxTokens = number("max_tokens", { min: 1, step: 1, placeholder: "default" });
     const context = number("context", { min: 1, step: 1, placeholder: "model's" });
+    const extra = h("textarea", { name: "extra", rows: 2, class: "mono small", placeholder: '{"seed": 1, "top_k": 40}' });
+    extra.value = state.params.extra ?? "";
     const settings = h(
       "form",
       { class: "card chat-settings", id: "chat-settings" },
@@ -57,10 +59,17 @@ export default {
         field("Max tokens", maxTokens),
         field("Context size", context, "Changing it reloads the model."),
       ),
+      h("details", {}, h("summary", { text: "More request fields" }), field("JSON merged into each request", extra)),
     );
     settings.addEventListener("input", () => {
       state.system = system.value;
-      state.params = { temperature: temperature.value, top_p: topP.value, max_tokens: maxTokens.value, context: context.value };
+      state.params = {
+        temperature: temperature.value,
+        top_p: topP.value,
+        max_tokens: maxTokens.value,
+        context: context.value,
+        extra: extra.value,
+      };
       saveState(state);
     });
     settings.addEventListener("submit", (event) => event.preventDefault());
@@ -133,6 +142,14 @@ export default {
         return;
       }
       clear(status);
+      let fields = {};
+      try {
+        fields = extra.value.trim() ? JSON.parse(extra.value) : {};
+        if (typeof fields !== "object" || Array.isArray(fields) || fields === null) throw new Error("not an object");
+      } catch (error) {
+        status.append(notice("error", `More request fields must be a JSON object (${error.message}).`));
+        return;
+      }
       prompt.value = "";
       const controller = new AbortController();
       running = { controller };
@@ -142,7 +159,7 @@ export default {
         await Promise.all(
           panes.map((pane) => {
             const view = paneViews[state.panes.indexOf(pane)];
-            return generate(pane, text, state, view, controller.signal);
+            return generate(pane, text, state, fields, view, controller.signal);
           }),
         );
       } finally {
@@ -238,7 +255,7 @@ function statsText(message) {
   return parts.join(" · ");
 }
 
-async function generate(pane, text, state, view, signal) {
+async function generate(pane, text, state, fields, view, signal) {
   const history = pane.messages.filter((m) => m.state !== "error").map((m) => ({ role: m.role, content: m.content }));
   const user = { role: "user", content: text };
   const answer = { role: "assistant", content: "", state: "streaming", stats: {} };
@@ -251,7 +268,7 @@ async function generate(pane, text, state, view, signal) {
   const messages = [];
   if (state.system && state.system.trim()) messages.push({ role: "system", content: state.system });
   messages.push(...history, user);
-  const body = { model: pane.model, messages, stream: true, stream_options: { include_usage: true } };
+  const body = { ...fields, model: pane.model, messages, stream: true, stream_options: { include_usage: true } };
   const p = state.params || {};
   if (p.temperature !== "" && p.temperature !== undefined) body.temperature = Number(p.temperature);
   if (p.top_p !== "" && p.top_p !== undefined) body.top_p = Number(p.top_p);

@@ -101,7 +101,7 @@ export default {
         }, "ghost small");
         return h(
           "tr",
-          { dataset: { model: r.model_name, inUse: String(Boolean(r.in_use)) } },
+          { dataset: { model: displayName(r.model_name), inUse: String(Boolean(r.in_use)) } },
           h("td", { text: r.backend_name }),
           h("td", { class: "name", text: displayName(r.model_name) }),
           h("td", { class: "opt", text: r.mode }),

@@ -152,30 +152,35 @@ function details(model, reload) {
     }
   });
 
-  const remove = async (force) => {
-    const what = model.tags.length > 1 && !force ? name : model.id;
-    if (!force && !confirm(`Remove ${displayName(what)}?`)) return;
+  const remove = async (what, force) => {
+    if (!confirm(`Remove ${displayName(what)}?`)) return;
     try {
-      const query = force ? "?force=true" : "";
-      await request(`/models/${encodeURI(what)}${query}`, { method: "DELETE" });
+      await request(`/models/${encodeURI(what)}${force ? "?force=true" : ""}`, { method: "DELETE" });
       done(`Removed ${displayName(what)}`);
       dialog.close();
     } catch (error) {
       fail(error);
     }
   };
+  const chips = model.tags.map((t) =>
+    h(
+      "span",
+      { class: "chip", dataset: { tag: t } },
+      t,
+      model.tags.length > 1 ? h("button", { type: "button", class: "chip-remove", title: `Remove the tag ${t}`, "aria-label": `Remove the tag ${t}`, text: "×", onclick: () => remove(t, false) }) : null,
+    ),
+  );
 
   body.append(
     h("p", { class: "mono small", text: model.id }),
-    h("div", { class: "chips" }, model.tags.map((t) => h("span", { class: "chip", text: t }))),
+    h("div", { class: "chips" }, chips),
     h(
       "div",
       { class: "actions" },
       h("a", { class: "button", href: `#/chat?model=${encodeURIComponent(name)}`, text: "Chat" }),
       h("a", { class: "button ghost", href: `#/engines?configure=${encodeURIComponent(name)}`, text: "Configure" }),
       button("Export", () => exportModel(name).catch(fail), "ghost"),
-      button(model.tags.length > 1 ? "Remove this tag" : "Remove", () => remove(false), "danger"),
-      model.tags.length > 1 ? button("Remove all tags", () => remove(true), "danger") : null,
+      button("Remove model", () => remove(model.id, model.tags.length > 1), "danger"),
     ),
     message,
     h("h3", { text: "Tag" }),
@@ -363,7 +368,7 @@ function renderPulls(box, onDone) {
       h(
         "div",
         { class: "layers" },
-        [...pull.layers.entries()].map(([id, l]) => {
+        [...pull.layers.entries()].filter(([, l]) => l.size > 0).map(([id, l]) => {
           const left = l.speed > 0 && l.current < l.size ? (l.size - l.current) / l.speed : null;
           return h(
             "div",
