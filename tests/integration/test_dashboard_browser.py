@@ -455,8 +455,15 @@ def test_every_page_reads_well_on_a_desktop_and_a_phone(
                 page.fill("#prompt", "Write a haiku about the sea")
                 page.press("#prompt", "Enter")
                 page.wait_for_selector(".msg.assistant[data-state=done]")
+            if name == "images":  # an image to show (the gallery lives in the tab)
+                page.fill("textarea[name=prompt]", "a lighthouse at dawn")
+                for field, value in (("width", "64"), ("height", "64"), ("steps", "2"), ("seed", "1")):
+                    page.fill(f"input[name={field}]", value)
+                page.click("#image-form button[type=submit]")
+                page.wait_for_selector("#gallery img", timeout=120_000)
             if name == "metrics":
-                page.wait_for_function("() => document.querySelectorAll('#charts .legend .key').length >= 6")
+                # two samples make a rate: every chart then has a line
+                page.wait_for_function("() => document.querySelectorAll('#charts path.line').length >= 4")
             overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 0, f"{name} is wider than a {label} px screen by {overflow} px"
             page.screenshot(path=screens / f"{name}-{label}.png")

@@ -12,11 +12,13 @@ export class LineChart {
     this.value = h("span", { class: "chart-value" });
     this.legend = h("div", { class: "legend" });
     this.plot = h("div", { class: "plot" });
+    this.note = h("p", { class: "chart-note muted small" });
     this.element = h(
       "section",
       { class: "card chart" },
       h("header", {}, h("h3", { text: title }), this.value),
       this.plot,
+      this.note,
       this.legend,
     );
   }
@@ -46,12 +48,14 @@ export class LineChart {
     );
     for (const s of series) {
       const points = s.points.filter(([t]) => t >= start);
-      if (points.length) {
+      if (points.length === 1) {
+        chart.append(svg("circle", { cx: x(points[0][0]), cy: y(points[0][1]), r: 3, class: `dot ${s.cls}` }));
+      } else if (points.length) {
         const path = points.map(([t, v], i) => `${i ? "L" : "M"}${x(t).toFixed(1)},${y(v).toFixed(1)}`).join("");
         chart.append(svg("path", { d: path, class: `line ${s.cls}` }));
       }
     }
-    if (note) chart.append(svg("text", { x: width / 2, y: HEIGHT / 2, class: "axis middle", text: note }));
+    this.note.textContent = note;
     this.plot.replaceChildren(chart);
     this.legend.replaceChildren(
       ...series.map((s) => {

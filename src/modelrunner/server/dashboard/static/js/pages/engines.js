@@ -102,7 +102,7 @@ export default {
         return h(
           "tr",
           { dataset: { model: displayName(r.model_name), inUse: String(Boolean(r.in_use)) } },
-          h("td", { text: r.backend_name }),
+          h("td", { class: "opt", text: r.backend_name }),
           h("td", { class: "name", text: displayName(r.model_name) }),
           h("td", { class: "opt", text: r.mode }),
           h(
@@ -121,7 +121,7 @@ export default {
         h(
           "table",
           { class: "table", id: "runners-table" },
-          h("thead", {}, h("tr", {}, ["Engine", "Model", "Mode", "Memory", "Keep-alive left", "State", "PID", ""].map((t, i) => h("th", { class: [2, 6].includes(i) ? "opt" : "", text: t })))),
+          h("thead", {}, h("tr", {}, ["Engine", "Model", "Mode", "Memory", "Keep-alive left", "State", "PID", ""].map((t, i) => h("th", { class: [0, 2, 6].includes(i) ? "opt" : "", text: t })))),
           h("tbody", {}, rows),
         ),
       );

@@ -21,7 +21,7 @@ export default {
     const results = h("div", { class: "gallery", id: "gallery" });
     const form = h(
       "form",
-      { class: "card grid-form", id: "image-form" },
+      { class: "card stack-form", id: "image-form" },
       field("Model", model),
       field("Prompt", prompt),
       field("Negative prompt", negative),

@@ -95,7 +95,7 @@ export default {
     const charts = {
       tokens: new LineChart("Tokens per second (generated)", (v) => v.toFixed(v < 10 ? 1 : 0), WINDOW),
       ttft: new LineChart("Time to first token", (v) => seconds(v), WINDOW),
-      queue: new LineChart("Queue", (v) => v.toFixed(0), WINDOW),
+      queue: new LineChart("Queue", (v) => (Number.isInteger(v) ? String(v) : v.toFixed(1)), WINDOW),
       memory: new LineChart("Memory in use (estimated)", (v) => bytes(v), WINDOW),
     };
     const status = h("div", { class: "messages" });

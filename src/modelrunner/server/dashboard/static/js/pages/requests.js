@@ -60,7 +60,8 @@ export default {
       }
     };
 
-    root.append(h("div", { class: "page-head" }, h("h1", { text: "Requests" })), status, h("section", { class: "card" }, box));
+    const card = h("section", { class: "card" }, box);
+    root.append(h("div", { class: "page-head" }, h("h1", { text: "Requests" })), status, card);
     getJSON("/engines/requests")
       .then((groups) => {
         add(groups);
@@ -69,6 +70,7 @@ export default {
       })
       .catch((error) => {
         const missing = error.status === 404 || error.status === 405;
+        card.hidden = true;
         status.append(notice(missing ? "info" : "error", missing ? "This model runner has no request recorder (GET /engines/requests)." : error.message));
       });
     return () => controller.abort();
