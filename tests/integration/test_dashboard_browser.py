@@ -429,6 +429,37 @@ def test_a_wrong_key_gets_a_clear_message(
         locked.stop()
 
 
+def test_logs_follow_live(browser: Browser, daemon: Daemon) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200  # an engine log
+    page = open_page(browser, daemon, "logs")
+    page.wait_for_selector("#log .line")
+    before = page.evaluate("document.querySelectorAll('#log .line').length")
+    assert daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200
+    page.wait_for_function(f"() => document.querySelectorAll('#log .line').length > {before}")
+    page.fill("input[name=filter]", "no line has this text")
+    assert page.evaluate("[...document.querySelectorAll('#log .line')].every((l) => l.hidden)")
+    no_problems(page)
+
+
+def test_requests_show_the_recorder(browser: Browser, daemon: Daemon) -> None:
+    """Against DMR's recorder shape (pkg/metrics/openai_recorder.go); a daemon without GET /engines/requests
+    gets a plain message instead."""
+    page = open_page(browser, daemon, "requests")
+    if daemon.http("GET", "/engines/requests").status_code == 404:
+        page.wait_for_selector(".notice:text('has no request recorder')")
+        no_problems(page)
+        return
+    page.wait_for_selector("#requests-table")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "recorded?"}], "max_tokens": 2}
+    assert daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200
+    row = page.wait_for_selector("#requests-table tr:has-text('/engines/v1/chat/completions')")  # live
+    assert "tiny" in row.inner_text() and "200" in row.inner_text()
+    row.click()
+    assert "recorded?" in page.inner_text("dialog[open] pre.body >> nth=0")
+    no_problems(page)
+
+
 def test_every_page_reads_well_on_a_desktop_and_a_phone(
     browser: Browser, daemon: Daemon, screens: Path
 ) -> None:
