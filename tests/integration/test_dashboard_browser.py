@@ -500,3 +500,20 @@ def test_every_page_reads_well_on_a_desktop_and_a_phone(
             page.screenshot(path=screens / f"{name}-{label}.png")
         no_problems(page)
     assert {f"{n}-{s}.png" for n in PAGES for s in ("1280", "390")} <= set(os.listdir(screens))
+
+
+def test_an_engine_is_uninstalled_and_installed_with_progress(browser: Browser, daemon: Daemon) -> None:
+    # diffusers: installing it again copies the cached environment (engines/diffusers.py), in seconds
+    page = open_page(browser, daemon, "engines")
+    row = "#engines-table tr[data-engine=diffusers]"
+    page.wait_for_selector(f"{row} .badge:text('Running')")
+    page.once("dialog", lambda confirm: confirm.accept())
+    page.click(f"{row} button:text('Uninstall')")
+    page.wait_for_selector(f"{row} .badge:text('Not Installed')")
+    assert daemon.http("GET", "/engines/status").json()["diffusers"].startswith("Not Installed")
+    page.click(f"{row} button:text('Install')")
+    page.wait_for_selector(".install-row pre.install-log")  # the progress lines, as they come
+    page.wait_for_selector(f"{row} .badge:text('Running')", timeout=300_000)
+    assert "diffusers is installed" in page.inner_text(".install-row pre.install-log")
+    assert daemon.http("GET", "/engines/status").json()["diffusers"].startswith("Running")
+    no_problems(page)
