@@ -28,6 +28,7 @@ from modelrunner.scheduler.scheduler import Scheduler, SchedulerLimits
 from modelrunner.scheduler.settings import SettingsStore
 from modelrunner.server.admin_api import build_admin_router
 from modelrunner.server.anthropic_api import build_anthropic_router
+from modelrunner.server.dashboard import build_dashboard_router
 from modelrunner.server.distribution_api import build_distribution_router
 from modelrunner.server.engines_api import build_engines_router
 from modelrunner.server.errors import install_error_handlers
@@ -147,6 +148,7 @@ def build_daemon(
     api.include_router(build_ollama_create_router(store))
     api.include_router(build_anthropic_router(compat))
     api.include_router(build_responses_router(compat))
+    api.include_router(build_dashboard_router(store, scheduler))
     inference = InferenceHandler(store, scheduler, engines)
     policy = SecurityPolicy.from_env(bind_host)
     asgi = SecurityMiddleware(Dispatcher(api, inference), policy)

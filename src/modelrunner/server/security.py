@@ -2,7 +2,8 @@
 
 * DNS rebinding: a request whose Host is not a local name (or one listed in MODEL_RUNNER_ALLOWED_HOSTS)
   is refused, so a web page cannot reach the daemon through a name it controls.
-* CORS: browsers may call only from local origins or those in MODEL_RUNNER_ORIGINS (`*` = any).
+* CORS: browsers may call only from local origins or those in MODEL_RUNNER_ORIGINS (`*` = any), and a page
+  of this daemon (the dashboard) from its own origin.
 * An optional API key (MODEL_RUNNER_API_KEY), as `Authorization: Bearer` or `x-api-key`; the daemon refuses
   to listen beyond loopback without one.
 * Request bodies are bounded (10 MiB), except model archives streamed to /models/load.
@@ -21,6 +22,10 @@ from modelrunner.server.proxy import App, Message, Receive, Scope, Send, send_js
 MAX_BODY = 10 * 1024 * 1024
 UNBOUNDED_BODY_PATHS = ("/models/load", "/api/blobs/")  # model archives and files, streamed to disk
 OPEN_PATHS = ("/",)  # liveness probes work without the key
+# The dashboard's page and assets hold no data (its own JSON routes, /dashboard/api/, need the key): a browser
+# cannot send a bearer token when it loads a page or a script.
+PUBLIC_PATHS = ("/dashboard", "/dashboard/")
+PUBLIC_PREFIX = "/dashboard/assets/"
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "host.docker.internal", "model-runner.docker.internal"}
 _LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0)(:\d+)?")
 
@@ -64,6 +69,11 @@ class SecurityPolicy:
         origin = origin.lower().rstrip("/")
         return "*" in self.origins or origin in self.origins or bool(_LOCAL_ORIGIN.fullmatch(origin))
 
+    def same_origin(self, origin: str, scheme: str, host_header: str | None) -> bool:
+        """A page served by this daemon calling it back (browsers send Origin on same-origin POSTs): its
+        origin is the scheme and Host of the request itself, a Host the host check has already admitted."""
+        return host_header is not None and origin.lower().rstrip("/") == f"{scheme}://{host_header.lower()}"
+
     def key_valid(self, headers: dict[bytes, bytes]) -> bool:
         if self.api_key is None:
             return True
@@ -98,7 +108,11 @@ class SecurityMiddleware:
         origin = headers.get(b"origin", b"").decode("latin-1")
         cors: list[tuple[bytes, bytes]] = []
         if origin:
-            if not self.policy.origin_allowed(origin):
+            request_host = host.decode("latin-1") if host else None
+            if not (
+                self.policy.origin_allowed(origin)
+                or self.policy.same_origin(origin, scope.get("scheme", "http"), request_host)
+            ):
                 await _refuse(send, 403, "this origin is not allowed; add it to MODEL_RUNNER_ORIGINS")
                 return
             cors = [(b"access-control-allow-origin", origin.encode()), (b"vary", b"Origin")]
@@ -113,7 +127,9 @@ class SecurityMiddleware:
                 await send({"type": "http.response.start", "status": 204, "headers": preflight})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
-        if scope["path"] not in OPEN_PATHS and not self.policy.key_valid(headers):
+        path = scope["path"]
+        public = path in OPEN_PATHS or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIX)
+        if not public and not self.policy.key_valid(headers):
             await _refuse(send, 401, "missing or wrong API key", [(b"www-authenticate", b"Bearer")])
             return
         length = headers.get(b"content-length")

@@ -1,0 +1,122 @@
+// Requests: the daemon's request recorder (DMR's GET /engines/requests): recent requests per model, with
+// their bodies on click; new ones arrive as server-sent events (`event: new_request`).
+
+import { getJSON, request, sseEvents } from "../api.js";
+import { clear, displayName, h, notice, openDialog, prettyJSON, seconds } from "../dom.js";
+
+export default {
+  id: "requests",
+  title: "Requests",
+  mount(root) {
+    const box = h("div", { class: "table-wrap", id: "requests" });
+    const status = h("div", { class: "messages" });
+    const records = new Map(); // id -> record (with its model)
+    const controller = new AbortController();
+
+    const add = (groups) => {
+      for (const group of groups || []) {
+        for (const record of group.records || []) records.set(record.id, { ...record, model: record.model || group.model });
+      }
+    };
+    const render = () => {
+      const sorted = [...records.values()].sort((a, b) => (b.timestamp || 0) - (a.timestamp || 0));
+      const rows = sorted.map((r) => {
+        const row = h(
+          "tr",
+          { class: "clickable", tabindex: 0, dataset: { id: r.id } },
+          h("td", { class: "opt", text: r.timestamp ? new Date(r.timestamp * 1000).toLocaleTimeString() : "" }),
+          h("td", { class: "name", text: displayName(r.model || "") }),
+          h("td", { class: "mono small", text: `${r.method || ""} ${r.url || ""}` }),
+          h("td", {}, h("span", { class: `badge ${statusClass(r.status_code)}`, text: r.status_code ? String(r.status_code) : "…" })),
+          h("td", { text: latency(r) }),
+          h("td", { text: tokens(r) }),
+        );
+        row.addEventListener("click", () => show(r));
+        row.addEventListener("keydown", (event) => event.key === "Enter" && show(r));
+        return row;
+      });
+      clear(box).append(
+        h(
+          "table",
+          { class: "table", id: "requests-table" },
+          h("thead", {}, h("tr", {}, h("th", { class: "opt", text: "Time" }), h("th", { text: "Model" }), h("th", { text: "Route" }), h("th", { text: "Status" }), h("th", { text: "Latency" }), h("th", { text: "Tokens" }))),
+          h("tbody", {}, rows),
+        ),
+      );
+      if (!rows.length) box.append(h("p", { class: "muted empty", text: "No request recorded yet: chat with a model and it shows here." }));
+    };
+
+    const follow = async () => {
+      try {
+        const response = await request("/engines/requests", { accept: "text/event-stream", signal: controller.signal });
+        for await (const event of sseEvents(response)) {
+          if (event.event === "new_request" || event.event === "existing_request") {
+            add(JSON.parse(event.data));
+            render();
+          }
+        }
+      } catch (error) {
+        if (error.name !== "AbortError") status.append(notice("error", `Live updates stopped: ${error.message}`));
+      }
+    };
+
+    const card = h("section", { class: "card" }, box);
+    root.append(h("div", { class: "page-head" }, h("h1", { text: "Requests" })), status, card);
+    getJSON("/engines/requests")
+      .then((groups) => {
+        add(groups);
+        render();
+        follow();
+      })
+      .catch((error) => {
+        const missing = error.status === 404 || error.status === 405;
+        card.hidden = true;
+        status.append(notice(missing ? "info" : "error", missing ? "This model runner has no request recorder (GET /engines/requests)." : error.message));
+      });
+    return () => controller.abort();
+  },
+};
+
+function statusClass(code) {
+  if (!code) return "running";
+  return code < 400 ? "done" : "failed";
+}
+
+// DMR's records carry no duration; a recorder that adds one (in milliseconds or seconds) is shown.
+function latency(record) {
+  for (const key of ["latency_ms", "duration_ms"]) if (typeof record[key] === "number") return seconds(record[key] / 1000);
+  for (const key of ["latency", "duration"]) if (typeof record[key] === "number") return seconds(record[key]);
+  return "—";
+}
+
+function tokens(record) {
+  try {
+    const usage = JSON.parse(record.response || "{}").usage;
+    if (!usage) return "—";
+    const prompt = usage.prompt_tokens ?? usage.input_tokens;
+    const completion = usage.completion_tokens ?? usage.output_tokens;
+    return `${prompt ?? "?"} → ${completion ?? "?"}`;
+  } catch {
+    return "—";
+  }
+}
+
+function show(record) {
+  const { body } = openDialog(`${record.method || ""} ${record.url || ""}`);
+  const meta = [
+    ["Model", record.model],
+    ["Status", record.status_code],
+    ["Time", record.timestamp ? new Date(record.timestamp * 1000).toLocaleString() : ""],
+    ["Latency", latency(record)],
+    ["Tokens (prompt → answer)", tokens(record)],
+    ["Client", record.user_agent],
+    ["Origin", record.origin],
+  ].filter(([, value]) => value !== undefined && value !== "" && value !== null);
+  body.append(
+    h("dl", { class: "kv" }, meta.map(([key, value]) => [h("dt", { text: key }), h("dd", { text: String(value) })])),
+    h("h3", { text: "Request" }),
+    h("pre", { class: "body", text: prettyJSON(record.request) }),
+    h("h3", { text: record.error ? "Error" : "Response" }),
+    h("pre", { class: "body", text: prettyJSON(record.error || record.response) }),
+  );
+}

@@ -1,0 +1,519 @@
+"""The dashboard driven in a real browser: Debian's chromium through Playwright, against a `model serve`
+process with the built llama-server, the tiny GGUF, the diffusers environment and a real registry.
+
+Screenshots of every page at 1280x800 and at 390x844 (a phone) are saved under the test's temporary folder
+(`dashboard-screens*`; the path is printed). The first load's transfer size and time are written there as
+first-load.json (recorded in bench/RESULTS.md; no test asserts a timing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+
+from modelrunner.reference import display_name
+from tests.daemon import Daemon, free_port
+from tests.diffusers_env import diffusers_python, tiny_sd_dduf
+from tests.engines import llama_server
+from tests.models import write_tiny_gguf
+from tests.registry import Registry, RegistryProxy
+
+__all__ = ["diffusers_python", "llama_server", "tiny_sd_dduf"]  # session fixtures, used by parameter name
+
+CHROMIUM = Path("/usr/bin/chromium")
+# Without the networking flags Chromium's own background connections are refused by a closed network.
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+PAGES = ["models", "chat", "images", "engines", "requests", "logs", "metrics"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        raise RuntimeError(
+            "the dashboard tests need Debian's chromium: apt-get install chromium (.ci/run does)"
+        )
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def screens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("dashboard-screens")
+    print(f"dashboard screenshots: {folder}")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    tmp_path_factory: pytest.TempPathFactory, llama_server: Path, tiny_sd_dduf: Path
+) -> Iterator[Daemon]:
+    folder = tmp_path_factory.mktemp("dashboard")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LLAMA_SERVER_PATH", str(llama_server))
+        env.setenv("DOCKER_CONFIG", str(folder / "docker-empty"))  # never the machine's own credentials
+        for name in ("INSECURE_REGISTRY", "MODEL_RUNNER_REGISTRY_MIRRORS", "DEFAULT_REGISTRY", "HF_TOKEN"):
+            env.delenv(name, raising=False)
+        env.delenv("MODEL_RUNNER_API_KEY", raising=False)
+        running = Daemon(folder / "home", free_port()).start()
+        running.cli("package", "--gguf", str(write_tiny_gguf(folder / "tiny.gguf")), "tiny")
+        running.cli("package", "--gguf", str(write_tiny_gguf(folder / "other.gguf", seed=3)), "tiny-b")
+        # answers of up to 32k tokens: llama-server caps a slot's context at the model's trained one
+        long = write_tiny_gguf(folder / "long.gguf", seed=4, context_length=32768)
+        running.cli("package", "--gguf", str(long), "tiny-long")
+        running.cli("install-runner", "--backend", "diffusers", "--gpu", "none")
+        running.cli("package", "--dduf", str(tiny_sd_dduf), "tiny-sd")
+        yield running
+        running.stop()
+
+
+class Problems:
+    """JavaScript errors and Content-Security-Policy violations seen by a page."""
+
+    def __init__(self, page: Page) -> None:
+        self.errors: list[str] = []
+        page.on("pageerror", lambda error: self.errors.append(f"page error: {error}"))
+        page.on("console", self._console)
+
+    def _console(self, message: ConsoleMessage) -> None:
+        text = message.text
+        if "Content Security Policy" in text or (message.type == "error" and "Failed to load" not in text):
+            self.errors.append(f"console: {text}")
+
+
+def open_page(
+    browser: Browser, daemon: Daemon, page: str = "models", viewport: dict[str, int] = DESKTOP
+) -> Page:
+    tab = browser.new_context(viewport=viewport).new_page()
+    tab.problems = Problems(tab)  # type: ignore[attr-defined]
+    tab.goto(f"{daemon.url}/dashboard#/{page}")
+    tab.wait_for_selector("body[data-ready=true]")
+    return tab
+
+
+def no_problems(page: Page) -> None:
+    assert page.problems.errors == []  # type: ignore[attr-defined]
+    page.context.close()
+
+
+def runners(daemon: Daemon, model: str) -> list[dict[str, Any]]:
+    """The model's runners; `model_name` is the name it was asked for by (the page sends full tags)."""
+    found = daemon.http("GET", "/engines/ps").json()
+    return [r for r in found if display_name(r["model_name"]) == model]
+
+
+def metric(daemon: Daemon, name: str, model: str) -> float:
+    for line in daemon.http("GET", "/metrics").text.splitlines():
+        labels = re.search(r'model="([^"]*)"', line)
+        if line.startswith(name + "{") and labels and display_name(labels.group(1)) == model:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} for {model}")
+
+
+def start_locked(daemon: Daemon) -> Daemon:
+    """Daemon.start waits for /version, which needs the key here: wait for / (open) instead."""
+    daemon.home.mkdir(parents=True, exist_ok=True)
+    with open(daemon.log, "ab") as log:
+        command = [sys.executable, "-m", "modelrunner", "serve"]
+        daemon.process = subprocess.Popen(command, env=daemon.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def answers() -> bool:
+        try:
+            return httpx.get(daemon.url + "/", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(answers, "the daemon to start")
+    return daemon
+
+
+def wait_until(check: Any, what: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- the tests ----------------------------------------------------------------------------------------
+
+
+def test_first_load_is_small_and_the_table_lists_what_model_ls_lists(
+    browser: Browser, daemon: Daemon, screens: Path
+) -> None:
+    page = open_page(browser, daemon)  # a fresh context: nothing cached
+    page.wait_for_selector("#models-table tbody tr")
+    shown_at = page.evaluate("performance.now()")
+    timing = page.evaluate(
+        """() => {
+        const nav = performance.getEntriesByType("navigation")[0];
+        const resources = performance.getEntriesByType("resource");
+        const mark = performance.getEntriesByName("dashboard-interactive")[0];
+        return {
+          transfer_bytes: nav.transferSize + resources.reduce((s, r) => s + r.transferSize, 0),
+          decoded_bytes: nav.decodedBodySize + resources.reduce((s, r) => s + r.decodedBodySize, 0),
+          requests: 1 + resources.length,
+          dom_content_loaded_ms: nav.domContentLoadedEventEnd,
+          interactive_ms: mark ? mark.startTime : null,
+        };
+      }"""
+    )
+    timing["models_listed_ms"] = shown_at
+    (screens / "first-load.json").write_text(json.dumps(timing, indent=2))
+    print("first load:", timing)
+    assert timing["transfer_bytes"] < 300_000
+
+    names = [cell.inner_text() for cell in page.query_selector_all("#models-table td.name")]
+    ids = [cell.inner_text() for cell in page.query_selector_all("#models-table td.mono")]
+    listed = daemon.cli("ls").stdout.splitlines()[1:]
+    assert (
+        sorted(names)
+        == sorted(line.split()[0] for line in listed)
+        == ["tiny", "tiny-b", "tiny-long", "tiny-sd"]
+    )
+    assert sorted(ids) == sorted(daemon.cli("ls", "--quiet").stdout.split())
+
+    page.fill("input[type=search]", "sd")
+    assert [c.inner_text() for c in page.query_selector_all("#models-table td.name")] == ["tiny-sd"]
+    page.fill("input[type=search]", "")
+    page.click("#models-table tr[data-id] >> text=tiny-b")
+    dialog = page.wait_for_selector("dialog[open]")
+    page.wait_for_selector("dialog[open] .table.compact td.mono")
+    assert "llama.context_length" in (dialog.text_content() or "")  # GGUF metadata, folded
+    assert "application/vnd.docker.ai.gguf.v3" in dialog.inner_text()  # layers
+    page.fill("dialog[open] input[aria-label='New tag']", "team/renamed:v2")
+    page.click("dialog[open] button:text('Tag')")
+    wait_until(lambda: "team/renamed:v2" in daemon.cli("ls").stdout, "the new tag")
+    page.wait_for_selector("#models-table .chip:text('team/renamed:v2')")
+    page.click("#models-table .chip:text('team/renamed:v2')")
+    page.once("dialog", lambda confirm: confirm.accept())
+    page.click("dialog[open] [data-tag$='team/renamed:v2'] button")
+    wait_until(lambda: "team/renamed:v2" not in daemon.cli("ls").stdout, "the tag removed")
+    no_problems(page)
+
+
+def test_a_pull_shows_progress_per_layer_is_resumed_and_ends_in_the_table(
+    browser: Browser, daemon: Daemon, tmp_path: Path, screens: Path
+) -> None:
+    registry = Registry(tmp_path / "registry").start()
+    proxy = RegistryProxy(registry.host).start()
+    try:
+        ref = f"{proxy.host}/team/pulled:v1"
+        gguf = write_tiny_gguf(tmp_path / "pulled.gguf", seed=5)
+        daemon.cli("package", "--gguf", str(gguf), ref)
+        daemon.cli("push", ref)
+        daemon.cli("rm", ref)
+        partial = (
+            daemon.store_root
+            / "blobs/sha256"
+            / (hashlib.sha256(gguf.read_bytes()).hexdigest() + ".incomplete")
+        )
+        proxy.controls.hold_after = 200_000  # each blob answer stops there until released
+
+        page = open_page(browser, daemon)
+        page.fill("#pull-form input", ref)
+        page.click("#pull-form button")
+        page.wait_for_selector(".pull[data-status=running] .layer:has-text('461 kB')")
+        wait_until(lambda: partial.exists() and partial.stat().st_size == 200_000, "the held download")
+        page.click(".pull button:text('Cancel')")  # a cut: the daemon keeps what it has for a resume
+        page.wait_for_selector(".pull[data-status=cancelled]")
+        proxy.controls.release.set()  # ends the held answer
+        time.sleep(0.5)
+        proxy.controls.release.clear()  # and holds the next one again, 200 kB further
+        proxy.reset_counts()
+
+        page.click(".pull button:text('Resume')")
+        page.wait_for_function(  # the layer's bar, partly filled, while the registry holds the rest
+            "() => [...document.querySelectorAll('.pull[data-status=running] .layer .bar-fill')]"
+            ".some((f) => parseFloat(f.style.width) > 40 && parseFloat(f.style.width) < 100)"
+        )
+        layer = page.inner_text(".pull .layer:has-text('/ 461 kB')")
+        assert re.search(r"\b(2\d\d|3\d\d) kB / 461 kB", layer), layer
+        page.screenshot(path=screens / "models-pull-1280.png")
+        assert proxy.ranges == ["bytes=200000-"]
+
+        proxy.controls.hold_after = None
+        proxy.controls.release.set()
+        page.wait_for_selector(".pull[data-status=done], .pull[data-status=failed]", timeout=60_000)
+        if page.query_selector(".pull[data-status=failed]"):  # the held answer was cut: resume once more
+            page.click(".pull button:text('Resume')")
+            page.wait_for_selector(".pull[data-status=done]", timeout=60_000)
+        page.locator("#models-table td.name", has_text=ref).wait_for()
+        assert proxy.blob_bytes <= gguf.stat().st_size - 200_000  # the kept part was not fetched again
+        assert ref in daemon.cli("ls").stdout
+        no_problems(page)
+    finally:
+        proxy.stop()
+        registry.stop()
+    daemon.cli("rm", ref)
+
+
+def test_markdown_from_a_model_is_never_markup(browser: Browser, daemon: Daemon) -> None:
+    page = open_page(browser, daemon, "chat")
+    html = page.evaluate(
+        """async () => {
+        const { renderMarkdown } = await import("/dashboard/assets/js/markdown.js");
+        const box = document.createElement("div");
+        box.append(renderMarkdown('<img src=x onerror="window.hit=1"> **bold** `a<b>`'
+          + ' [x](javascript:alert(1)) [ok](https://example.org/)\\n\\n'
+          + '```html\\n<script>window.hit=2</script>\\n```\\n- one\\n- two'));
+        document.body.append(box);
+        return { text: box.textContent, tags: [...box.querySelectorAll("*")].map((e) => e.tagName),
+                 links: [...box.querySelectorAll("a")].map((a) => a.href), hit: window.hit || 0 };
+      }"""
+    )
+    assert html["hit"] == 0
+    assert "IMG" not in html["tags"] and "SCRIPT" not in html["tags"]
+    assert {"STRONG", "CODE", "PRE", "UL", "LI"} <= set(html["tags"])
+    assert html["links"] == ["https://example.org/"]  # javascript: stays text
+    assert (
+        '<img src=x onerror="window.hit=1">' in html["text"]
+        and "<script>window.hit=2</script>" in html["text"]
+    )
+    no_problems(page)
+
+
+def test_chat_streams_and_the_stop_button_ends_the_engines_generation(
+    browser: Browser, daemon: Daemon
+) -> None:
+    page = open_page(browser, daemon, "chat")
+    page.wait_for_selector(".pane select option[value*='tiny']", state="attached")
+    page.select_option(".pane select", label="tiny-long")
+    # a long generation: a context the answer cannot fill soon, no stop at end-of-text
+    page.fill("input[name=context]", "32768")
+    page.fill("input[name=max_tokens]", "30000")
+    page.click("summary:text('More request fields')")
+    page.fill("textarea[name=extra]", '{"ignore_eos": true}')
+    page.fill("#prompt", "Tell me a long story")
+    page.press("#prompt", "Enter")
+    answer = page.wait_for_selector(".msg.assistant[data-state=streaming]")
+    page.wait_for_function(
+        "() => { const m = document.querySelector('.msg.assistant'); return m.textContent.length > 50; }"
+    )
+    assert "first token" in answer.query_selector(".msg-stats").inner_text()  # type: ignore[union-attr]
+    [runner] = runners(daemon, "tiny-long")
+    assert "--ctx-size\x0032768" in Path(f"/proc/{runner['pid']}/cmdline").read_text()  # the context field
+    assert runner["in_use"] is True
+    assert metric(daemon, "llamacpp:requests_processing", "tiny-long") == 1  # the engine is generating
+
+    page.click("#stop")
+    page.wait_for_selector(".msg.assistant[data-state=stopped]")
+    wait_until(lambda: not runners(daemon, "tiny-long")[0]["in_use"], "the runner's release")
+    wait_until(lambda: metric(daemon, "llamacpp:requests_processing", "tiny-long") == 0, "the engine to stop")
+    predicted = metric(daemon, "llamacpp:tokens_predicted_total", "tiny-long")
+    time.sleep(1.0)  # had it gone on, hundreds of tokens would be generated in this second
+    assert metric(daemon, "llamacpp:tokens_predicted_total", "tiny-long") == predicted < 30_000
+    assert metric(daemon, "llamacpp:requests_processing", "tiny-long") == 0
+    stats = answer.query_selector(".msg-stats").inner_text()  # type: ignore[union-attr]
+    assert "tokens/s" in stats and "stopped" in stats, stats
+
+    # the same prompt to two models side by side; the conversation stays in the browser
+    page.fill("input[name=max_tokens]", "8")
+    page.fill("input[name=context]", "")
+    page.click("button:text('Compare with another model')")
+    page.select_option(".pane[data-pane='1'] select", label="tiny-b")
+    page.fill("#prompt", "hi")
+    page.click("#send")
+    page.wait_for_function("() => document.querySelectorAll('.msg.assistant[data-state=done]').length === 2")
+    for pane in ("0", "1"):
+        stats = page.inner_text(f".pane[data-pane='{pane}'] .msg.assistant[data-state=done] .msg-stats")
+        assert "first token" in stats and "tokens/s" in stats and "8 tokens" in stats, stats
+    page.reload()
+    page.wait_for_selector(".pane[data-pane='1'] .msg.assistant[data-state=done]")
+    assert len(page.query_selector_all(".msg.user")) == 3
+    no_problems(page)
+
+
+def test_an_image_model_shows_a_png_that_can_be_downloaded(
+    browser: Browser, daemon: Daemon, tmp_path: Path
+) -> None:
+    page = open_page(browser, daemon, "images")
+    page.wait_for_selector("#image-form select option[value*='tiny-sd']", state="attached")
+    page.fill("textarea[name=prompt]", "a nice cat")
+    for name, value in (("width", "64"), ("height", "96"), ("steps", "2"), ("seed", "7")):
+        page.fill(f"input[name={name}]", value)
+    page.click("#image-form button[type=submit]")
+    image = page.wait_for_selector("#gallery img", timeout=120_000)
+    page.wait_for_function("() => document.querySelector('#gallery img').naturalWidth > 0")
+    assert image.evaluate("(img) => [img.naturalWidth, img.naturalHeight]") == [64, 96]
+    with page.expect_download() as download:
+        page.click("#gallery a:text('Download PNG')")
+    saved = tmp_path / download.value.suggested_filename
+    download.value.save_as(saved)
+    assert saved.name.endswith("-7.png") and saved.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    no_problems(page)
+
+
+def test_unload_frees_the_runner(browser: Browser, daemon: Daemon) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200
+    [pid] = [r["pid"] for r in runners(daemon, "tiny")]
+    page = open_page(browser, daemon, "engines")
+    row = page.wait_for_selector("#runners-table tr[data-model='tiny']")
+    assert re.search(r"\d+m \d+s|\d+ s", row.query_selector("td.keep").inner_text())  # type: ignore[union-attr]
+    assert "budget" in page.inner_text("#budget")
+    row.query_selector("button:text('Unload')").click()  # type: ignore[union-attr]
+    page.wait_for_selector("#runners-table tr[data-model='tiny']", state="detached")
+    assert runners(daemon, "tiny") == []
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), "the engine process to exit")
+    no_problems(page)
+
+
+def test_configure_shows_the_apis_validation(browser: Browser, daemon: Daemon) -> None:
+    page = open_page(browser, daemon, "engines?configure=tiny-b")
+    page.wait_for_selector("#configure-form select[name=model] option[value*='tiny-b']", state="attached")
+    page.fill("#configure-form input[name=keep_alive]", "soon")
+    page.click("#configure-form button[type=submit]")
+    error = page.wait_for_selector("#configure .notice.error")
+    assert "keep" in error.inner_text().lower()
+    assert daemon.http("GET", "/engines/_configure", params={"model": "tiny-b"}).json() == []
+    page.fill("#configure-form input[name=keep_alive]", "10m")
+    page.fill("#configure-form input[name=context-size]", "256")
+    page.click("#configure-form button[type=submit]")
+    page.wait_for_selector("#configure .notice.ok")
+    [saved] = daemon.http("GET", "/engines/_configure", params={"model": "tiny-b"}).json()
+    assert saved["Config"].get("context-size", saved["Config"].get("context_size")) == 256
+    page.wait_for_selector("#configs td:text('tiny-b')")
+    no_problems(page)
+
+
+def test_a_wrong_key_gets_a_clear_message(
+    browser: Browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODEL_RUNNER_API_KEY", "the-right-key")
+    locked = start_locked(Daemon(tmp_path / "home", free_port()))
+    try:
+        page = open_page(browser, locked)
+        banner = page.wait_for_selector("#auth:not([hidden])")
+        assert "needs an API key" in banner.inner_text() and "MODEL_RUNNER_API_KEY" in banner.inner_text()
+        page.fill("#api-key", "a-wrong-key")
+        page.click("#key-form button[type=submit]")
+        page.wait_for_selector("#auth:text('The API key was refused')")
+        assert "a-wrong-key" not in page.url
+        page.fill("#api-key", "the-right-key")
+        page.click("#key-form button[type=submit]")
+        page.wait_for_selector("#auth", state="hidden")
+        page.wait_for_selector("#models-table")
+        assert page.evaluate("sessionStorage.getItem('modelrunner.apiKey')") == "the-right-key"
+        assert page.evaluate("localStorage.length") == 0 or "the-right-key" not in page.evaluate(
+            "JSON.stringify(localStorage)"
+        )
+        no_problems(page)
+    finally:
+        locked.stop()
+
+
+def test_logs_follow_live(browser: Browser, daemon: Daemon) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200  # an engine log
+    page = open_page(browser, daemon, "logs")
+    page.wait_for_selector("#log .line")
+    before = page.evaluate("document.querySelectorAll('#log .line').length")
+    assert daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200
+    page.wait_for_function(f"() => document.querySelectorAll('#log .line').length > {before}")
+    page.fill("input[name=filter]", "no line has this text")
+    assert page.evaluate("[...document.querySelectorAll('#log .line')].every((l) => l.hidden)")
+    no_problems(page)
+
+
+def test_requests_show_the_recorder(browser: Browser, daemon: Daemon) -> None:
+    """Against DMR's recorder shape (pkg/metrics/openai_recorder.go); a daemon without GET /engines/requests
+    gets a plain message instead."""
+    page = open_page(browser, daemon, "requests")
+    if daemon.http("GET", "/engines/requests").status_code == 404:
+        page.wait_for_selector(".notice:text('has no request recorder')")
+        no_problems(page)
+        return
+    page.wait_for_selector("#requests-table")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "recorded?"}], "max_tokens": 2}
+    assert daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200
+    row = page.wait_for_selector("#requests-table tr:has-text('/engines/v1/chat/completions')")  # live
+    assert "tiny" in row.inner_text() and "200" in row.inner_text()
+    row.click()
+    assert "recorded?" in page.inner_text("dialog[open] pre.body >> nth=0")
+    no_problems(page)
+
+
+def test_every_page_reads_well_on_a_desktop_and_a_phone(
+    browser: Browser, daemon: Daemon, screens: Path
+) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    assert (
+        daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200
+    )  # a runner to show
+    ready = {
+        "models": "#models-table tbody tr",
+        "chat": ".pane select option",
+        "images": "#image-form select option",
+        "engines": "#runners-table tbody tr",
+        "requests": "#requests-table, .notice",
+        "logs": "#log .line",
+        "metrics": "#charts svg path.line",
+    }
+    for viewport, label in ((DESKTOP, "1280"), (PHONE, "390")):
+        page = open_page(browser, daemon, viewport=viewport)
+        for name in PAGES:
+            page.goto(f"{daemon.url}/dashboard#/{name}")
+            page.wait_for_selector(ready[name], timeout=30_000, state="attached")
+            if name == "chat":  # an answer to show (each browser context has its own storage)
+                page.fill("input[name=max_tokens]", "24")
+                page.fill("#prompt", "Write a haiku about the sea")
+                page.press("#prompt", "Enter")
+                page.wait_for_selector(".msg.assistant[data-state=done]")
+            if name == "images":  # an image to show (the gallery lives in the tab)
+                page.fill("textarea[name=prompt]", "a lighthouse at dawn")
+                for field, value in (("width", "64"), ("height", "64"), ("steps", "2"), ("seed", "1")):
+                    page.fill(f"input[name={field}]", value)
+                page.click("#image-form button[type=submit]")
+                page.wait_for_selector("#gallery img", timeout=120_000)
+            if name == "metrics":
+                # two samples make a rate: every chart then has a line
+                page.wait_for_function("() => document.querySelectorAll('#charts path.line').length >= 4")
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, f"{name} is wider than a {label} px screen by {overflow} px"
+            page.screenshot(path=screens / f"{name}-{label}.png")
+        no_problems(page)
+    assert {f"{n}-{s}.png" for n in PAGES for s in ("1280", "390")} <= set(os.listdir(screens))
+
+
+def test_an_engine_is_uninstalled_and_installed_with_progress(browser: Browser, daemon: Daemon) -> None:
+    # diffusers: installing it again copies the cached environment (engines/diffusers.py), in seconds
+    page = open_page(browser, daemon, "engines")
+    row = "#engines-table tr[data-engine=diffusers]"
+    page.wait_for_selector(f"{row} .badge:text('Running')")
+    page.once("dialog", lambda confirm: confirm.accept())
+    page.click(f"{row} button:text('Uninstall')")
+    page.wait_for_selector(f"{row} .badge:text('Not Installed')")
+    assert daemon.http("GET", "/engines/status").json()["diffusers"].startswith("Not Installed")
+    page.click(f"{row} button:text('Install')")
+    page.wait_for_selector(".install-row pre.install-log")  # the progress lines, as they come
+    page.wait_for_selector(f"{row} .badge:text('Running')", timeout=300_000)
+    assert "diffusers is installed" in page.inner_text(".install-row pre.install-log")
+    assert daemon.http("GET", "/engines/status").json()["diffusers"].startswith("Running")
+    no_problems(page)
