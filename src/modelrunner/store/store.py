@@ -16,6 +16,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -43,10 +44,13 @@ from modelrunner.errors import (
     StoreCorrupted,
     UnsupportedMediaType,
 )
+from modelrunner.eventlog import event
 from modelrunner.fileio import copy_and_hash, fsync_dir, hash_file, write_all, write_file_atomic
 from modelrunner.reference import Reference, parse_model_id, parse_reference, validate_digest
 from modelrunner.store.bundle import build_bundle
 from modelrunner.store.layout import LAYOUT_VERSION, StoreLayout
+
+log = logging.getLogger(__name__)
 
 INCOMPLETE_MAX_AGE = 7 * 24 * 3600
 STRAY_INGEST_MAX_AGE = 24 * 3600
@@ -147,19 +151,19 @@ class ModelStore:
         layout = self.layout
         for folder in (layout.blobs_dir, layout.manifests_dir, layout.bundles_dir, layout.configs_dir):
             folder.mkdir(parents=True, exist_ok=True)
-        if not layout.layout_file.exists():
-            write_file_atomic(layout.layout_file, json.dumps({"version": LAYOUT_VERSION}).encode())
+        if not layout.layout_file.exists():  # as DMR writes it: json.MarshalIndent of Layout
+            write_file_atomic(layout.layout_file, json.dumps({"version": LAYOUT_VERSION}, indent=2).encode())
         # Only modelrunner makes the lock file: with it there and no marker, an earlier version wrote here.
         opened_before = layout.lock_file.exists()
         with self._locked():
             if not layout.index_file.exists():
                 self._write_index([])
-            elif not layout.tags_marker.exists():
-                self._migrate_tags(recover_case=opened_before)
             if not layout.tags_marker.exists():
-                write_file_atomic(
-                    layout.tags_marker, b"DMR tag form (docker.io, Hugging Face tag case kept)\n"
-                )
+                try:
+                    self._migrate_tags(recover_case=opened_before)
+                    write_file_atomic(layout.tags_marker, b"tags in DMR's form (docker.io/..., case kept)\n")
+                except OSError as exc:  # lookups match the old tags too: go on, migrate on the next open
+                    event(log, "store_migration_failed", logging.WARNING, error=exc.strerror or str(exc))
         self._remove_stale_partials()
 
     def _migrate_tags(self, recover_case: bool) -> None:
