@@ -156,6 +156,9 @@ class ModelStore:
         # Only modelrunner makes the lock file: with it there and no marker, an earlier version wrote here.
         opened_before = layout.lock_file.exists()
         with self._locked():
+            for stray in layout.root.glob(f".{layout.index_file.name}.*.tmp"):
+                with contextlib.suppress(OSError):  # from a writer killed mid-write (writers hold the lock)
+                    stray.unlink()
             if not layout.index_file.exists():
                 self._write_index([])
             if not layout.tags_marker.exists():
@@ -173,9 +176,6 @@ class ModelStore:
         is replaced in one atomic rename and the marker is written after it, so an interrupted migration
         leaves the old index whole and the next open does it again. A DMR store (tags already in DMR's
         form) keeps its models.json byte for byte."""
-        for stray in self.layout.root.glob(f".{self.layout.index_file.name}.*.tmp"):
-            with contextlib.suppress(OSError):  # left by a writer killed mid-write (writers hold the lock)
-                stray.unlink()
         try:
             entries = self._read_index()
         except StoreCorrupted:
