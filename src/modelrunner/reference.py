@@ -1,9 +1,13 @@
 """Model references: parsing and normalisation the way Docker Model Runner does it.
 
-DMR (`distribution/client.go: normalizeModelName`) trims the input, rewrites `hf.co/` to `huggingface.co/`,
-adds `ai/` to a bare name and `:latest` when there is neither tag nor digest, and lowercases the name but
-not the tag. On top of that the Docker reference grammar is applied strictly: references become store keys,
-bundle paths and registry URLs, so anything path-like, encoded or non-ASCII is refused rather than cleaned.
+DMR (`distribution/client.go: normalizeModelName`, then `oci/reference.ParseReference` over
+distribution/reference) trims the input, rewrites `hf.co/` to `huggingface.co/`, adds `ai/` to a bare name
+(also to a one-component Docker Hub name: `docker.io/x` is `docker.io/ai/x`) and `:latest` when there is
+neither tag nor digest (an empty tag, `x:`, is `:latest` too), and lowercases the name but never the tag:
+Hugging Face tags keep their case (`huggingface.co/org/repo:Q4_K_M`). Docker Hub is `docker.io` (what
+`index.docker.io` also means), so `str(reference)` is the tag DMR stores: `docker.io/ai/x:latest`.
+On top of that the Docker reference grammar is applied strictly: references become store keys, bundle
+paths and registry URLs, so anything path-like, encoded or non-ASCII is refused rather than cleaned.
 
 Model IDs (`sha256:<hex>`, bare 12 or 64 hex) are not references; callers try `parse_model_id` first, as
 DMR does.
@@ -23,10 +27,11 @@ MAX_NAME_LENGTH = 255  # Docker's limit on `registry/repository`
 MAX_TAG_LENGTH = 128
 DEFAULT_NAMESPACE = "ai"
 DEFAULT_TAG = "latest"
-DOCKER_HUB = "index.docker.io"
+DOCKER_HUB = "docker.io"  # how DMR's store writes Docker Hub (distribution/reference's canonical domain)
 HUGGING_FACE = "huggingface.co"
 
-_REGISTRY_ALIASES = {"docker.io": DOCKER_HUB, "registry-1.docker.io": DOCKER_HUB, "hf.co": HUGGING_FACE}
+# distribution/reference maps `index.docker.io` to `docker.io`; DMR maps `hf.co` to `huggingface.co`.
+_REGISTRY_ALIASES = {"index.docker.io": DOCKER_HUB, "hf.co": HUGGING_FACE}
 
 _COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -50,13 +55,9 @@ class Reference:
     repository: str
     tag: str | None
     digest: str | None
-    # As the user typed them (ai/ prefix included): the Hugging Face API is case-sensitive.
+    # As the user typed it (ai/ prefix included): the Hugging Face API is case-sensitive. Tags are
+    # never lowercased, so `tag` is already as typed.
     original_repository: str = field(compare=False)
-    original_tag: str | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.original_tag is None:
-            object.__setattr__(self, "original_tag", self.tag)
 
     def __str__(self) -> str:
         text = self.name
@@ -99,17 +100,21 @@ def parse_reference(text: str, default_registry: str | None = None) -> Reference
         raise _invalid(ref, "empty path component (check for '//' or a trailing '/')")
 
     # Docker's rule: a first component with '.' or ':' (or `localhost`) is a registry host, given a '/'.
-    if len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0].lower() == "localhost"):
+    explicit_registry = len(parts) > 1 and (
+        "." in parts[0] or ":" in parts[0] or parts[0].lower() == "localhost"
+    )
+    if explicit_registry:
         try:
             registry = _normalise_registry(parts.pop(0))
         except ValueError as exc:
             raise _invalid(ref, str(exc)) from None
     else:
         registry = _default_registry(default_registry)
-        if len(parts) == 1:
-            if _HEX64.fullmatch(parts[0].lower()):
-                raise _invalid(ref, "a 64-character hex string is a model ID, not a name")
-            parts.insert(0, DEFAULT_NAMESPACE)
+        if len(parts) == 1 and _HEX64.fullmatch(parts[0].lower()):
+            raise _invalid(ref, "a 64-character hex string is a model ID, not a name")
+    if len(parts) == 1 and (registry == DOCKER_HUB or not explicit_registry):
+        # distribution/reference gives a one-component Hub name `library/`, which DMR replaces with `ai/`.
+        parts.insert(0, DEFAULT_NAMESPACE)
 
     original_repository = "/".join(parts)
     repository = original_repository.lower()
@@ -125,11 +130,7 @@ def parse_reference(text: str, default_registry: str | None = None) -> Reference
 
     if tag is None and digest is None:
         tag = DEFAULT_TAG
-    original_tag = tag
-    if tag is not None and registry == HUGGING_FACE:
-        # DMR stores HF tags (quantisation names) lowercased; original_tag keeps `Q4_K_M` for file matching.
-        tag = tag.lower()
-    return Reference(registry, repository, tag, digest, original_repository, original_tag)
+    return Reference(registry, repository, tag, digest, original_repository)
 
 
 def parse_model_id(text: str) -> str | None:
@@ -157,10 +158,17 @@ def validate_digest(text: str) -> str:
 
 
 def display_name(full: str) -> str:
-    """Short form for CLI tables: `index.docker.io/ai/smollm2:latest` -> `smollm2`."""
-    for prefix in (f"{DOCKER_HUB}/", "docker.io/"):
-        if full.startswith(prefix):
-            full = full[len(prefix) :]
+    """Short form for CLI tables, as DMR's `stripDefaultsFromModelName` (cmd/cli/commands/utils.go):
+    the default registry's host (`docker.io/` or `index.docker.io/`, or DEFAULT_REGISTRY's when that is
+    another registry), then `ai/`, then `:latest` are cut: `docker.io/ai/smollm2:latest` -> `smollm2`,
+    `docker.io/myorg/m:latest` -> `myorg/m`, `huggingface.co/org/m:Q4_K_M` stays as it is."""
+    default = config.default_registry()
+    hosts = ["index.docker.io/", "docker.io/"]
+    if default not in ("index.docker.io", "docker.io"):
+        hosts = [default if default.endswith("/") else default + "/"]
+    for host in hosts:
+        if full.startswith(host):
+            full = full[len(host) :]
             break
     return full.removeprefix(f"{DEFAULT_NAMESPACE}/").removesuffix(f":{DEFAULT_TAG}")
 
@@ -219,7 +227,7 @@ def _split_tag(ref: str, name: str) -> tuple[str, str | None]:
         return name, None  # no colon, or it belongs to a registry port
     tag = name[colon + 1 :]
     if not tag:
-        raise _invalid(ref, "ends with ':' but no tag follows")
+        return name[:colon], None  # `model:` is `model:latest` in DMR (normalizeModelName)
     if len(tag) > MAX_TAG_LENGTH:
         raise _invalid(ref, f"tag is longer than {MAX_TAG_LENGTH} characters")
     if not _TAG.fullmatch(tag):

@@ -37,8 +37,9 @@ def test_package_list_inspect_show(daemon: Daemon, tiny_gguf: Path, tmp_path: Pa
     for header in LIST_HEADERS:
         assert header in table[0]
     row = table[1].split()
-    assert row[:4] == ["myorg/tiny:F32", "113.09K", "F32", "llama"]
-    assert "512" in row and row[-1] == "461.18kB"
+    # DMR's values (format/gguf.go over gguf-parser-go): file type name, tensor data in its units
+    assert row[:4] == ["myorg/tiny:F32", "113.09K", "MOSTLY_F32", "llama"]
+    assert "512" in row and row[-1] == "441.75KiB"
 
     [model] = json.loads(daemon.cli("list", "--json").stdout)
     assert daemon.cli("ls", "-q").stdout.split() == [model["id"][7:19]]
@@ -87,7 +88,7 @@ def test_export_and_load_round_trip(daemon: Daemon, tiny_gguf: Path, tmp_path: P
     assert daemon.models() == []
     out = daemon.cli("load", str(archive), "--tag", "restored").stdout
     assert model_id in out
-    assert daemon.models()[0]["tags"] == ["index.docker.io/ai/restored:latest"]
+    assert daemon.models()[0]["tags"] == ["docker.io/ai/restored:latest"]
 
 
 @pytest.mark.parametrize(
@@ -166,5 +167,5 @@ def test_package_through_a_remote_daemon_streams_a_tar(daemon: Daemon, tmp_path:
     )
     assert result.returncode == 0, result.stderr
     [model] = daemon.models()
-    assert model["tags"] == ["index.docker.io/ai/remote:latest"]
+    assert model["tags"] == ["docker.io/ai/remote:latest"]
     assert model["config"]["format"] == "gguf"

@@ -123,7 +123,8 @@ def test_explicit_quantization(daemon: Daemon, hub: FakeHub) -> None:
     events = json_lines(pull(daemon, "hf.co/TestOrg/Tiny-GGUF:Q8_0").text)
     assert "Selected Q8_0 quantization" in [e["message"] for e in events]
     assert "Tiny-Q8_0.gguf" in hub.downloads and "Tiny-Q4_K_M.gguf" not in hub.downloads
-    assert daemon.models()[0]["tags"] == ["huggingface.co/testorg/tiny-gguf:q8_0"]
+    # the tag keeps its case, as DMR stores it (distribution/normalize_test.go)
+    assert daemon.models()[0]["tags"] == ["huggingface.co/testorg/tiny-gguf:Q8_0"]
 
 
 def test_missing_quantization_names_what_exists(daemon: Daemon) -> None:

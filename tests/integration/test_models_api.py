@@ -34,12 +34,12 @@ def test_package_list_inspect_shapes(daemon: Daemon, tiny_gguf: Path) -> None:
     assert model_id.startswith("sha256:") and len(model_id) == 71
     [model] = daemon.models()
     assert model["id"] == model_id
-    assert model["tags"] == ["index.docker.io/ai/tiny:latest"]
+    assert model["tags"] == ["docker.io/ai/tiny:latest"]
     assert isinstance(model["created"], int) and model["created"] > 0
     config = model["config"]
     assert config["format"] == "gguf"
     assert config["architecture"] == "llama"
-    assert config["quantization"] == "F32"
+    assert config["quantization"] == "MOSTLY_F32"  # gguf-parser's file type name, as DMR stores it
     assert config["context_size"] == 512
     assert config["parameters"].endswith("K")
     assert config["gguf"]["general.architecture"] == "llama"
@@ -47,7 +47,7 @@ def test_package_list_inspect_shapes(daemon: Daemon, tiny_gguf: Path) -> None:
         "tiny",
         "ai/tiny",
         "ai/tiny:latest",
-        "index.docker.io/ai/tiny:latest",
+        "docker.io/ai/tiny:latest",
         model_id,
         model_id[7:19],
     ):
@@ -88,9 +88,9 @@ def test_package_every_format(daemon: Daemon, tmp_path: Path) -> None:
     package(daemon, "img", dduf=str(dduf))
     formats = {m["tags"][0]: m["config"]["format"] for m in daemon.models()}
     assert formats == {
-        "index.docker.io/ai/sharded:latest": "gguf",
-        "index.docker.io/ai/st:latest": "safetensors",
-        "index.docker.io/ai/img:latest": "dduf",
+        "docker.io/ai/sharded:latest": "gguf",
+        "docker.io/ai/st:latest": "safetensors",
+        "docker.io/ai/img:latest": "dduf",
     }
 
 
@@ -99,20 +99,20 @@ def test_tag_moves_and_delete(daemon: Daemon, tmp_path: Path) -> None:
     second = package(daemon, "two", gguf=str(write_tiny_gguf(tmp_path / "b.gguf", seed=2)))
     response = daemon.http("POST", "/models/one/tag", params={"repo": "myorg/shared", "tag": "v1"})
     assert response.status_code == 201
-    assert response.json()["target"] == "index.docker.io/myorg/shared:v1"
+    assert response.json()["target"] == "docker.io/myorg/shared:v1"
     response = daemon.http("POST", "/models/two/tag", params={"repo": "myorg/shared", "tag": "v1"})
     assert response.status_code == 201
     tags = {m["id"]: m["tags"] for m in daemon.models()}
-    assert tags[first] == ["index.docker.io/ai/one:latest"]
-    assert "index.docker.io/myorg/shared:v1" in tags[second]
+    assert tags[first] == ["docker.io/ai/one:latest"]
+    assert "docker.io/myorg/shared:v1" in tags[second]
 
     response = daemon.http("DELETE", f"/models/{second}")
     assert response.status_code == 409
     assert "force" in error_message(response)
     response = daemon.http("DELETE", "/models/myorg/shared:v1")
-    assert response.json() == [{"Untagged": "index.docker.io/myorg/shared:v1"}]
+    assert response.json() == [{"Untagged": "docker.io/myorg/shared:v1"}]
     response = daemon.http("DELETE", "/models/two")
-    assert response.json() == [{"Untagged": "index.docker.io/ai/two:latest"}, {"Deleted": second}]
+    assert response.json() == [{"Untagged": "docker.io/ai/two:latest"}, {"Deleted": second}]
     assert [m["id"] for m in daemon.models()] == [first]
 
 
@@ -121,7 +121,7 @@ def test_repackage_context_size(daemon: Daemon, tiny_gguf: Path) -> None:
     response = daemon.http("POST", "/models/tiny/repackage", json={"target": "tiny:ctx", "context_size": 128})
     assert response.status_code == 201, response.text
     body = response.json()
-    assert body["source"] == "tiny" and body["target"] == "index.docker.io/ai/tiny:ctx"
+    assert body["source"] == "tiny" and body["target"] == "docker.io/ai/tiny:ctx"
     new = daemon.http("GET", "/models/tiny:ctx").json()
     assert new["id"] != source and new["config"]["context_size"] == 128
     old_layers = {p.name for p in (daemon.store_root / "blobs" / "sha256").iterdir()}

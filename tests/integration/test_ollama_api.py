@@ -49,7 +49,7 @@ def test_version_tags_show(client: ollama.Client, daemon: Daemon) -> None:
     assert model.model == "ai/tiny:latest" and model.size and model.digest and len(model.digest) == 64
     assert model.details is not None and model.details.format == "gguf" and model.details.family == "llama"
     shown = client.show("tiny")
-    assert shown.details is not None and shown.details.quantization_level == "F32"
+    assert shown.details is not None and shown.details.quantization_level == "MOSTLY_F32"
     assert "im_start" in (shown.template or "") and shown.capabilities and "completion" in shown.capabilities
 
 

@@ -511,10 +511,18 @@ BAD_MANIFESTS = {
     "empty-layers": (_manifest([]), 400, "no layers"),
     "absurd-size": (_manifest([{**GOOD_LAYER, "size": 1 << 60}]), 400, "invalid size"),
     "negative-size": (_manifest([{**GOOD_LAYER, "size": -1}]), 400, "invalid size"),
-    "unknown-layer-type": (
-        _manifest([{**GOOD_LAYER, "mediaType": "application/x-evil"}]),
+    "unknown-layer-type-unsafe-path": (  # an unknown type is kept (as DMR), its path still checked
+        _manifest(
+            [
+                {
+                    **GOOD_LAYER,
+                    "mediaType": "application/x-evil",
+                    "annotations": {mt.ANNOTATION_FILEPATH: "../x"},
+                }
+            ]
+        ),
         400,
-        "unknown layer",
+        "unsafe file path",
     ),
     "dotdot-digest": (_manifest([{**GOOD_LAYER, "digest": "sha256:../../../etc/passwd"}]), 400, "digest"),
     "short-digest": (_manifest([{**GOOD_LAYER, "digest": "sha256:" + "b" * 63}]), 400, "digest"),
@@ -544,6 +552,25 @@ def test_malformed_manifests_are_refused(
     assert words in error_message(response)
     assert snapshot(daemon.store_root) == before
     assert proxy.ranges == []  # no blob was requested
+
+
+def test_a_layer_of_an_unknown_type_is_pulled_and_kept(
+    plain_registry: Registry, proxy: RegistryProxy, daemon: Daemon, tmp_path: Path
+) -> None:
+    # DMR (oci.ParseManifest, internal/bundle/unpack.go) takes any layer type and ignores what it does not
+    # know, e.g. the model-spec's gguf.v3.lora: pulled, stored, left out of the bundle.
+    pushed_model(daemon, tmp_path, f"{proxy.host}/team/tiny:v1")
+    response = httpx.get(
+        f"{plain_registry.url}/v2/team/tiny/manifests/v1", headers={"Accept": mt.OCI_MANIFEST}, timeout=30
+    )
+    doc = response.json()
+    lora = {**doc["config"], "mediaType": "application/vnd.docker.ai.gguf.v3.lora"}  # an existing blob
+    doc["layers"].append(lora)
+    proxy.controls.manifests["/v2/team/tiny/manifests/lora"] = (json.dumps(doc).encode(), mt.OCI_MANIFEST)
+    assert last_event(pull(daemon, f"{proxy.host}/team/tiny:lora"))["type"] == "success"
+    [model] = daemon.models()
+    assert model["config"]["format"] == "gguf"
+    assert daemon.http("GET", f"/models/{proxy.host}/team/tiny:lora").status_code == 200
 
 
 def test_unknown_model_is_a_404(plain_registry: Registry, daemon: Daemon) -> None:

@@ -218,15 +218,11 @@ BAD_ARCHIVES: dict[str, Callable[[bytes], bytes]] = {
     "absolute manifest name": lambda a: make_tar(
         [*good_blobs(a), entry("/manifest.json", manifest_of(a)[1])]
     ),
-    "symlink entry": with_bad_entry(entry(f"blobs/sha256/{SOME_HEX}", kind=tarfile.SYMTYPE, linkname="/etc")),
-    "hard-link entry": with_bad_entry(
-        entry(f"blobs/sha256/{SOME_HEX}", kind=tarfile.LNKTYPE, linkname="manifest.json")
-    ),
     "character device entry": with_bad_entry(entry("blobs/sha256/dev", kind=tarfile.CHRTYPE)),
     "FIFO entry": with_bad_entry(entry("blobs/sha256/fifo", kind=tarfile.FIFOTYPE)),
-    "unexpected folder": with_bad_entry(entry("evil", kind=tarfile.DIRTYPE)),
-    "unexpected file": with_bad_entry(entry("README.md", b"hello")),
-    "sha512 blob": with_bad_entry(entry("blobs/sha512/" + "ab" * 64, b"x")),
+    "folder ../evil": with_bad_entry(entry("../evil", kind=tarfile.DIRTYPE)),
+    "symlink entry ../x": with_bad_entry(entry("a/../../x", kind=tarfile.SYMTYPE, linkname="/etc")),
+    "two manifest.json": lambda a: make_tar([*good_blobs(a), manifest_of(a), manifest_of(a)]),
     "uppercase blob name": with_bad_entry(entry("blobs/sha256/" + SOME_HEX.upper(), b"x")),
     "blob that does not match its name": _mismatched_blob,
     "no manifest.json": lambda a: make_tar(good_blobs(a)),
@@ -244,6 +240,28 @@ def test_a_bad_archive_is_refused_and_leaves_the_target_store_unchanged(
     with refuses(InvalidArtifact, target):
         load(target, data)
     assert target.list_models() == []
+
+
+# Entries DMR's reader skips (pkg/distribution/tarball/reader.go: not regular files, or not
+# blobs/<alg>/<hex>); skipping them is safe because nothing is ever written from an entry's name.
+SKIPPED_ENTRIES: dict[str, tuple[tarfile.TarInfo, bytes]] = {
+    "symlink entry": entry(f"blobs/sha256/{SOME_HEX}", kind=tarfile.SYMTYPE, linkname="/etc"),
+    "hard-link entry": entry(f"blobs/sha256/{SOME_HEX}", kind=tarfile.LNKTYPE, linkname="manifest.json"),
+    "folder": entry("evil", kind=tarfile.DIRTYPE),
+    "file outside blobs/": entry("README.md", b"hello"),
+    "file in a folder": entry("ignore-me/.gitkeep", b""),
+    "sha512 blob": entry("blobs/sha512/" + "ab" * 64, b"x"),
+    "blob name one level too deep": entry(f"blobs/sha256/{SOME_HEX}/x", b"x"),
+}
+
+
+@pytest.mark.parametrize("case", SKIPPED_ENTRIES)
+def test_entries_dmr_skips_are_skipped_and_the_model_loads(
+    target: ModelStore, archive: bytes, tiny_model: str, case: str
+) -> None:
+    assert load(target, with_bad_entry(SKIPPED_ENTRIES[case])(archive)) == tiny_model
+    assert not (target.layout.root / "evil").exists()
+    assert not target.has_blob("sha256:" + SOME_HEX)
 
 
 def test_a_refused_archive_keeps_blobs_that_were_in_the_store_before(

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from modelrunner.artifact import gojson
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.artifact.builder import (
     BuiltArtifact,
@@ -112,18 +113,22 @@ def test_single_gguf_gives_one_annotated_gguf_layer_and_a_v01_config(
     metadata = metadata_of(layer)
     assert metadata["name"] == "tiny.gguf"
     assert metadata["size"] == st.st_size
-    assert metadata["mode"] == stat.S_IMODE(st.st_mode)
+    assert metadata["mode"] == stat.S_IMODE(st.st_mode) & 0o777  # Go's FileMode.Perm()
     assert (metadata["uid"], metadata["gid"], metadata["typeflag"]) == (0, 0, 0)
-    assert datetime.fromisoformat(metadata["mtime"].replace("Z", "+00:00")).timestamp() == int(st.st_mtime)
+    # Go's time.Time JSON: nanoseconds, local zone (follows internal/partial/layer.go)
+    assert metadata["mtime"] == gojson.local_rfc3339nano(st.st_mtime_ns)
+    assert datetime.fromisoformat(metadata["mtime"].replace("Z", "+00:00")).timestamp() == pytest.approx(
+        st.st_mtime, abs=1e-6
+    )
 
     doc = config_of(built)
     config = doc["config"]
     assert config["format"] == "gguf"
     assert config["context_size"] == 512
     assert config["architecture"] == "llama"
-    assert config["quantization"] == "F32"
+    assert config["quantization"] == "MOSTLY_F32"  # gguf-parser's GGUFFileType name, as DMR
     assert config["parameters"].endswith("K")
-    assert config["size"].endswith("kB")
+    assert config["size"].endswith("KiB")  # gguf-parser's units
     assert config["gguf"]["general.architecture"] == "llama"
     assert doc["descriptor"] == {"created": "2025-01-02T03:04:05Z"}
     assert_consistent(store, built)
@@ -187,7 +192,7 @@ def test_safetensors_folder_gives_one_classified_layer_per_file_and_a_v02_config
     assert {path: layer.media_type for path, layer in layers.items()} == EXPECTED_SAFETENSORS_LAYERS
     for path, layer in layers.items():
         assert (layer.digest, layer.size) == hash_file(folder / path)
-        assert metadata_of(layer)["name"] == path
+        assert metadata_of(layer)["name"] == path.rsplit("/", 1)[-1]  # the base name, as DMR
         assert layer.annotations[mt.ANNOTATION_MEDIATYPE_UNTESTED] == "false"
     config = config_of(built)["config"]
     assert config["format"] == "safetensors"
@@ -255,7 +260,7 @@ def test_dduf_gives_one_dduf_layer(store: ModelStore, tmp_path: Path, build: Any
 # --- extras ------------------------------------------------------------------------------------------------
 
 
-def test_licenses_mmproj_and_chat_template_are_appended_as_layers(
+def test_licenses_chat_template_and_mmproj_are_appended_as_layers(
     store: ModelStore, tiny_gguf: Path, tmp_path: Path, build: Any
 ) -> None:
     extras = tmp_path / "extras"
@@ -275,8 +280,8 @@ def test_licenses_mmproj_and_chat_template_are_appended_as_layers(
         (mt.GGUF, "tiny.gguf"),
         (mt.LICENSE, "LICENSE"),
         (mt.LICENSE, "NOTICE.txt"),
+        (mt.CHAT_TEMPLATE, "template.jinja"),  # DMR's package order: licenses, template, mmproj
         (mt.MMPROJ, "mmproj-f16.gguf"),
-        (mt.CHAT_TEMPLATE, "template.jinja"),
     ]
     assert_consistent(store, built)
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from modelrunner.artifact.gguf import find_gguf_shards, read_gguf
-from modelrunner.artifact.units import format_size
 from modelrunner.errors import InvalidModelFile
 from tests.models import (
     CHAT_TEMPLATE,
@@ -71,7 +70,8 @@ def test_minimal_hand_made_file_is_valid(tmp_path: Path) -> None:
     path.write_bytes(minimal())
     info = read_gguf([path])
     assert (info.architecture, info.parameter_count, info.tensor_data_bytes) == ("llama", 4, 16)
-    assert info.quantization == "F32"  # no general.file_type: guessed from the tensors
+    # No general.file_type, and a tensor name gguf-parser's guess does not count: "Unknown", as DMR.
+    assert info.quantization == "Unknown"
 
 
 def test_tiny_model(tmp_path: Path) -> None:
@@ -81,9 +81,9 @@ def test_tiny_model(tmp_path: Path) -> None:
     assert info.architecture == "llama"
     assert info.parameter_count == TINY_PARAMS == 113_088
     assert info.parameters == "113.09K"
-    assert info.quantization == "F32"
+    assert info.quantization == "MOSTLY_F32"  # gguf-parser's name for general.file_type 0
     assert info.size_bytes == path.stat().st_size
-    assert info.size == format_size(path.stat().st_size)
+    assert info.size == "441.75KiB"  # the tensor data, in gguf-parser's units
     assert info.context_size == 512
     assert info.chat_template == CHAT_TEMPLATE
     assert info.tensor_data_bytes == 4 * TINY_PARAMS
@@ -186,13 +186,15 @@ def _with_file_type(tmp_path: Path, file_type: int | None, dtype: type = np.floa
 @pytest.mark.parametrize(
     ("file_type", "dtype", "expected"),
     [
-        (15, np.float32, "Q4_K_M"),  # general.file_type wins, as in gguf-parser
-        (1, np.float32, "F16"),
-        (32, np.float32, "BF16"),
-        (7, np.float32, "Q8_0"),
-        (None, np.float16, "F16"),  # no file type: dominant block tensor type, F32 norms set aside
-        (None, np.float32, "F32"),
-        (999, np.float16, "F16"),  # unknown file type: guessed too
+        # gguf-parser v0.24.0's GGUFFileType.String(), which DMR stores as the quantization
+        (15, np.float32, "MOSTLY_Q4_K_M"),  # general.file_type wins
+        (1, np.float32, "MOSTLY_F16"),
+        (32, np.float32, "MOSTLY_BF16"),
+        (7, np.float32, "MOSTLY_Q8_0"),
+        (None, np.float16, "MOSTLY_F16"),  # no file type: dominant counted tensor type, F32 set aside
+        (None, np.float32, "MOSTLY_F32"),
+        (39, np.float16, "MOSTLY_F16"),  # 39 is gguf-parser's "Unknown": guessed too
+        (999, np.float16, "GGUFFileType(999)"),  # any other value is named as Go's stringer names it
     ],
 )
 def test_quantization(tmp_path: Path, file_type: int | None, dtype: type, expected: str) -> None:

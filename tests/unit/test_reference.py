@@ -1,4 +1,5 @@
-"""Model reference parsing and normalisation (DMR's normalizeModelName plus Docker's grammar)."""
+"""Model reference parsing and normalisation (DMR's normalizeModelName and oci/reference.ParseReference,
+plus Docker's grammar). Upstream's own cases are in tests/conformance/test_store_references.py."""
 
 from __future__ import annotations
 
@@ -28,17 +29,22 @@ def _docker_hub_default(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("smollm2", "index.docker.io/ai/smollm2:latest"),
-        ("  smollm2\n", "index.docker.io/ai/smollm2:latest"),
-        ("SmolLM2", "index.docker.io/ai/smollm2:latest"),
-        ("ai/smollm2", "index.docker.io/ai/smollm2:latest"),
-        ("ai/smollm2:360M-Q4_K_M", "index.docker.io/ai/smollm2:360M-Q4_K_M"),
-        ("smollm2:v1", "index.docker.io/ai/smollm2:v1"),
-        ("myorg/model", "index.docker.io/myorg/model:latest"),
-        ("docker.io/ai/x", "index.docker.io/ai/x:latest"),
-        ("registry-1.docker.io/ai/x:v2", "index.docker.io/ai/x:v2"),
-        ("index.docker.io/ai/x", "index.docker.io/ai/x:latest"),
-        ("DOCKER.IO/AI/SmolLM2:V1", "index.docker.io/ai/smollm2:V1"),
+        ("smollm2", "docker.io/ai/smollm2:latest"),
+        ("  smollm2\n", "docker.io/ai/smollm2:latest"),
+        ("SmolLM2", "docker.io/ai/smollm2:latest"),
+        ("ai/smollm2", "docker.io/ai/smollm2:latest"),
+        ("ai/smollm2:360M-Q4_K_M", "docker.io/ai/smollm2:360M-Q4_K_M"),
+        ("smollm2:v1", "docker.io/ai/smollm2:v1"),
+        ("myorg/model", "docker.io/myorg/model:latest"),
+        ("docker.io/ai/x", "docker.io/ai/x:latest"),
+        ("registry-1.docker.io/ai/x:v2", "registry-1.docker.io/ai/x:v2"),  # no alias in DMR either
+        ("docker.io/x", "docker.io/ai/x:latest"),  # a one-component Hub name gets ai/ (ParseReference)
+        ("index.docker.io/x:v1", "docker.io/ai/x:v1"),
+        ("docker.io/library/x", "docker.io/library/x:latest"),
+        ("registry.example.com/x", "registry.example.com/x:latest"),
+        ("x:", "docker.io/ai/x:latest"),  # an empty tag is :latest (normalizeModelName)
+        ("docker.io/ai/x", "docker.io/ai/x:latest"),
+        ("DOCKER.IO/AI/SmolLM2:V1", "docker.io/ai/smollm2:V1"),
         ("localhost:5000/foo/bar:v1", "localhost:5000/foo/bar:v1"),
         ("localhost/foo", "localhost/foo:latest"),
         ("LocalHost:5000/foo", "localhost:5000/foo:latest"),
@@ -47,18 +53,18 @@ def _docker_hub_default(monkeypatch: pytest.MonkeyPatch) -> None:
         ("[::1]:5000/a", "[::1]:5000/a:latest"),
         ("[0:0::1]/a", "[::1]/a:latest"),
         ("registry.example.com/team/sub/model:1.0", "registry.example.com/team/sub/model:1.0"),
-        ("hf.co/Org/Repo:Q4_K_M", "huggingface.co/org/repo:q4_k_m"),
+        ("hf.co/Org/Repo:Q4_K_M", "huggingface.co/org/repo:Q4_K_M"),
         ("HF.CO/Org/Repo", "huggingface.co/org/repo:latest"),
         (
             "huggingface.co/bartowski/Llama-3.2-1B-Instruct-GGUF",
             "huggingface.co/bartowski/llama-3.2-1b-instruct-gguf:latest",
         ),
-        ("a__b/c-d.e_f--g", "index.docker.io/a__b/c-d.e_f--g:latest"),
-        (f"ai/x@{DIGEST}", f"index.docker.io/ai/x@{DIGEST}"),
-        (f"x:v1@{DIGEST}", f"index.docker.io/ai/x:v1@{DIGEST}"),
-        ("0123456789ab", "index.docker.io/ai/0123456789ab:latest"),  # a name here; IDs go via parse_model_id
-        ("ai/x:" + "T" * 128, "index.docker.io/ai/x:" + "T" * 128),
-        ("ai/x:_under.score-1", "index.docker.io/ai/x:_under.score-1"),
+        ("a__b/c-d.e_f--g", "docker.io/a__b/c-d.e_f--g:latest"),
+        (f"ai/x@{DIGEST}", f"docker.io/ai/x@{DIGEST}"),
+        (f"x:v1@{DIGEST}", f"docker.io/ai/x:v1@{DIGEST}"),
+        ("0123456789ab", "docker.io/ai/0123456789ab:latest"),  # a name here; IDs go via parse_model_id
+        ("ai/x:" + "T" * 128, "docker.io/ai/x:" + "T" * 128),
+        ("ai/x:_under.score-1", "docker.io/ai/x:_under.score-1"),
     ],
 )
 def test_normalises(text: str, expected: str) -> None:
@@ -67,34 +73,33 @@ def test_normalises(text: str, expected: str) -> None:
 
 def test_fields_of_a_docker_hub_reference() -> None:
     ref = parse_reference("ai/SmolLM2:360M-Q4_K_M")
-    assert ref == Reference("index.docker.io", "ai/smollm2", "360M-Q4_K_M", None, "ai/SmolLM2")
+    assert ref == Reference("docker.io", "ai/smollm2", "360M-Q4_K_M", None, "ai/SmolLM2")
     assert ref.original_repository == "ai/SmolLM2"
-    assert ref.original_tag == "360M-Q4_K_M"
-    assert ref.name == "index.docker.io/ai/smollm2"
+    assert ref.name == "docker.io/ai/smollm2"
     assert not ref.is_huggingface
 
 
-def test_hugging_face_keeps_original_case_but_stores_lowercase() -> None:
+def test_hugging_face_keeps_the_tag_case_and_the_typed_repository() -> None:
     ref = parse_reference("hf.co/Org/Repo:Q4_K_M")
     assert ref.registry == "huggingface.co"
     assert ref.repository == "org/repo"
     assert ref.original_repository == "Org/Repo"
-    assert ref.tag == "q4_k_m"
-    assert ref.original_tag == "Q4_K_M"
+    assert ref.tag == "Q4_K_M"
     assert ref.is_huggingface
     assert ref.name == "huggingface.co/org/repo"
 
 
 def test_digest_only_reference_has_no_tag() -> None:
     ref = parse_reference(f"ai/x@{DIGEST}")
-    assert (ref.tag, ref.original_tag, ref.digest) == (None, None, DIGEST)
+    assert (ref.tag, ref.digest) == (None, DIGEST)
     both = parse_reference(f"ai/x:t@{DIGEST}")
     assert (both.tag, both.digest) == ("t", DIGEST)
 
 
 def test_equality_ignores_original_spelling_and_reference_is_frozen() -> None:
-    a, b = parse_reference("hf.co/Org/Repo:Q4_K_M"), parse_reference("huggingface.co/org/repo:q4_k_m")
+    a, b = parse_reference("hf.co/Org/Repo:Q4_K_M"), parse_reference("huggingface.co/org/repo:Q4_K_M")
     assert a == b
+    assert a != parse_reference("huggingface.co/org/repo:q4_k_m")  # tags are case-sensitive, as in DMR
     assert hash(a) == hash(b)
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.tag = "other"  # type: ignore[misc]
@@ -106,12 +111,12 @@ def test_default_registry_from_environment(monkeypatch: pytest.MonkeyPatch) -> N
     assert str(parse_reference("org/model:v1")) == "registry.local:5000/org/model:v1"
     ref = parse_reference("registry.local:5000/a")
     assert (ref.registry, ref.repository, ref.tag) == ("registry.local:5000", "a", "latest")
-    assert str(parse_reference("docker.io/ai/x")) == "index.docker.io/ai/x:latest"
+    assert str(parse_reference("docker.io/ai/x")) == "docker.io/ai/x:latest"
 
 
 def test_default_registry_argument_wins_and_is_normalised(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEFAULT_REGISTRY", "registry.local:5000")
-    assert str(parse_reference("x", default_registry="docker.io")) == "index.docker.io/ai/x:latest"
+    assert str(parse_reference("x", default_registry="docker.io")) == "docker.io/ai/x:latest"
     assert str(parse_reference("x", default_registry="Other.Example:443")) == "other.example:443/ai/x:latest"
 
 
@@ -150,7 +155,6 @@ INVALID = [
     ("kelvin-sign", "ai/\u212a"),
     ("double-slash", "a//b"),
     ("trailing-slash", "ai/x/"),
-    ("trailing-colon", "ai/x:"),
     ("trailing-at", "ai/x@"),
     ("no-name-tag", ":tag"),
     ("no-name-digest", f"@{DIGEST}"),
@@ -217,7 +221,7 @@ def test_long_input_is_not_echoed_whole() -> None:
         ("/etc/passwd", "absolute"),
         ("ai\\x", "backslash"),
         ("ai/x\x00", "control"),
-        ("ai/x:", "tag"),
+        ("ai/x:ta$g", "tag"),
         ("ai/x@", "digest"),
         (f"ai/x@sha256:{HEX.upper()}", "lowercase"),
         ("host:99999/x", "port"),
@@ -283,29 +287,43 @@ def test_validate_digest_rejects(text: str, fragment: str) -> None:
 @pytest.mark.parametrize(
     ("full", "expected"),
     [
-        ("index.docker.io/ai/smollm2:latest", "smollm2"),
         ("docker.io/ai/smollm2:latest", "smollm2"),
-        ("index.docker.io/ai/smollm2:360M-Q4_K_M", "smollm2:360M-Q4_K_M"),
-        ("index.docker.io/myorg/model:latest", "myorg/model"),
+        ("docker.io/ai/smollm2:latest", "smollm2"),
+        ("docker.io/ai/smollm2:360M-Q4_K_M", "smollm2:360M-Q4_K_M"),
+        ("docker.io/myorg/model:latest", "myorg/model"),
         ("ai/smollm2", "smollm2"),
         ("huggingface.co/org/repo:latest", "huggingface.co/org/repo"),
-        ("huggingface.co/org/repo:q4_k_m", "huggingface.co/org/repo:q4_k_m"),
+        ("huggingface.co/org/repo:Q4_K_M", "huggingface.co/org/repo:Q4_K_M"),
+        ("gemma3:latest", "gemma3"),
+        ("myorg/gemma3:latest", "myorg/gemma3"),
+        ("hf.co/bartowski/model:latest", "hf.co/bartowski/model"),
         ("localhost:5000/ai/x:latest", "localhost:5000/ai/x"),
-        (f"index.docker.io/ai/x@{DIGEST}", f"x@{DIGEST}"),
+        (f"docker.io/ai/x@{DIGEST}", f"x@{DIGEST}"),
     ],
 )
 def test_display_name(full: str, expected: str) -> None:
     assert display_name(full) == expected
+    if full.startswith("docker.io/"):
+        assert display_name("index.docker.io/" + full.removeprefix("docker.io/")) == expected
+
+
+def test_display_name_with_another_default_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    # stripDefaultsFromModelName: a custom DEFAULT_REGISTRY replaces the Docker Hub prefixes.
+    monkeypatch.setenv("DEFAULT_REGISTRY", "registry.local:5000")
+    assert display_name("registry.local:5000/ai/x:latest") == "x"
+    assert display_name("docker.io/ai/x:latest") == "docker.io/ai/x"
 
 
 @pytest.mark.parametrize(
     ("a", "b", "same"),
     [
         ("ai/smollm2", "smollm2", True),
-        ("smollm2", "index.docker.io/ai/smollm2:latest", True),
+        ("smollm2", "docker.io/ai/smollm2:latest", True),
         ("docker.io/ai/smollm2", "ai/smollm2:latest", True),
-        ("registry-1.docker.io/ai/smollm2", "SmolLM2", True),
-        ("hf.co/Org/Repo:Q4_K_M", "huggingface.co/org/repo:q4_k_m", True),
+        ("index.docker.io/ai/smollm2", "SmolLM2", True),
+        ("docker.io/smollm2", "SmolLM2", True),
+        ("hf.co/Org/Repo:Q4_K_M", "huggingface.co/org/repo:Q4_K_M", True),
+        ("hf.co/Org/Repo:Q4_K_M", "huggingface.co/org/repo:q4_k_m", False),
         ("localhost:05000/x", "localhost:5000/x:latest", True),
         (f"ai/x@{DIGEST}", f"x@{DIGEST}", True),
         ("smollm2", "smollm2:v1", False),
@@ -326,4 +344,4 @@ def test_same_reference(a: str, b: str, same: bool) -> None:
 def test_same_reference_follows_default_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEFAULT_REGISTRY", "registry.local:5000")
     assert same_reference("smollm2", "registry.local:5000/ai/smollm2:latest")
-    assert not same_reference("smollm2", "index.docker.io/ai/smollm2:latest")
+    assert not same_reference("smollm2", "docker.io/ai/smollm2:latest")

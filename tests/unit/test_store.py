@@ -373,18 +373,18 @@ def test_add_model_registers_the_manifest_digest_as_id(
     assert store.layout.manifest_path(model_id).read_bytes() == manifest_bytes
     layer_digest, config_digest = list(blobs)
     assert index_models(store) == [
-        {"id": model_id, "tags": ["index.docker.io/ai/x:latest"], "files": [layer_digest, config_digest]}
+        {"id": model_id, "tags": ["docker.io/ai/x:latest"], "files": [layer_digest, config_digest]}
     ]
 
 
 @pytest.mark.parametrize(
     ("given", "stored"),
     [
-        ("x", "index.docker.io/ai/x:latest"),
-        ("ai/x", "index.docker.io/ai/x:latest"),
-        ("docker.io/ai/x:v1", "index.docker.io/ai/x:v1"),
-        ("myorg/X:Q4_K_M", "index.docker.io/myorg/x:Q4_K_M"),
-        ("hf.co/Org/Repo:Q4_K_M", "huggingface.co/org/repo:q4_k_m"),
+        ("x", "docker.io/ai/x:latest"),
+        ("ai/x", "docker.io/ai/x:latest"),
+        ("docker.io/ai/x:v1", "docker.io/ai/x:v1"),
+        ("myorg/X:Q4_K_M", "docker.io/myorg/x:Q4_K_M"),
+        ("hf.co/Org/Repo:Q4_K_M", "huggingface.co/org/repo:Q4_K_M"),  # tag case kept, as DMR
         ("localhost:5000/team/m", "localhost:5000/team/m:latest"),
     ],
 )
@@ -402,7 +402,7 @@ def test_adding_the_same_model_again_merges_its_tags(store: ModelStore, add_hand
     assert index_models(store) == [
         {
             "id": first,
-            "tags": ["index.docker.io/ai/a:latest", "index.docker.io/ai/b:latest"],
+            "tags": ["docker.io/ai/a:latest", "docker.io/ai/b:latest"],
             "files": index_models(store)[0]["files"],
         }
     ]
@@ -433,7 +433,7 @@ def test_add_model_refuses_an_invalid_manifest(store: ModelStore, refuses: Any) 
         store.add_model(b'{"schemaVersion": 2, "layers": []}')
 
 
-@pytest.mark.parametrize("tag", ["ai/x@" + DIGEST, "../x", "ai/X Y", "ai/x:", "sha256:" + HEX])
+@pytest.mark.parametrize("tag", ["ai/x@" + DIGEST, "../x", "ai/X Y", "ai/x:-bad", "sha256:" + HEX])
 def test_add_model_refuses_an_invalid_tag_before_writing_anything(
     store: ModelStore, refuses: Any, make_artifact: Callable[..., Any], tag: str
 ) -> None:
@@ -455,7 +455,7 @@ def lookups(model_id: str) -> list[str]:
         "tiny:latest",
         "  tiny  ",
         "docker.io/ai/tiny",
-        "index.docker.io/ai/tiny:latest",
+        "docker.io/ai/tiny:latest",
         model_id,
         hex_id,
         hex_id[:12],
@@ -473,7 +473,7 @@ def test_lookup_by_tag_name_id_short_id_and_digest_reference(store: ModelStore, 
 def test_model_api_object_has_id_tags_created_and_config(store: ModelStore, tiny_model: str) -> None:
     api = store.get("tiny").to_api()
     assert api["id"] == tiny_model
-    assert api["tags"] == ["index.docker.io/ai/tiny:latest"]
+    assert api["tags"] == ["docker.io/ai/tiny:latest"]
     assert api["created"] > 0
     assert api["config"]["format"] == "gguf"
 
@@ -522,9 +522,9 @@ def test_an_ambiguous_short_id_is_a_conflict(store: ModelStore, tiny_model: str,
 def test_tagging_moves_a_tag_from_one_model_to_another(store: ModelStore, add_hand_model: Any) -> None:
     a = add_hand_model([b"model a"], ("ai/shared", "ai/a"))
     b = add_hand_model([b"model b"], ("ai/b",))
-    assert store.tag("ai/b", "ai/shared") == "index.docker.io/ai/shared:latest"
+    assert store.tag("ai/b", "ai/shared") == "docker.io/ai/shared:latest"
     assert store.get("ai/shared").id == b
-    assert store.get(a).tags == ["index.docker.io/ai/a:latest"]
+    assert store.get(a).tags == ["docker.io/ai/a:latest"]
     store.tag(b, "ai/a")
     assert store.get(a).tags == []  # A keeps existing, untagged
     assert {m.id for m in store.list_models()} == {a, b}
@@ -533,7 +533,7 @@ def test_tagging_moves_a_tag_from_one_model_to_another(store: ModelStore, add_ha
 def test_tagging_from_a_model_given_by_id(store: ModelStore, tiny_model: str) -> None:
     store.tag(hex_of(tiny_model)[:12], "myorg/tiny:v1")
     assert store.get("myorg/tiny:v1").id == tiny_model
-    assert store.get("ai/tiny").tags == ["index.docker.io/ai/tiny:latest", "index.docker.io/myorg/tiny:v1"]
+    assert store.get("ai/tiny").tags == ["docker.io/ai/tiny:latest", "docker.io/myorg/tiny:v1"]
 
 
 @pytest.mark.parametrize(
@@ -564,8 +564,8 @@ def model_files(store: ModelStore, model_id: str) -> list[Path]:
 
 def test_delete_by_tag_only_untags_while_other_tags_remain(store: ModelStore, tiny_model: str) -> None:
     store.tag("ai/tiny", "ai/second")
-    assert store.delete("tiny") == [{"Untagged": "index.docker.io/ai/tiny:latest"}]
-    assert store.get(tiny_model).tags == ["index.docker.io/ai/second:latest"]
+    assert store.delete("tiny") == [{"Untagged": "docker.io/ai/tiny:latest"}]
+    assert store.get(tiny_model).tags == ["docker.io/ai/second:latest"]
     assert all(path.exists() for path in model_files(store, tiny_model))
 
 
@@ -573,7 +573,7 @@ def test_delete_by_the_last_tag_deletes_the_model(store: ModelStore, tiny_model:
     files = model_files(store, tiny_model)
     bundle = store.bundle(tiny_model)
     assert store.delete("ai/tiny:latest") == [
-        {"Untagged": "index.docker.io/ai/tiny:latest"},
+        {"Untagged": "docker.io/ai/tiny:latest"},
         {"Deleted": tiny_model},
     ]
     assert index_models(store) == []
@@ -595,8 +595,8 @@ def test_delete_by_id_of_a_model_with_two_tags_needs_force(
         assert "force" in info.value.message
     events = store.delete(hex_of(tiny_model)[:12], force=True)
     assert events == [
-        {"Untagged": "index.docker.io/ai/tiny:latest"},
-        {"Untagged": "index.docker.io/ai/second:latest"},
+        {"Untagged": "docker.io/ai/tiny:latest"},
+        {"Untagged": "docker.io/ai/second:latest"},
         {"Deleted": tiny_model},
     ]
     assert index_models(store) == []
@@ -667,7 +667,7 @@ def test_repackage_writes_a_new_config_and_manifest_over_the_same_layers(
     assert new.manifest.layers == old.manifest.layers
     assert new.config.context_size == 8192
     assert old.config.context_size == 512
-    assert new.tags == ["index.docker.io/ai/tiny-8k:latest"]
+    assert new.tags == ["docker.io/ai/tiny-8k:latest"]
 
 
 @pytest.mark.parametrize(
@@ -836,7 +836,7 @@ def test_four_processes_adding_models_at_once_lose_none(
             manifest_bytes, blobs = make_artifact([f"worker {worker} model {i}".encode()])
             tag = f"ai/w{worker}-m{i}"
             artifacts.append((manifest_bytes, blobs, tag))
-            expected[sha256_digest(manifest_bytes)] = f"index.docker.io/{tag}:latest"
+            expected[sha256_digest(manifest_bytes)] = f"docker.io/{tag}:latest"
         jobs.append(
             ctx.Process(target=_add_models_in_a_process, args=(str(store.layout.root), barrier, artifacts))
         )

@@ -1,3 +1,6 @@
+"""units.py follows pkg/distribution/format/format.go (go-units CustomSize); the first cases of each table
+are upstream's own (format_test.go: TestFormatSize, TestFormatParameters)."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,16 +11,18 @@ from modelrunner.artifact.units import format_parameters, format_size
 @pytest.mark.parametrize(
     ("n_bytes", "expected"),
     [
-        (0, "0B"),
-        (512, "512B"),
-        (999, "999B"),
-        (1000, "1.00kB"),
+        (0, "n/a"),
+        (-1, "n/a"),
+        (500, "500.00B"),
         (1500, "1.50kB"),
-        (461_184, "461.18kB"),
-        (999_999, "1.00MB"),  # rounds up into the next unit rather than "1000.00kB"
+        (1_000_000, "1.00MB"),
+        (2_500_000, "2.50MB"),
+        (1_000_000_000, "1.00GB"),
+        (4_300_000_000, "4.30GB"),
+        (1_200_000_000_000, "1.20TB"),
+        (999, "999.00B"),
+        (999_999, "1000.00kB"),  # go-units steps up on the raw value, then rounds
         (253_113_024, "253.11MB"),
-        (4.92e9, "4.92GB"),
-        (1.5e12, "1.50TB"),
         (2e15, "2.00PB"),
     ],
 )
@@ -28,14 +33,14 @@ def test_format_size(n_bytes: float, expected: str) -> None:
 @pytest.mark.parametrize(
     ("n", "expected"),
     [
-        (0, "0"),
-        (7, "7"),
-        (999, "999"),
-        (1.2e3, "1.20K"),
-        (113_088, "113.09K"),
+        (1000, "1.00K"),
+        (1_000_000, "1.00M"),
+        (1_000_000_000, "1.00B"),
+        (7_000_000_000, "7.00B"),
+        (0, "0.00"),
+        (183, "183.00"),
+        (16_781_312, "16.78M"),  # safetensors_model_test.go: "16.78M"
         (268_098_176, "268.10M"),
-        (361_820_000, "361.82M"),
-        (8.03e9, "8.03B"),
         (1.5e12, "1.50T"),
     ],
 )
@@ -43,8 +48,6 @@ def test_format_parameters(n: float, expected: str) -> None:
     assert format_parameters(n) == expected
 
 
-def test_negative_quantities_are_refused() -> None:
-    with pytest.raises(ValueError):
-        format_size(-1)
+def test_negative_parameter_counts_are_refused() -> None:
     with pytest.raises(ValueError):
         format_parameters(-5)

@@ -3,26 +3,33 @@
 Everything is validated before any byte is copied, so bad input changes nothing. Each file is then read
 exactly once: the sink hashes it while it copies it (into the store) or while it only hashes it (for a
 tar streamed to a remote daemon).
+
+The artifact is byte for byte what DMR's builder makes of the same files (`pkg/distribution/builder`,
+`internal/partial`, `internal/mutate`, and `cmd/cli/commands/package.go` for the order of the extras), so
+both give the same model ID: the layer annotations (`internal/partial/layer.go`: the file's base name,
+permission bits, size and mtime in the local time zone, as Go marshals them), the config (model_config.py)
+and the manifest (manifest.py). `created` is SOURCE_DATE_EPOCH when set (DMR's builder.WithCreated).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from modelrunner.artifact import gojson
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.artifact.dduf import read_dduf
 from modelrunner.artifact.gguf import find_gguf_shards, read_gguf
 from modelrunner.artifact.manifest import Descriptor, Manifest, check_relative_path
-from modelrunner.artifact.model_config import make_config_blob, parse_config_blob, rfc3339
+from modelrunner.artifact.model_config import make_config_blob, reencode_config
 from modelrunner.artifact.safetensors import find_safetensors_shards, read_safetensors
+from modelrunner.artifact.units import format_size
 from modelrunner.errors import BadRequest, InvalidModelFile
 from modelrunner.fileio import hash_file, require_regular_file
 
@@ -64,31 +71,40 @@ class _PlannedFile:
     what: str
 
 
-def _file_annotations(planned: _PlannedFile) -> dict[str, str]:
+def _file_annotations(planned: _PlannedFile, utc_file_times: bool) -> dict[str, str]:
+    """partial.NewLayerWithRelativePath's annotations: types.FileMetadata as Go marshals it (the base
+    name, permission bits, uid/gid 0, size, ModTime in the local zone) and the relative path."""
     st = os.stat(planned.path)
+    mtime = (
+        gojson.rfc3339nano(st.st_mtime_ns, 0) if utc_file_times else gojson.local_rfc3339nano(st.st_mtime_ns)
+    )
     metadata = {
-        "name": planned.filepath,
-        "mode": stat.S_IMODE(st.st_mode),
+        "name": gojson.go_string(os.fsencode(planned.path.name)),
+        "mode": stat.S_IMODE(st.st_mode) & 0o777,  # os.FileMode.Perm()
         "uid": 0,
         "gid": 0,
         "size": st.st_size,
-        "mtime": rfc3339(datetime.fromtimestamp(st.st_mtime, UTC)),
+        "mtime": mtime,
         "typeflag": 0,
     }
     return {
-        mt.ANNOTATION_FILEPATH: planned.filepath,
-        mt.ANNOTATION_FILE_METADATA: json.dumps(metadata, separators=(",", ":")),
+        mt.ANNOTATION_FILEPATH: gojson.go_string(os.fsencode(planned.filepath)),
+        mt.ANNOTATION_FILE_METADATA: gojson.dumps(metadata).decode(),
         mt.ANNOTATION_MEDIATYPE_UNTESTED: "false",
     }
 
 
+_WEIGHT_TYPES = (mt.SAFETENSORS, mt.GGUF, mt.DDUF)
+
+
 def classify(name: str) -> str:
-    """Media type of a file in a safetensors folder, by DMR's classifier rules."""
+    """Media type of a file in a safetensors folder, by DMR's rules (`files/classify.go` and
+    `builder/from_directory.go: fileTypeToMediaType`: config files are plain model files)."""
     lower = name.lower()
-    if lower.endswith(".safetensors"):
-        return mt.SAFETENSORS
     if lower.endswith(".gguf"):
         return mt.GGUF
+    if lower.endswith(".safetensors"):
+        return mt.SAFETENSORS
     if lower.endswith(".dduf"):
         return mt.DDUF
     if lower.endswith(".jinja") or "chat_template" in lower:
@@ -99,25 +115,28 @@ def classify(name: str) -> str:
 
 
 def _walk_model_dir(root: Path) -> list[_PlannedFile]:
-    """Every regular file under root, skipping dot-files, dot-folders and symlinks (as DMR does)."""
+    """Every regular file under root in Go's filepath.Walk order (depth first, names sorted by their
+    bytes, a folder's contents where its name sorts), skipping dot-files, dot-folders and symlinks as
+    DMR's FromDirectory does."""
     if not root.exists():
         raise BadRequest(f"safetensors folder not found: {root.name}")
     if not root.is_dir():
         raise BadRequest(f"{root.name} is not a folder")
     planned: list[_PlannedFile] = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(
-            d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(folder, d))
-        )
-        for name in sorted(files):
-            path = Path(folder) / name
-            if name.startswith(".") or path.is_symlink():
+
+    def walk(folder: Path) -> None:
+        for name in sorted(os.listdir(folder), key=os.fsencode):
+            path = folder / name
+            if name.startswith("."):
                 continue
-            st = os.stat(path)
-            if not stat.S_ISREG(st.st_mode):
-                continue  # FIFOs, sockets, devices are never model files
-            relative = path.relative_to(root).as_posix()
-            planned.append(_PlannedFile(path, classify(name), check_relative_path(relative), relative))
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                walk(path)
+            elif stat.S_ISREG(st.st_mode):  # not symlinks, FIFOs, sockets or devices
+                relative = path.relative_to(root).as_posix()
+                planned.append(_PlannedFile(path, classify(name), check_relative_path(relative), relative))
+
+    walk(root)
     return planned
 
 
@@ -127,13 +146,11 @@ def _validate_context_size(value: int | None) -> None:
 
 
 def _plan_extras(spec: PackageSpec) -> list[_PlannedFile]:
+    """Licenses, chat template, multimodal projector: the order DMR's `package` appends them in."""
     extras: list[_PlannedFile] = []
     for license_path in spec.licenses:
         require_regular_file(license_path, "license file")
         extras.append(_PlannedFile(license_path, mt.LICENSE, license_path.name, "license file"))
-    if spec.mmproj is not None:
-        require_regular_file(spec.mmproj, "multimodal projector")
-        extras.append(_PlannedFile(spec.mmproj, mt.MMPROJ, spec.mmproj.name, "multimodal projector"))
     if spec.chat_template is not None:
         st = require_regular_file(spec.chat_template, "chat template")
         if st.st_size > MAX_CHAT_TEMPLATE_BYTES:
@@ -145,6 +162,9 @@ def _plan_extras(spec: PackageSpec) -> list[_PlannedFile]:
         extras.append(
             _PlannedFile(spec.chat_template, mt.CHAT_TEMPLATE, spec.chat_template.name, "chat template")
         )
+    if spec.mmproj is not None:
+        require_regular_file(spec.mmproj, "multimodal projector")
+        extras.append(_PlannedFile(spec.mmproj, mt.MMPROJ, spec.mmproj.name, "multimodal projector"))
     return extras
 
 
@@ -167,21 +187,29 @@ def _plan_gguf(path: Path) -> tuple[list[_PlannedFile], dict[str, Any]]:
     return [_PlannedFile(s, mt.GGUF, s.name, "GGUF file") for s in shards], config
 
 
+def _sibling_config_json(weights: list[_PlannedFile]) -> Path | None:
+    """The first config.json in the folders of the weights, in walk order (openSiblingConfigJSON)."""
+    for folder in dict.fromkeys(w.path.parent for w in weights):
+        if os.path.lexists(folder / "config.json"):
+            return folder / "config.json"
+    return None
+
+
 def _plan_safetensors(root: Path) -> tuple[list[_PlannedFile], dict[str, Any]]:
     planned = _walk_model_dir(root)
-    weights = [p for p in planned if p.media_type == mt.SAFETENSORS]
-    if not weights:
+    weights = [p for p in planned if p.media_type in _WEIGHT_TYPES]
+    safetensors = [p for p in weights if p.media_type == mt.SAFETENSORS]
+    if not safetensors:
         raise InvalidModelFile(f"no .safetensors file in {root.name}")
-    for weight in weights:  # each shard set must be complete
+    for weight in safetensors:  # each shard set must be complete
         find_safetensors_shards(weight.path)
-    config_json = root / "config.json"
-    info = read_safetensors([w.path for w in weights], config_json if config_json.is_file() else None)
+    info = read_safetensors([w.path for w in safetensors], _sibling_config_json(weights))
     config: dict[str, Any] = {
         "format": mt.FORMAT_SAFETENSORS,
         "quantization": info.quantization,
         "parameters": info.parameters,
         "architecture": info.architecture,
-        "size": info.size,
+        "size": format_size(sum(os.stat(w.path).st_size for w in weights)),  # every weight file
         "safetensors": info.metadata,
     }
     if info.context_size:
@@ -212,20 +240,24 @@ def created_time() -> datetime:
 def _assemble(
     files: Sequence[_PlannedFile],
     layers_before: Sequence[Descriptor],
-    config: dict[str, Any],
+    make_config: Callable[[list[str]], bytes],
     config_media_type: str,
     sink: BlobSink,
-    created: datetime,
+    utc_file_times: bool = False,
 ) -> BuiltArtifact:
+    """The layers (the base's, then one per file), the config made from the new layers' digests, the
+    manifest."""
     names = [layer.filepath for layer in layers_before if layer.filepath] + [f.filepath for f in files]
     if len(names) != len(set(names)):
         raise BadRequest("two files of the model have the same name")
     layers = list(layers_before)
+    new_digests: list[str] = []
     for planned in files:
-        annotations = _file_annotations(planned)
+        annotations = _file_annotations(planned, utc_file_times)
         digest, size = sink.add_file(planned.path, planned.what)
         layers.append(Descriptor(planned.media_type, digest, size, annotations))
-    config_bytes = make_config_blob(config, [layer.digest for layer in layers], created)
+        new_digests.append(digest)
+    config_bytes = make_config(new_digests)
     config_digest = sink.add_bytes(config_bytes)
     manifest = Manifest(
         config=Descriptor(config_media_type, config_digest, len(config_bytes)), layers=tuple(layers)
@@ -233,8 +265,13 @@ def _assemble(
     return BuiltArtifact(manifest=manifest, manifest_bytes=manifest.to_bytes(), config_bytes=config_bytes)
 
 
-def build_artifact(spec: PackageSpec, sink: BlobSink, created: datetime | None = None) -> BuiltArtifact:
-    """Build a new artifact from exactly one source (--gguf, --safetensors-dir or --dduf) plus extras."""
+def build_artifact(
+    spec: PackageSpec, sink: BlobSink, created: datetime | None = None, utc_file_times: bool = False
+) -> BuiltArtifact:
+    """Build a new artifact from exactly one source (--gguf, --safetensors-dir or --dduf) plus extras.
+
+    `utc_file_times`: file times in UTC rather than the local zone, for artifacts whose ID must not
+    depend on the machine (Hugging Face pulls); DMR's `package` uses the local zone."""
     sources = [s for s in (spec.gguf, spec.safetensors_dir, spec.dduf) if s is not None]
     if len(sources) != 1:
         raise BadRequest("exactly one of --gguf, --safetensors-dir, --dduf or --from is required")
@@ -252,23 +289,38 @@ def build_artifact(spec: PackageSpec, sink: BlobSink, created: datetime | None =
     files += _plan_extras(spec)
     if spec.context_size is not None:
         config["context_size"] = spec.context_size
-    return _assemble(files, [], config, config_media_type, sink, created or created_time())
+    when = created or created_time()
+    return _assemble(
+        files,
+        [],
+        lambda digests: make_config_blob(config, digests, when),
+        config_media_type,
+        sink,
+        utc_file_times,
+    )
 
 
 def extend_artifact(
     base: Manifest, base_config: bytes, spec: PackageSpec, sink: BlobSink, created: datetime | None = None
 ) -> BuiltArtifact:
-    """`package --from MODEL`: the base model's layers reused as they are, plus new extras and settings."""
+    """`package --from MODEL`: the base model's layers reused as they are, plus new extras and settings.
+
+    As DMR's builder.FromModel with mutate: the base config is kept (its `created` too) and re-encoded with
+    the new layers' diff IDs appended. (`created` is accepted for symmetry and unused.) The config media
+    type stays the base's: DMR would write v0.1 here even for a v0.2 base, which breaks its layout."""
+    del created
     if any(s is not None for s in (spec.gguf, spec.safetensors_dir, spec.dduf)):
         raise BadRequest("--from cannot be combined with --gguf, --safetensors-dir or --dduf")
     if base.config.media_type == mt.CONFIG_CNCF:
         raise BadRequest("a CNCF-format model cannot be repackaged with --from")
     _validate_context_size(spec.context_size)
-    config = dict(parse_config_blob(base_config, base.config.media_type).config)
-    if spec.context_size is not None:
-        config["context_size"] = spec.context_size
+    reencode_config(base_config)  # a broken base config fails before anything is written
     return _assemble(
-        _plan_extras(spec), base.layers, config, base.config.media_type, sink, created or created_time()
+        _plan_extras(spec),
+        base.layers,
+        lambda digests: reencode_config(base_config, spec.context_size, digests),
+        base.config.media_type,
+        sink,
     )
 
 

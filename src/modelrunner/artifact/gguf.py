@@ -18,15 +18,15 @@ import math
 import mmap
 import re
 import struct
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from modelrunner.artifact.units import format_parameters, format_size
+from modelrunner.artifact import gojson
+from modelrunner.artifact.gguf_config import TensorFacts, dmr_values
 from modelrunner.errors import InvalidModelFile
 
 __all__ = ["GGUFInfo", "complete_shard_set", "find_gguf_shards", "read_gguf"]
@@ -70,9 +70,6 @@ _MIN_ARRAY_BYTES = _U32.size + _U64.size
 _MIN_KV_BYTES = _MIN_STRING_BYTES + _U32.size + 1
 _MIN_TENSOR_INFO_BYTES = _MIN_STRING_BYTES + _U32.size + _U32.size + _U64.size
 
-# gguf-parser's names for llama.cpp file types that gguf-py no longer lists.
-_RETIRED_FILE_TYPES = {4: "Q4_1_F16", 5: "Q4_2", 6: "Q4_3", 33: "Q4_0_4x4", 34: "Q4_0_4x8", 35: "Q4_0_8x8"}
-
 _Value: TypeAlias = int | float | bool | str | list["_Value"] | None  # None: an array too long to keep
 
 
@@ -110,6 +107,7 @@ class _File:
     kv: dict[str, _Value]
     tensors: list[_Tensor]
     size: int
+    header_end: int  # where the tensor infos end (gguf-parser pads from here to find the data)
 
 
 class _Cursor:
@@ -157,7 +155,7 @@ class _Cursor:
         self.charge(_VALUE_COST + n)
         raw = self.buf[self.pos : self.pos + n]
         self.pos += n
-        return raw.decode("utf-8", errors="replace")
+        return gojson.go_string(bytes(raw))
 
     def skip_string(self, what: str) -> None:
         n = self.u64(f"length of {what}")
@@ -297,6 +295,7 @@ def _parse_buffer(cur: _Cursor, size: int) -> _File:
         offset = cur.u64(f"offset of {what}")
         infos.append((tname, dims, ttype, offset))
 
+    header_end = cur.pos
     data_start = -(-cur.pos // alignment) * alignment
     tensors: list[_Tensor] = []
     expected_offset = 0
@@ -309,7 +308,7 @@ def _parse_buffer(cur: _Cursor, size: int) -> _File:
             raise cur.error(f"data of tensor {tname[:80]!r} extends past the end of the file")
         expected_offset += -(-tensor.n_bytes // alignment) * alignment
         tensors.append(tensor)
-    return _File(kv=kv, tensors=tensors, size=size)
+    return _File(kv=kv, tensors=tensors, size=size, header_end=header_end)
 
 
 def _tensor(cur: _Cursor, name: str, dims: list[int], ttype: int) -> _Tensor:
@@ -372,28 +371,9 @@ def _count(kv: dict[str, _Value], key: str) -> int | None:
     return value
 
 
-def _quantization(kv: dict[str, _Value], tensors: Sequence[_Tensor]) -> str:
-    file_type = kv.get("general.file_type")
-    if isinstance(file_type, int) and not isinstance(file_type, bool) and file_type >= 0:
-        file_type &= ~LlamaFileType.GUESSED
-        try:
-            return LlamaFileType(file_type).name.removeprefix("ALL_").removeprefix("MOSTLY_")
-        except ValueError:
-            if file_type in _RETIRED_FILE_TYPES:
-                return _RETIRED_FILE_TYPES[file_type]
-    # No usable file type: name the dominant type of the block weights, as gguf-parser guesses it
-    # (F32 norms and biases only win when nothing else is there).
-    counts = Counter(t.type for t in tensors if t.name.startswith("blk.")) or Counter(t.type for t in tensors)
-    ranked = [t for t, _ in counts.most_common()]
-    if not ranked:
-        return "unknown"
-    if ranked[0] == GGMLQuantizationType.F32 and len(ranked) > 1:
-        return ranked[1].name
-    return ranked[0].name
-
-
 def read_gguf(paths: Sequence[Path]) -> GGUFInfo:
-    """Metadata of one GGUF file or of all shards of a set, in order (metadata from the first)."""
+    """Metadata of one GGUF file or of all shards of a set, in order. The config values (architecture,
+    parameters, quantization, size, context size, metadata strings) are DMR's (gguf_config.py)."""
     if not paths:
         raise InvalidModelFile("no GGUF file given")
     files = [_parse_file(Path(p)) for p in paths]
@@ -413,31 +393,57 @@ def read_gguf(paths: Sequence[Path]) -> GGUFInfo:
     tensors = [t for parsed in files for t in parsed.tensors]
     if len(files) > 1 and len({t.name for t in tensors}) != len(tensors):
         raise InvalidModelFile(f"{first_name}: the same tensor appears in more than one shard")
-    architecture = kv.get("general.architecture")
-    arch = architecture if isinstance(architecture, str) else ""
-    context = _count(kv, f"{arch}.context_length")
-    template = kv.get("tokenizer.chat_template")
-    parameter_count = sum(t.n_elements for t in tensors)
-    size_bytes = sum(parsed.size for parsed in files)
+    # gguf-parser reads every shard's metadata but split.no into one list: DMR's config takes its
+    # values from there (the metadata map: the last of a repeated key; single values: the first).
+    metadata: dict[str, _Value] = {}
+    first_seen: dict[str, _Value] = {}
+    for parsed in files:
+        for key, value in parsed.kv.items():
+            if key != "split.no":
+                metadata[key] = value
+                first_seen.setdefault(key, value)
+    dmr = dmr_values(
+        first_seen,
+        [TensorFacts(t.name, int(t.type), t.n_elements) for t in tensors],
+        _model_size(files),
+    )
+    architecture = dmr.architecture
+    template = first_seen.get("tokenizer.chat_template")
     return GGUFInfo(
-        architecture=arch,
-        parameter_count=parameter_count,
-        parameters=format_parameters(parameter_count),
-        quantization=_quantization(kv, tensors),
-        size_bytes=size_bytes,
-        size=format_size(size_bytes),
-        context_size=context if context and context < 2**31 else None,
-        metadata=_metadata_strings(kv),
+        architecture=architecture,
+        parameter_count=sum(t.n_elements for t in tensors),
+        parameters=dmr.parameters,
+        quantization=dmr.quantization,
+        size_bytes=sum(parsed.size for parsed in files),
+        size=dmr.size,
+        context_size=dmr.context_size,
+        metadata=_metadata_strings(metadata),
         chat_template=template if isinstance(template, str) else None,
-        block_count=_count(kv, f"{arch}.block_count"),
-        embedding_length=_count(kv, f"{arch}.embedding_length"),
-        head_count=_count(kv, f"{arch}.attention.head_count"),
-        head_count_kv=_count(kv, f"{arch}.attention.head_count_kv"),
-        key_length=_count(kv, f"{arch}.attention.key_length"),
-        value_length=_count(kv, f"{arch}.attention.value_length"),
-        sliding_window=_count(kv, f"{arch}.attention.sliding_window"),
+        block_count=_count(kv, f"{architecture}.block_count"),
+        embedding_length=_count(kv, f"{architecture}.embedding_length"),
+        head_count=_count(kv, f"{architecture}.attention.head_count"),
+        head_count_kv=_count(kv, f"{architecture}.attention.head_count_kv"),
+        key_length=_count(kv, f"{architecture}.attention.key_length"),
+        value_length=_count(kv, f"{architecture}.attention.value_length"),
+        sliding_window=_count(kv, f"{architecture}.attention.sliding_window"),
         tensor_data_bytes=sum(t.n_bytes for t in tensors),
     )
+
+
+def _model_size(files: Sequence[_File]) -> int:
+    """gguf-parser's ModelSize: per file, its size less the header padded to the alignment (a whole
+    alignment's worth when the header ends aligned), in Go's uint64 arithmetic. The alignment is the first
+    general.alignment seen so far in the shards (32 without one)."""
+    total = 0
+    declared: int | None = None
+    for parsed in files:
+        value = parsed.kv.get("general.alignment")
+        if declared is None and isinstance(value, int) and not isinstance(value, bool):
+            declared = value
+        alignment = declared or _DEFAULT_ALIGNMENT
+        data_start = parsed.header_end + alignment - parsed.header_end % alignment
+        total += (parsed.size - data_start) % 2**64
+    return total
 
 
 def complete_shard_set(path: Path, extension: str) -> list[Path]:

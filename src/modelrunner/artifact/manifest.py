@@ -1,4 +1,9 @@
-"""OCI manifests of model artifacts: building them, and parsing untrusted ones strictly."""
+"""OCI manifests of model artifacts: building them (the bytes DMR's builder writes: Go's encoding/json of
+`oci.Manifest`, so a model ID is the same), and parsing untrusted ones.
+
+Parsing is strict where safety is at stake (digests, sizes, file paths, limits) and lenient where DMR is:
+a layer of a media type this version does not know (`gguf.v3.lora`, a newer model-spec type) is kept as a
+blob of the model and otherwise ignored, as DMR ignores it."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelrunner.artifact import gojson
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.errors import InvalidArtifact, InvalidDigest, UnsupportedMediaType
 from modelrunner.reference import validate_digest
@@ -28,9 +34,10 @@ class Descriptor:
         return self.annotations.get(mt.ANNOTATION_FILEPATH)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+        """oci.Descriptor's field order (mediaType, size, digest, annotations), map keys sorted."""
+        out: dict[str, Any] = {"mediaType": self.media_type, "size": self.size, "digest": self.digest}
         if self.annotations:
-            out["annotations"] = dict(sorted(self.annotations.items()))
+            out["annotations"] = gojson.sorted_map(self.annotations)
         return out
 
 
@@ -52,7 +59,7 @@ class Manifest:
             doc["artifactType"] = self.artifact_type
         doc["config"] = self.config.to_json()
         doc["layers"] = [layer.to_json() for layer in self.layers]
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return gojson.dumps(doc)
 
 
 def sha256_digest(data: bytes) -> str:
@@ -140,9 +147,6 @@ def parse_manifest(data: bytes) -> Manifest:
     if len(raw_layers) > MAX_LAYERS:
         raise InvalidArtifact("manifest has too many layers")
     layers = tuple(_descriptor(raw, f"layer {i}") for i, raw in enumerate(raw_layers))
-    for layer in layers:
-        if layer.media_type not in mt.LAYER_TYPES:
-            raise InvalidArtifact(f"unknown layer media type: {layer.media_type[:100]}")
     check_paths_distinct([layer.filepath for layer in layers if layer.filepath])
     artifact_type = doc.get("artifactType")
     return Manifest(

@@ -30,27 +30,6 @@ CNCF_DOC_RAW = "application/vnd.cncf.model.doc.v1.raw"
 CNCF_CODE_RAW = "application/vnd.cncf.model.code.v1.raw"
 CNCF_DATASET_RAW = "application/vnd.cncf.model.dataset.v1.raw"
 
-LAYER_TYPES = frozenset(
-    {
-        GGUF,
-        SAFETENSORS,
-        DDUF,
-        LICENSE,
-        MMPROJ,
-        CHAT_TEMPLATE,
-        MODEL_FILE,
-        VLLM_CONFIG_TAR,
-        DIR_TAR,
-        CNCF_WEIGHT_GGUF,
-        CNCF_WEIGHT_SAFETENSORS,
-        CNCF_WEIGHT_RAW,
-        CNCF_WEIGHT_CONFIG_RAW,
-        CNCF_DOC_RAW,
-        CNCF_CODE_RAW,
-        CNCF_DATASET_RAW,
-    }
-)
-
 # Layer annotations the builder sets on every layer (contract 3.1).
 ANNOTATION_FILEPATH = "org.cncf.model.filepath"
 ANNOTATION_FILE_METADATA = "org.cncf.model.file.metadata+json"

@@ -1,30 +1,86 @@
-"""The config blob of a model artifact (contract 3.2): writing ours, reading ours and CNCF's."""
+"""The config blob of a model artifact (contract 3.2): writing ours, reading ours and CNCF's.
+
+Docker-format configs are written as DMR writes them (`types.ConfigFile` through Go's encoding/json, see
+artifact/gojson.py): `config` with its fields in `types.Config` order, empty ones left out, maps sorted;
+`descriptor.created` as time.Time marshals; `rootfs`. The same model files therefore give the same config
+bytes, and so the same model ID, as `docker model package`.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from modelrunner.artifact import gojson
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.errors import InvalidArtifact
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
+# types.Config (pkg/distribution/types/config.go), in declaration order; all `omitempty`.
+_CONFIG_STRINGS = ("format", "quantization", "parameters", "architecture", "size")
+_CONFIG_MAPS = ("gguf", "safetensors", "diffusers")
+_INT32 = range(-(2**31), 2**31)
+_RFC3339 = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(Z|[+-]\d{2}:\d{2})")
 
 
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def go_time(moment: datetime) -> str:
+    """A datetime as Go marshals a time.Time (aware datetimes keep their offset; naive ones are UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    offset = moment.utcoffset()
+    offset_s = int(offset.total_seconds()) if offset is not None else 0
+    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    unix_ns = (delta.days * 86400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
+    return gojson.rfc3339nano(unix_ns, offset_s)
 
 
-def make_config_blob(model: dict[str, Any], diff_ids: list[str], created: datetime) -> bytes:
+def _reencoded_time(value: Any) -> Any:
+    """`created` after Go's unmarshal and marshal: the same instant and offset, the fraction without
+    trailing zeros, a zero offset as `Z`. Anything else is kept as it was."""
+    match = _RFC3339.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return value
+    clock, fraction, zone = match.groups()
+    fraction = (fraction or "").rstrip("0")
+    if zone in ("+00:00", "-00:00"):
+        zone = "Z"
+    return clock + ("." + fraction if fraction else "") + zone
+
+
+def go_model_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`config` as types.Config marshals: its fields in order, empty ones out, maps sorted, others dropped."""
+    out: dict[str, Any] = {}
+    for key in _CONFIG_STRINGS:
+        value = config.get(key)
+        if isinstance(value, str) and value:
+            out[key] = value
+    for key in _CONFIG_MAPS:
+        value = config.get(key)
+        if isinstance(value, Mapping) and value:
+            out[key] = gojson.sorted_map({k: v for k, v in value.items() if isinstance(v, str)})
+    context_size = config.get("context_size")
+    if isinstance(context_size, int) and not isinstance(context_size, bool) and context_size in _INT32:
+        out["context_size"] = context_size
+    return out
+
+
+def _config_file(config: Mapping[str, Any], descriptor: dict[str, Any], diff_ids: list[Any]) -> bytes:
+    return gojson.dumps(
+        {
+            "config": go_model_config(config),
+            "descriptor": descriptor,
+            "rootfs": {"type": "rootfs", "diff_ids": diff_ids},
+        }
+    )
+
+
+def make_config_blob(model: Mapping[str, Any], diff_ids: list[str], created: datetime) -> bytes:
     """Serialise a Docker-format config. `model` is the inner "config" object (format, sizes, metadata)."""
-    doc = {
-        "config": model,
-        "descriptor": {"created": rfc3339(created)},
-        "rootfs": {"type": "rootfs", "diff_ids": diff_ids},
-    }
-    return json.dumps(doc, separators=(",", ":"), sort_keys=False).encode()
+    return _config_file(model, {"created": go_time(created)}, list(diff_ids))
 
 
 @dataclass(frozen=True)
@@ -96,12 +152,26 @@ def _from_cncf(doc: dict[str, Any]) -> ModelConfig:
     return ModelConfig(config=config, created=_parse_time(desc.get("createdAt")))
 
 
-def with_context_size(data: bytes, context_size: int) -> bytes:
-    """A Docker-format config blob with its context size replaced; everything else kept byte for byte
-    in meaning (re-serialised)."""
+def reencode_config(data: bytes, context_size: int | None = None, more_diff_ids: Iterable[str] = ()) -> bytes:
+    """A Docker-format config blob as DMR's mutate package rewrites it (`rawDockerConfigFile`): read into
+    types.ConfigFile and marshalled again, with new layers' diff IDs appended and the context size set."""
     doc = _load_json(data)
     inner = doc.get("config")
     if not isinstance(inner, dict):
         raise InvalidArtifact("model config has no config object")
-    inner["context_size"] = context_size
-    return json.dumps(doc, separators=(",", ":")).encode()
+    if context_size is not None:
+        inner = {**inner, "context_size": context_size}
+    descriptor = doc.get("descriptor")
+    created = descriptor.get("created") if isinstance(descriptor, dict) else None
+    rootfs = doc.get("rootfs")
+    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    return _config_file(
+        inner,
+        {"created": _reencoded_time(created)} if created is not None else {},
+        [d for d in diff_ids or [] if isinstance(d, str)] + list(more_diff_ids),
+    )
+
+
+def with_context_size(data: bytes, context_size: int) -> bytes:
+    """A Docker-format config blob with its context size replaced (DMR's lightweight repackage)."""
+    return reencode_config(data, context_size)

@@ -6,6 +6,12 @@ Only the header is read (capped at 100 MB, as DMR caps it). The checks are those
 `safetensors` loader, so a file accepted here is one vLLM or transformers can load: known dtypes, shapes of
 non-negative integers, each tensor's byte range matching shape x dtype, and the ranges tiling the data region
 exactly, with no gap, overlap or trailing bytes.
+
+The values for the model's config are DMR's (`pkg/distribution/format/safetensors.go`), so the same files
+give the same config: parameters, quantization (one dtype, "mixed" or "unknown"), architecture
+(`__metadata__.architecture`) and metadata (`__metadata__` plus `tensor_count`) from the first file; the size
+of all of them; the context size from config.json's first usable key, where config.json that cannot be
+read or parsed only means no context size (DMR logs and goes on).
 """
 
 from __future__ import annotations
@@ -194,30 +200,19 @@ def _parse_file(path: Path) -> _File:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    name = path.name
+    """config.json as DMR reads it for the context size: anything unreadable reads as `{}`."""
     try:
         with path.open("rb") as f:
             raw = f.read(_MAX_JSON_BYTES + 1)
-    except OSError as e:
-        raise InvalidModelFile(f"{name}: cannot read file ({e.strerror or type(e).__name__})") from None
-    if len(raw) > _MAX_JSON_BYTES:
-        raise InvalidModelFile(f"{name}: larger than the {_MAX_JSON_BYTES}-byte limit")
-    config = _load_json(raw, name, "content")
-    if not isinstance(config, dict):
-        raise InvalidModelFile(f"{name}: not a JSON object")
-    return config
-
-
-def _architecture(config: dict[str, Any]) -> str:
-    architectures = config.get("architectures")
-    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
-        return architectures[0]
-    model_type = config.get("model_type")
-    return model_type if isinstance(model_type, str) else ""
+        config = json.loads(raw.decode("utf-8")) if len(raw) <= _MAX_JSON_BYTES else None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _context_size(config: dict[str, Any]) -> int | None:
-    # DMR's order (that of llama.cpp's convert_hf_to_gguf.py); values that are not sane integers are skipped.
+    # DMR's order (that of llama.cpp's convert_hf_to_gguf.py). Go decodes each value into an int64: only
+    # JSON integers qualify (not 4096.0, "4096" or true), and values outside 1..2^31-1 are skipped.
     for key in _CONTEXT_KEYS:
         value = config.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _MAX_CONTEXT:
@@ -226,25 +221,25 @@ def _context_size(config: dict[str, Any]) -> int | None:
 
 
 def read_safetensors(paths: Sequence[Path], config_json: Path | None) -> SafetensorsInfo:
-    """Metadata of one safetensors file or all shards of a set; `config_json`: the sibling config.json."""
+    """Check every file given (all must be sound); the values are DMR's, which reads only the first
+    (`parameter_count` alone counts them all). `config_json`: the config.json next to the weights."""
     if not paths:
         raise InvalidModelFile("no safetensors file given")
     files = [_parse_file(Path(p)) for p in paths]
     config = _read_config(config_json) if config_json is not None else {}
-    tensors = [t for f in files for t in f.tensors]
-    dtypes = {t.dtype for t in tensors}
+    first = files[0]
+    dtypes = {t.dtype for t in first.tensors}
     quantization = dtypes.pop() if len(dtypes) == 1 else ("mixed" if dtypes else "unknown")
-    parameter_count = sum(t.n_elements for t in tensors)
     size_bytes = sum(f.size for f in files)
     return SafetensorsInfo(
-        architecture=_architecture(config),
-        parameter_count=parameter_count,
-        parameters=format_parameters(parameter_count),
+        architecture=first.metadata.get("architecture", ""),
+        parameter_count=sum(t.n_elements for f in files for t in f.tensors),
+        parameters=format_parameters(sum(t.n_elements for t in first.tensors)),
         quantization=quantization,
         size_bytes=size_bytes,
         size=format_size(size_bytes),
         context_size=_context_size(config),
-        metadata=files[0].metadata | {"tensor_count": str(len(tensors))},
+        metadata=first.metadata | {"tensor_count": str(len(first.tensors))},
     )
 
 

@@ -92,6 +92,25 @@ def cmd_package(args: argparse.Namespace) -> int:
     return _push_packaged(daemon, args)
 
 
+def _list_order(name: str) -> tuple[str, bool, str]:
+    """DMR's `ls` order (cmd/cli/commands/list.go): by name before the last ':' (case-insensitive), a
+    name without a tag first, then by tag (case-insensitive)."""
+    base, colon, variant = name.rpartition(":")
+    if not colon:
+        return name.lower(), False, ""
+    return base.lower(), True, variant.lower()
+
+
+def _context_column(cfg: dict[str, Any]) -> str:
+    """The context size, else a GGUF's `llama.context_length`, as DMR's `ls` fills the column."""
+    context = cfg.get("context_size")
+    if context:
+        return str(context)
+    gguf = cfg.get("gguf")
+    value = gguf.get("llama.context_length") if isinstance(gguf, dict) else None
+    return value if isinstance(value, str) and value.isdigit() else ""
+
+
 def cmd_list(args: argparse.Namespace) -> None:
     from modelrunner.cli.render import ago, table
 
@@ -111,7 +130,6 @@ def cmd_list(args: argparse.Namespace) -> None:
     rows = []
     for m in models:
         cfg = m.get("config") or {}
-        context = cfg.get("context_size")
         for name in [display(t) for t in m["tags"]] or ["<none>"]:
             rows.append(
                 [
@@ -121,11 +139,11 @@ def cmd_list(args: argparse.Namespace) -> None:
                     str(cfg.get("architecture", "")),
                     short_id(m["id"]),
                     ago(int(m.get("created") or 0)),
-                    str(context) if context else "",
+                    _context_column(cfg),
                     str(cfg.get("size", "")),
                 ]
             )
-    rows.sort(key=lambda row: row[0])
+    rows.sort(key=lambda row: _list_order(row[0]))
     headers = [
         "MODEL NAME",
         "PARAMETERS",

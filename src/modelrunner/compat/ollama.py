@@ -360,7 +360,7 @@ def final_fields(
 def model_name(model: StoredModel) -> str:
     if not model.tags:
         return model.id
-    return model.tags[0].removeprefix("index.docker.io/")
+    return model.tags[0].removeprefix("docker.io/")
 
 
 def model_details(model: StoredModel) -> dict[str, Any]:

@@ -114,7 +114,9 @@ def _from_helper(helper: str, registry: str) -> Credentials | None:
 
 
 def find_credentials(registry: str) -> Credentials | None:
-    """Credentials for `host[:port]` as Docker would find them, or None for anonymous access."""
+    """Credentials for `host[:port]` as Docker would find them, or None for anonymous access (any of
+    Docker Hub's names, `docker.io` or `index.docker.io`, means Docker Hub)."""
+    registry = _host_of(registry)
     config = _load_config()
     helpers = config.get("credHelpers")
     if isinstance(helpers, dict):

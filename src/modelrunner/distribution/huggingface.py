@@ -125,7 +125,7 @@ class HuggingFacePull:
         self.last_modified = info.last_modified
         self.sizes = {e.path: int(e.size) for e in entries}
         self.sha256 = {e.path: e.lfs.sha256 for e in entries if e.lfs is not None and e.lfs.sha256}
-        selection = select_files(sorted(self.sizes), self.reference.original_tag, self.repo)
+        selection = select_files(sorted(self.sizes), self.reference.tag, self.repo)
         for path in selection.all_files:
             check_relative_path(path, "Hugging Face file")
         if selection.kind == "gguf":
@@ -168,7 +168,7 @@ class HuggingFacePull:
 
     def _download_folder(self) -> Path:
         """Where this model's files gather: one folder per endpoint, repository, commit and tag."""
-        key = "\n".join((self.endpoint, self.repo, self.revision, self.reference.original_tag or ""))
+        key = "\n".join((self.endpoint, self.repo, self.revision, self.reference.tag or ""))
         return self.store.layout.downloads_dir / ("hf-" + hashlib.sha256(key.encode()).hexdigest()[:32])
 
     def _build(self, selection: Selection, folder: Path) -> str:
@@ -188,7 +188,7 @@ class HuggingFacePull:
             os.utime(path, (stamp, stamp))
         sink = AdoptingStoreSink(self.store, self.digests)  # moved, not copied: one copy on disk
         try:
-            built = build_artifact(spec, sink, created=created)
+            built = build_artifact(spec, sink, created=created, utc_file_times=True)
             return self.store.add_model(built.manifest_bytes, [str(self.reference)])
         except BaseException:
             with contextlib.suppress(Exception):

@@ -177,7 +177,7 @@ def build_ollama_router(ctx: EngineContext, transfers: TransferManager) -> APIRo
     def tags() -> dict[str, Any]:
         return {
             "models": [
-                shapes.tags_entry(m, tag.removeprefix("index.docker.io/"))
+                shapes.tags_entry(m, tag.removeprefix("docker.io/"))
                 for m in ctx.store.list_models()
                 for tag in (m.tags or [m.id])
             ]

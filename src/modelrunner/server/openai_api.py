@@ -13,7 +13,7 @@ def openai_id(model: StoredModel) -> str:
     """First tag without the Docker Hub host (usable as `model` in requests), else the ID."""
     if not model.tags:
         return model.id
-    return model.tags[0].removeprefix("index.docker.io/")
+    return model.tags[0].removeprefix("docker.io/")
 
 
 def openai_model(model: StoredModel) -> dict[str, Any]:

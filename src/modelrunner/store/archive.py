@@ -1,8 +1,17 @@
-"""DMR's tar export/load format (contract 3.6): `blobs/sha256/<hex>` entries, then `manifest.json`."""
+"""DMR's tar export/load format (contract 3.6): `blobs/sha256/<hex>` entries, then `manifest.json`.
+
+Loading reads tars as DMR's reader does (`pkg/distribution/tarball/reader.go`): regular files named
+`blobs/<algorithm>/<hex>` (or `manifests/...`) are blobs, `manifest.json` is the manifest, and anything
+else (folders, links, other files, a README) is skipped. What stays strict: a name that is absolute or
+has a `..` component, a sha256 blob whose name is not 64 lowercase hex, and a second manifest.json are
+refused; blobs of other algorithms are skipped (only sha256 digests are stored), and every blob is
+verified against its digest as it is written.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import posixpath
 import re
 import tarfile
 from collections.abc import Iterable, Iterator
@@ -14,8 +23,8 @@ from modelrunner.errors import InvalidArtifact
 from modelrunner.store.store import ModelStore
 
 READ_CHUNK = 1024 * 1024
-_BLOB_NAME = re.compile(r"blobs/sha256/([0-9a-f]{64})")
-_ALLOWED_DIRS = {"blobs", "blobs/sha256"}
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_BLOB_FOLDERS = ("blobs", "manifests")  # DMR's reader takes both as blobs
 
 
 def export_chunks(store: ModelStore, reference: str) -> Iterator[bytes]:
@@ -39,6 +48,25 @@ def _member_chunks(handle: IO[bytes]) -> Iterator[bytes]:
         yield chunk
 
 
+def _entry_kind(raw_name: str) -> tuple[str, str | None]:
+    """("manifest", None), ("blob", digest) or ("skip", None) for an archive entry's name; raises for an
+    unsafe name or a malformed sha256 blob name."""
+    shown = raw_name[:80]
+    if raw_name.startswith("/") or "\\" in raw_name or ".." in raw_name.split("/"):
+        raise InvalidArtifact(f"archive entry {shown!r} has an unsafe path")
+    name = posixpath.normpath(raw_name)
+    if name == "manifest.json":
+        return "manifest", None
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] not in _BLOB_FOLDERS:
+        return "skip", None
+    if parts[1] != "sha256":
+        return "skip", None  # another algorithm: nothing this store can verify or keep
+    if not _HEX64.fullmatch(parts[2]):
+        raise InvalidArtifact(f"archive entry {shown!r} is not named by a sha256 digest")
+    return "blob", "sha256:" + parts[2]
+
+
 def load_archive(store: ModelStore, stream: IO[bytes]) -> str:
     """Read a model tar from a stream into the store; returns the model ID (registered untagged).
 
@@ -51,25 +79,21 @@ def load_archive(store: ModelStore, stream: IO[bytes]) -> str:
         try:
             with tarfile.open(fileobj=stream, mode="r|") as archive:
                 for member in archive:
-                    name = member.name.removeprefix("./").rstrip("/")
-                    if member.isdir() and name in _ALLOWED_DIRS:
-                        continue
-                    if not member.isreg():
-                        raise InvalidArtifact(f"archive entry {name[:80]!r} is not a regular file")
+                    kind, digest = _entry_kind(member.name)
+                    if not member.isreg() or kind == "skip":
+                        continue  # nothing is ever written from an entry's name, so skipping is safe
                     handle = archive.extractfile(member)
                     if handle is None:
-                        raise InvalidArtifact(f"archive entry {name[:80]!r} cannot be read")
-                    blob = _BLOB_NAME.fullmatch(name)
-                    if blob:
-                        digest = "sha256:" + blob.group(1)
+                        raise InvalidArtifact(f"archive entry {member.name[:80]!r} cannot be read")
+                    if digest is not None:
                         if store.write_blob_stream(digest, member.size, _member_chunks(handle)):
                             added.append(digest)
-                    elif name == "manifest.json":
+                    else:
+                        if manifest_bytes is not None:
+                            raise InvalidArtifact("the archive has more than one manifest.json")
                         if member.size > MAX_MANIFEST_BYTES:
                             raise InvalidArtifact("manifest.json in the archive is too large")
                         manifest_bytes = handle.read()
-                    else:
-                        raise InvalidArtifact(f"unexpected archive entry {name[:80]!r}")
         except (tarfile.TarError, EOFError):
             raise InvalidArtifact("the archive is not a valid model tar") from None
         if manifest_bytes is None:

@@ -27,6 +27,11 @@ class StoreLayout:
         return self.root / ".models.json.lock"
 
     @property
+    def tags_marker(self) -> Path:
+        """Present once the index's tags are in DMR's form (ModelStore._migrate_tags); DMR ignores it."""
+        return self.root / ".modelrunner-tags-v2"
+
+    @property
     def blobs_dir(self) -> Path:
         return self.root / "blobs" / "sha256"
 

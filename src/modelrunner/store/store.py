@@ -1,7 +1,11 @@
 """The local model store: content-addressed blobs, manifests, the models index, tags and bundles.
 
-Layout and invariants follow DMR (contract section 4), plus an inter-process lock around every index
-change, which DMR lacks. The store knows nothing of the network.
+Layout and invariants follow DMR (contract section 4, `pkg/distribution/internal/store`), plus an
+inter-process lock around every index change, which DMR lacks. Tags are stored in DMR's form
+(`docker.io/ai/x:latest`, Hugging Face tags in their own case) and matched as DMR's index does: by parsed
+reference, so `x`, `ai/x:latest` and `index.docker.io/ai/x` find the same model whatever spelling the
+index holds. A store an earlier modelrunner wrote (`index.docker.io/...` tags, lowercased Hugging Face
+tags) is rewritten to that form when opened (`_migrate_tags`). The store knows nothing of the network.
 """
 
 from __future__ import annotations
@@ -9,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -23,6 +30,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from modelrunner import config as runner_config
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.artifact.manifest import Descriptor, Manifest, parse_manifest, sha256_digest
 from modelrunner.artifact.model_config import ModelConfig, parse_config_blob, with_context_size
@@ -34,11 +42,15 @@ from modelrunner.errors import (
     InvalidReference,
     ModelNotFound,
     StoreCorrupted,
+    UnsupportedMediaType,
 )
+from modelrunner.eventlog import event
 from modelrunner.fileio import copy_and_hash, fsync_dir, hash_file, write_all, write_file_atomic
-from modelrunner.reference import parse_model_id, parse_reference, validate_digest
+from modelrunner.reference import Reference, parse_model_id, parse_reference, validate_digest
 from modelrunner.store.bundle import build_bundle
 from modelrunner.store.layout import LAYOUT_VERSION, StoreLayout
+
+log = logging.getLogger(__name__)
 
 INCOMPLETE_MAX_AGE = 7 * 24 * 3600
 STRAY_INGEST_MAX_AGE = 24 * 3600
@@ -91,6 +103,40 @@ def full_tag(text: str) -> str:
     return str(ref)
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed_tag(tag: str, default_registry: str) -> Reference | None:
+    try:
+        return parse_reference(tag, default_registry)
+    except InvalidReference:
+        return None
+
+
+def tag_reference(tag: str) -> Reference | None:
+    """A stored tag, parsed as a lookup compares it (None for one that does not parse: DMR skips those)."""
+    return _parsed_tag(tag, runner_config.default_registry())
+
+
+def _same_tag(stored: str, ref: Reference) -> bool:
+    return stored == str(ref) or tag_reference(stored) == ref
+
+
+def _recover_tag_case(tag: str, manifest: Manifest, config: ModelConfig | None) -> str:
+    """The spelling of a Hugging Face tag that an earlier modelrunner stored lowercased (`q4_k_m`), found
+    in the model's own file names (`Model-Q4_K_M.gguf`) or quantization; unchanged when neither has it."""
+    name, _, lowered = tag.rpartition(":")
+    if not lowered or lowered != lowered.lower() or lowered == "latest":
+        return tag
+    pattern = re.compile(rf"(?<![A-Za-z0-9]){re.escape(lowered)}(?![A-Za-z0-9])", re.IGNORECASE)
+    candidates = [layer.filepath.rsplit("/", 1)[-1] for layer in manifest.layers if layer.filepath]
+    if config is not None:
+        candidates.append(str(config.config.get("quantization", "")).removeprefix("MOSTLY_"))
+    for text in candidates:
+        match = pattern.search(text)
+        if match:
+            return f"{name}:{match.group(0)}"
+    return tag
+
+
 class ModelStore:
     def __init__(self, root: Path) -> None:
         self.layout = StoreLayout(root)
@@ -105,13 +151,62 @@ class ModelStore:
         layout = self.layout
         for folder in (layout.blobs_dir, layout.manifests_dir, layout.bundles_dir, layout.configs_dir):
             folder.mkdir(parents=True, exist_ok=True)
-        if not layout.layout_file.exists():
-            write_file_atomic(layout.layout_file, json.dumps({"version": LAYOUT_VERSION}).encode())
-        if not layout.index_file.exists():
-            with self._locked():
-                if not layout.index_file.exists():
-                    self._write_index([])
+        if not layout.layout_file.exists():  # as DMR writes it: json.MarshalIndent of Layout
+            write_file_atomic(layout.layout_file, json.dumps({"version": LAYOUT_VERSION}, indent=2).encode())
+        # Only modelrunner makes the lock file: with it there and no marker, an earlier version wrote here.
+        opened_before = layout.lock_file.exists()
+        with self._locked():
+            for stray in layout.root.glob(f".{layout.index_file.name}.*.tmp"):
+                with contextlib.suppress(OSError):  # from a writer killed mid-write (writers hold the lock)
+                    stray.unlink()
+            if not layout.index_file.exists():
+                self._write_index([])
+            if not layout.tags_marker.exists():
+                try:
+                    self._migrate_tags(recover_case=opened_before)
+                    write_file_atomic(layout.tags_marker, b"tags in DMR's form (docker.io/..., case kept)\n")
+                except OSError as exc:  # lookups match the old tags too: go on, migrate on the next open
+                    event(log, "store_migration_failed", logging.WARNING, error=exc.strerror or str(exc))
         self._remove_stale_partials()
+
+    def _migrate_tags(self, recover_case: bool) -> None:
+        """Rewrite tags an earlier modelrunner stored (`index.docker.io/...`, `hf.co/...`, and with
+        `recover_case` Hugging Face tags it lowercased) in DMR's form, under the lock, once (the marker
+        file says it is done: a tag a user later types lowercase stays lowercase, as in DMR). models.json
+        is replaced in one atomic rename and the marker is written after it, so an interrupted migration
+        leaves the old index whole and the next open does it again. A DMR store (tags already in DMR's
+        form) keeps its models.json byte for byte."""
+        try:
+            entries = self._read_index()
+        except StoreCorrupted:
+            return  # reported, with its message, by the first read
+        changed = False
+        seen: set[Reference] = set()
+        for entry in entries:
+            tags: list[str] = []
+            for tag in entry.tags:
+                ref = tag_reference(tag)
+                new = tag if ref is None or ref.digest else str(ref)
+                if recover_case and ref is not None and ref.is_huggingface:
+                    new = self._recovered_case(entry.id, new)
+                new_ref = tag_reference(new)
+                if new_ref is not None and new_ref in seen:
+                    changed = True  # the same tag twice: lookups only ever found the first
+                    continue
+                if new_ref is not None:
+                    seen.add(new_ref)
+                changed |= new != tag
+                tags.append(new)
+            entry.tags = tags
+        if changed:
+            self._write_index(entries)
+
+    def _recovered_case(self, model_id: str, tag: str) -> str:
+        try:
+            manifest, model_config = self._load(model_id)
+        except (StoreCorrupted, InvalidArtifact, InvalidDigest, UnsupportedMediaType):
+            return tag
+        return _recover_tag_case(tag, manifest, model_config)
 
     def _remove_stale_partials(self) -> None:
         now = time.time()
@@ -174,10 +269,10 @@ class ModelStore:
             if text.startswith("sha256:") or len(text) == 64:
                 raise ModelNotFound(f"model not found: {text}")
         ref = parse_reference(text)
-        for entry in entries:
+        for entry in entries:  # as DMR's IndexEntry.MatchesReference: the digest is the ID, a tag parsed
             if ref.digest and entry.id == ref.digest:
                 return entry
-            if not ref.digest and str(ref) in entry.tags:
+            if not ref.digest and any(_same_tag(tag, ref) for tag in entry.tags):
                 return entry
         raise ModelNotFound(f"model not found: {text[:200]}")
 
@@ -391,10 +486,11 @@ class ModelStore:
     def _move_tags(entries: list[IndexEntry], target: IndexEntry, tags: list[str]) -> None:
         """A tag names one model: tagging B with A's tag takes it from A (A stays, maybe untagged)."""
         for tag in tags:
+            ref = parse_reference(tag)
             for other in entries:
-                if other is not target and tag in other.tags:
-                    other.tags.remove(tag)
-            if tag not in target.tags:
+                if other is not target:
+                    other.tags = [t for t in other.tags if not _same_tag(t, ref)]
+            if not any(_same_tag(t, ref) for t in target.tags):
                 target.tags.append(tag)
 
     def tag(self, source: str, target: str) -> str:
@@ -428,7 +524,8 @@ class ModelStore:
                 entry.tags.clear()
             else:
                 tag = full_tag(text)
-                entry.tags.remove(tag)
+                ref = parse_reference(tag)
+                entry.tags = [t for t in entry.tags if not _same_tag(t, ref)]
                 events.append({"Untagged": tag})
             if not entry.tags:
                 entries.remove(entry)
@@ -461,21 +558,21 @@ class ModelStore:
                         self.layout.blob_path(digest).unlink()
 
     def repackage(self, source: str, target: str, context_size: int | None) -> str:
-        """New config and manifest over the same blobs (DMR's lightweight repackage)."""
+        """New config and manifest over the same blobs (DMR's lightweight repackage, `RepackageModel`):
+        the config re-encoded with the context size set, the manifest rebuilt as Go writes it (OCI media
+        type, the same layers). Without a context size it is the same model, tagged once more."""
         full_tag(target)  # a bad target fails before anything is written
         model = self.get(source)
         if model.manifest.config.media_type == mt.CONFIG_CNCF:
             raise BadRequest("context size cannot be set on a CNCF-format model")
-        config_bytes = self.read_blob(model.manifest.config.digest)
-        if context_size is not None:
-            config_bytes = with_context_size(config_bytes, context_size)
+        if context_size is None:
+            self.tag(model.id, target)
+            return model.id
+        config_bytes = with_context_size(self.read_blob(model.manifest.config.digest), context_size)
         config_digest = self.write_blob_bytes(config_bytes)
         old = model.manifest
         manifest = Manifest(
-            config=Descriptor(old.config.media_type, config_digest, len(config_bytes)),
-            layers=old.layers,
-            media_type=old.media_type,
-            artifact_type=old.artifact_type,
+            config=Descriptor(old.config.media_type, config_digest, len(config_bytes)), layers=old.layers
         )
         return self.add_model(manifest.to_bytes(), [target])
 
