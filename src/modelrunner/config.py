@@ -130,17 +130,48 @@ def default_registry() -> str:
 
 @dataclass(frozen=True)
 class ClientTarget:
-    """Where the CLI finds the daemon, and whether it may start one itself."""
+    """Where the CLI finds the daemon, how it talks to it, and whether it may start one itself."""
 
     base_url: str
-    explicit: bool  # MODEL_RUNNER_HOST was set: never auto-start a local daemon
+    explicit: bool  # MODEL_RUNNER_HOST or a named context: never auto-start a local daemon
+    api_key: str | None = None
+    tls_skip_verify: bool = False
+    tls_ca_cert: str | None = None
+    context: str | None = None  # the named context in use, if any
 
 
 def client_target() -> ClientTarget:
-    host = os.environ.get("MODEL_RUNNER_HOST")
+    """As DMR's CLI finds its runner (`cmd/cli/desktop/context.go: DetectContext`): MODEL_RUNNER_HOST, else
+    the active named context, else the local daemon; MODEL_RUNNER_TLS, _TLS_SKIP_VERIFY and _TLS_CA_CERT
+    override the context's TLS settings field by field. MODEL_RUNNER_API_KEY, else the context's key."""
+    from modelrunner.contexts import DEFAULT_CONTEXT, ContextStore
+
+    host = os.environ.get("MODEL_RUNNER_HOST") or ""
+    tls = os.environ.get("MODEL_RUNNER_TLS")
+    skip = os.environ.get("MODEL_RUNNER_TLS_SKIP_VERIFY")
+    ca_cert = os.environ.get("MODEL_RUNNER_TLS_CA_CERT")
+    use_tls, skip_verify = tls == "true", skip == "true"
+    api_key = os.environ.get("MODEL_RUNNER_API_KEY") or None
+    context = None
+    if not host:
+        store = ContextStore()
+        active = store.active()
+        if active != DEFAULT_CONTEXT:
+            named = store.get(active)
+            host, context = named.host, active
+            use_tls = use_tls if tls is not None else named.tls
+            skip_verify = skip_verify if skip is not None else named.tls_skip_verify
+            ca_cert = ca_cert if ca_cert is not None else (named.tls_ca_cert or None)
+            api_key = api_key or named.api_key
     if host:
         if "://" not in host:
-            scheme = "https" if os.environ.get("MODEL_RUNNER_TLS", "").lower() == "true" else "http"
-            host = f"{scheme}://{host}"
-        return ClientTarget(base_url=host.rstrip("/"), explicit=True)
-    return ClientTarget(base_url=f"http://{DEFAULT_HOST}:{daemon_port()}", explicit=False)
+            host = ("https://" if use_tls else "http://") + host
+        elif use_tls and host.startswith("http://"):
+            host = "https://" + host.removeprefix("http://")
+        return ClientTarget(host.rstrip("/"), True, api_key, skip_verify, ca_cert or None, context)
+    if use_tls:
+        port = os.environ.get("MODEL_RUNNER_TLS_PORT") or str(DEFAULT_TLS_PORT)
+        return ClientTarget(f"https://localhost:{port}", False, api_key, skip_verify, ca_cert or None)
+    return ClientTarget(
+        f"http://{DEFAULT_HOST}:{daemon_port()}", False, api_key, skip_verify, ca_cert or None
+    )

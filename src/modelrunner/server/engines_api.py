@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -48,7 +48,9 @@ def _line(kind: str, message: str, **extra: Any) -> bytes:
 
 
 def build_engines_router(
-    engines: Mapping[str, Engine], before_uninstall: BeforeUninstall | None = None
+    engines: Mapping[str, Engine],
+    before_uninstall: BeforeUninstall | None = None,
+    extra_listen: Sequence[str] = (),
 ) -> APIRouter:
     router = APIRouter()
 
@@ -69,7 +71,12 @@ def build_engines_router(
                 "supported": is_supported_here(engine),
             }
         accelerator = detect_accelerator().to_json()
-        return {"platform": platform_name(), "accelerator": accelerator, "engines": details}
+        return {
+            "platform": platform_name(),
+            "accelerator": accelerator,
+            "engines": details,
+            "extra_listen": list(extra_listen),
+        }
 
     @router.post("/engines/install-backend")
     async def install_backend(

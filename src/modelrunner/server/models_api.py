@@ -6,7 +6,7 @@ import contextlib
 import ipaddress
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -41,6 +41,7 @@ class PackageRequest(BaseModel):
     mmproj: str | None = None
     chat_template: str | None = None
     context_size: int | None = Field(default=None, gt=0, le=2**31 - 1)
+    format: Literal["docker", "cncf"] = "docker"
 
 
 def _absolute(raw: str | None, what: str) -> Path | None:
@@ -78,6 +79,11 @@ def build_models_router(store: ModelStore) -> APIRouter:
     ) -> dict[str, Any]:
         if not _is_loopback(request):
             raise BadRequest("packaging from file paths is only allowed for clients on this machine")
+        if body.format == "cncf":
+            raise BadRequest(
+                "packaging in the CNCF ModelPack format is not supported yet (models in that format can be "
+                "pulled and run); package with --format docker"
+            )
         tags = [full_tag(body.target)] if body.target else []  # a bad tag fails before any work
         spec = PackageSpec(
             gguf=_absolute(body.gguf, "gguf"),
