@@ -70,7 +70,7 @@ class Daemon:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.url + "/version", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/version", timeout=1).status_code in (200, 401):  # 401: needs a key
                     return self
             except httpx.TransportError:
                 pass
