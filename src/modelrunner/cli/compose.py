@@ -10,17 +10,18 @@ reach stdout. Ours also sends `<SERVICE>_API_KEY` when the model runner needs a 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from modelrunner.cli.common import client
+from modelrunner.cli.dmrformat import go_json
 
 Message = dict[str, str]
 
 
 def send(kind: str, message: str) -> None:
-    print(json.dumps({"type": kind, "message": message}, ensure_ascii=False), flush=True)
+    """One protocol message, as DMR's CLI marshals it (compact Go JSON, one line)."""
+    print(go_json({"type": kind, "message": message}), flush=True)
 
 
 def _parameters(parameters: list[tuple[str, str, bool, str, str | None]]) -> list[dict[str, Any]]:
@@ -58,7 +59,7 @@ def cmd_metadata(_: argparse.Namespace) -> None:
         "up": {"parameters": _parameters(UP_PARAMETERS)},
         "down": {"parameters": None},
     }
-    sys.stdout.write(json.dumps(metadata, separators=(",", ":")))
+    sys.stdout.write(go_json(metadata))
 
 
 def _known(daemon: Any, model: str) -> bool:

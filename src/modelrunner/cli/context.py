@@ -20,12 +20,10 @@ def cmd_create(args: argparse.Namespace) -> None:
     if not args.host:
         raise UsageError("--host is required")
     parts = urlsplit(args.host)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(
-            "invalid --host URL: must include scheme and host, e.g. http://192.168.1.100:12434"
-            if parts.scheme in ("", "http", "https")
-            else f"invalid --host URL: unsupported scheme {parts.scheme!r} (must be http or https)"
-        )
+    if not parts.scheme or not parts.netloc:
+        raise UsageError("invalid --host URL: must include scheme and host, e.g. http://192.168.1.100:12434")
+    if parts.scheme not in ("http", "https"):
+        raise UsageError(f'invalid --host URL: unsupported scheme "{parts.scheme}" (must be http or https)')
     ca_cert = ""
     if args.tls_ca_cert:
         path = Path(args.tls_ca_cert).expanduser().absolute()
