@@ -206,3 +206,77 @@ def test_ls_openai_and_openaiurl(fake_daemon: InProcessDaemon, tmp_path: Path) -
     header, row = external.stdout.splitlines()
     assert header.startswith("MODEL NAME      CREATED") and header.endswith("  ")
     assert re.fullmatch(r"ai/tiny:latest  (\d+ \w+|Less than a second|About an? \w+) ago +", row), row
+
+
+def test_endpoints_for_containers() -> None:
+    """status.go's jsonStatus: on Docker Engine containers reach the runner on the bridge gateway
+    (`endpoint`), this machine on loopback (`endpointHost`); a daemon named by URL is the manual kind."""
+    from modelrunner.cli.engines import endpoints
+    from modelrunner.client import Client
+
+    local = Client("http://127.0.0.1:12434")
+    bridge = {"extra_listen": ["172.17.0.1:12434"]}
+    assert endpoints(local, False, bridge) == (
+        "Docker Engine",
+        "http://172.17.0.1:12434/v1/",
+        "http://127.0.0.1:12434/v1/",
+    )
+    assert (
+        endpoints(local, False, {"extra_listen": ["127.0.0.2:12434"]})[0] == "Docker Engine (Manual Install)"
+    )
+    named = endpoints(Client("http://gpu.lan:12434"), True, bridge)
+    assert named == ("Docker Engine (Manual Install)", "http://gpu.lan:12434/v1/", "http://gpu.lan:12434/v1/")
+
+
+def test_stop_runner_with_models(tmp_path: Path) -> None:
+    """stop-runner.go: `--models` also removes the model storage. The daemon is the one the CLI starts."""
+    from tests.models import write_tiny_gguf
+
+    home = tmp_path / "home"
+    env = cli_env(tmp_path, MODEL_RUNNER_PORT=str(free_port()), MODEL_RUNNER_HOME=str(home))
+    try:
+        packaged = run_cli(env, "package", "--gguf", str(write_tiny_gguf(tmp_path / "t.gguf")), "tiny")
+        assert packaged.returncode == 0, packaged.stderr
+        assert any(p.is_file() for p in (home / "models" / "blobs").rglob("*"))
+    finally:
+        stopped = run_cli(env, "stop-runner", "--models")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "Removed every model" in stopped.stdout and "has stopped" in stopped.stdout
+    assert not any(p.is_file() for p in (home / "models" / "blobs").rglob("*"))
+    assert "not running" in run_cli(env, "stop-runner").stdout
+
+
+def test_uninstall_runner_with_models(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    result = run_cli(cli_env(tmp_path, fake_daemon.url), "uninstall-runner", "--models")
+    assert result.returncode == 0, result.stderr
+    assert "Removed every model from the store" in result.stdout
+    assert fake_daemon.http("GET", "/models").json() == []
+
+
+def test_bench_timeout(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, fake_daemon.url)
+    refused = run_cli(env, "bench", "tiny", "--timeout", "0s")
+    assert refused.returncode == 2 and "--timeout" in refused.stderr
+    ran = run_cli(
+        env, "bench", "tiny", "--concurrency", "1", "--duration", "1s", "--timeout", "10s", "--json"
+    )
+    assert ran.returncode == 0, ran.stderr
+    [level] = json.loads(ran.stdout)
+    assert level["concurrency"] == 1 and level["requests"] > 0 and level["errors"] == 0
+
+
+def test_package_format(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    """package.go: --format docker|cncf; the builder refuses --context-size with cncf."""
+    from tests.models import write_tiny_gguf
+
+    env = cli_env(tmp_path, fake_daemon.url)
+    gguf = str(write_tiny_gguf(tmp_path / "p.gguf", seed=6))
+    invalid = run_cli(env, "package", "--gguf", gguf, "--format", "onnx", "p")
+    assert (
+        invalid.returncode == 2
+        and 'invalid --format value "onnx": must be "docker" or "cncf"' in invalid.stderr
+    )
+    both = run_cli(env, "package", "--gguf", gguf, "--format", "cncf", "--context-size", "64", "p")
+    assert both.returncode == 2
+    assert "--context-size is not supported with --format cncf" in both.stderr
+    assert run_cli(env, "package", "--gguf", gguf, "--format", "docker", "p").returncode == 0

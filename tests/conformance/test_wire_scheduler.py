@@ -257,3 +257,13 @@ def test_ordinary_flags_still_pass(real_flag_rules: InProcessDaemon) -> None:
     assert real_flag_rules.http("POST", "/engines/_configure", json=body).status_code == 202
     [entry] = real_flag_rules.http("GET", "/engines/_configure").json()
     assert entry["Config"]["runtime-flags"] == ["--threads", "2", "--temp", "0.7"]
+
+
+def test_keep_alive_is_written_as_go_writes_durations() -> None:
+    """KeepAlive.MarshalJSON (pkg/inference/backend.go): time.Duration.String(), "-1" for forever."""
+    from modelrunner.scheduler.durations import NEVER, format_keep_alive
+
+    cases = {0: "0s", 0.25: "250ms", 1.5: "1.5s", 90: "1m30s", 300: "5m0s", 3600: "1h0m0s", 5400: "1h30m0s"}
+    cases |= {86400: "24h0m0s", 2.5e-6: "2.5µs", 7e-9: "7ns", NEVER: "-1"}
+    assert {seconds: format_keep_alive(seconds) for seconds in cases} == cases
+    assert all(go_keep_alive_ok(text) for text in cases.values())
