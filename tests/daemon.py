@@ -24,6 +24,8 @@ def free_port() -> int:
 def runner_env(home: Path, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MODELS_PATH", "MODEL_RUNNER_HOST")}
     env.update({"MODEL_RUNNER_HOME": str(home), "MODEL_RUNNER_PORT": str(port)})
+    # never the user's Docker config (its model contexts would redirect the CLI); a test may name its own
+    env.setdefault("DOCKER_CONFIG", str(home / "docker-config"))
     return env
 
 

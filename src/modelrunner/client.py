@@ -189,7 +189,8 @@ class Client:
         if response.status >= 400:
             data = response.read()
             conn.close()
-            if response.status == 401:
+            if response.status == 401 and response.getheader("WWW-Authenticate"):
+                # the daemon's own API key check (a registry's 401 on a pull comes without the header)
                 raise DaemonError(401, self._refused_key())
             raise DaemonError(response.status, _error_message(response.status, data))
         return response

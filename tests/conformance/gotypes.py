@@ -104,7 +104,19 @@ MODEL_CONFIG_ENTRY = {
 # cmd/cli/desktop/desktop.go: ServerVersionResponse; pkg/inference/models/api.go: Model (the fields the CLI
 # reads directly; its config is decoded by the store's own types)
 SERVER_VERSION = {"version": "string"}
-MODEL = {"id": "string", "tags": ["string"], "created": "int", "config": "any"}
+# pkg/distribution/types/config.go: Config, what Model.UnmarshalJSON decodes `config` into
+MODEL_CONFIG = {
+    "format": "string",
+    "quantization": "string",
+    "parameters": "string",
+    "architecture": "string",
+    "size": "string",
+    "gguf": ("map", "string"),
+    "safetensors": ("map", "string"),
+    "diffusers": ("map", "string"),
+    "context_size": "int",
+}
+MODEL = {"id": "string", "tags": ["string"], "created": "int", "config": MODEL_CONFIG}
 # pkg/distribution/oci/progress.go: ProgressMessage
 PROGRESS_MESSAGE = {
     "type": "string",
