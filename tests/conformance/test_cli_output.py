@@ -221,9 +221,8 @@ def test_endpoints_for_containers() -> None:
         "http://172.17.0.1:12434/v1/",
         "http://127.0.0.1:12434/v1/",
     )
-    assert (
-        endpoints(local, False, {"extra_listen": ["127.0.0.2:12434"]})[0] == "Docker Engine (Manual Install)"
-    )
+    for loopback in ("127.0.0.2:12434", "[::1]:12434"):
+        assert endpoints(local, False, {"extra_listen": [loopback]})[0] == "Docker Engine (Manual Install)"
     named = endpoints(Client("http://gpu.lan:12434"), True, bridge)
     assert named == ("Docker Engine (Manual Install)", "http://gpu.lan:12434/v1/", "http://gpu.lan:12434/v1/")
 

@@ -79,7 +79,8 @@ def endpoints(daemon: Client, explicit: bool, info: dict[str, Any] | None) -> tu
     from modelrunner.server.daemon import is_loopback_host
 
     host_endpoint = daemon.base_url + "/v1/"
-    extra = [a for a in (info or {}).get("extra_listen", []) if not is_loopback_host(a.rsplit(":", 1)[0])]
+    listed = (info or {}).get("extra_listen", [])
+    extra = [a for a in listed if not is_loopback_host(a.rsplit(":", 1)[0].strip("[]"))]
     if extra and not explicit:
         return "Docker Engine", f"http://{extra[0]}/v1/", host_endpoint
     return "Docker Engine (Manual Install)", host_endpoint, host_endpoint
