@@ -79,6 +79,7 @@ class Daemon:
             if self.process.poll() is not None:
                 raise RuntimeError("daemon exited at start:\n" + self.log.read_text())
             time.sleep(0.05)
+        self.stop()  # a daemon that never answered is not left running
         raise RuntimeError("daemon did not start:\n" + self.log.read_text())
 
     def stop(self) -> None:
