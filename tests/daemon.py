@@ -24,6 +24,8 @@ def free_port() -> int:
 def runner_env(home: Path, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MODELS_PATH", "MODEL_RUNNER_HOST")}
     env.update({"MODEL_RUNNER_HOME": str(home), "MODEL_RUNNER_PORT": str(port)})
+    # never the user's Docker config (its model contexts would redirect the CLI); a test may name its own
+    env.setdefault("DOCKER_CONFIG", str(home / "docker-config"))
     return env
 
 
@@ -70,13 +72,14 @@ class Daemon:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.url + "/version", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/version", timeout=1).status_code in (200, 401):  # 401: needs a key
                     return self
             except httpx.TransportError:
                 pass
             if self.process.poll() is not None:
                 raise RuntimeError("daemon exited at start:\n" + self.log.read_text())
             time.sleep(0.05)
+        self.stop()  # a daemon that never answered is not left running
         raise RuntimeError("daemon did not start:\n" + self.log.read_text())
 
     def stop(self) -> None:

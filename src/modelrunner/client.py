@@ -1,22 +1,26 @@
 """Typed HTTP client of the daemon's API: the CLI's only way in.
 
 Built on the standard library's http.client so that `model ls` stays quick to start (httpx alone costs
-~0.2 s of imports). When MODEL_RUNNER_HOST is unset and no daemon answers, `connect()` starts one in the
-background first, as DMR's CLI does.
+~0.2 s of imports). When no daemon is named (MODEL_RUNNER_HOST, a context) and none answers, `connect()`
+starts one in the background first, as DMR's CLI does. It sends the API key (MODEL_RUNNER_API_KEY or the
+context's) and speaks HTTPS (MODEL_RUNNER_TLS) or a Unix socket (`unix:///path`) when told.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import ipaddress
 import json
 import os
+import socket
+import ssl
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 from modelrunner import config
 from modelrunner.errors import DaemonError
@@ -45,22 +49,92 @@ def model_path(name: str) -> str:
     return quote(name.strip(), safe="/:@")
 
 
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket (the daemon's MODEL_RUNNER_SOCK)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def tls_context(skip_verify: bool, ca_cert: str | None) -> ssl.SSLContext:
+    """MODEL_RUNNER_TLS_SKIP_VERIFY / MODEL_RUNNER_TLS_CA_CERT, as DMR's LoadClientTLSConfig reads them; with
+    neither, the certificate the local daemon made for itself (if any) is trusted besides the system's."""
+    if skip_verify:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    if ca_cert:
+        try:
+            return ssl.create_default_context(cafile=ca_cert)
+        except (OSError, ssl.SSLError) as exc:
+            raise DaemonError(0, f"cannot load the TLS CA certificate {ca_cert}: {exc}") from None
+    context = ssl.create_default_context()
+    local_ca = config.runner_home() / "certs" / "ca.crt"
+    if local_ca.is_file():
+        with contextlib.suppress(OSError, ssl.SSLError):
+            context.load_verify_locations(cafile=str(local_ca))
+    return context
+
+
 class Client:
-    def __init__(self, base_url: str, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 600.0,
+        api_key: str | None = None,
+        tls_skip_verify: bool = False,
+        tls_ca_cert: str | None = None,
+    ) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        self._socket_path = unquote(parts.path) if parts.scheme == "unix" else None
+        if self._socket_path is None and (parts.scheme not in ("http", "https") or not parts.hostname):
             raise DaemonError(0, f"invalid daemon address: {base_url}")
+        if parts.scheme == "unix" and not self._socket_path:
+            raise DaemonError(0, f"invalid daemon address: {base_url} (use unix:///path/to/socket)")
         self.base_url = base_url.rstrip("/")
         self._scheme = parts.scheme
-        self._host = parts.hostname
+        self._host = parts.hostname or "localhost"
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._prefix = parts.path.rstrip("/")
+        self._prefix = "" if self._socket_path else parts.path.rstrip("/")
         self.timeout = timeout
+        self.api_key = api_key
+        self.openai_prefix: str | None = None  # set for an external OpenAI endpoint (see _openai)
+        self._tls: ssl.SSLContext | None = (
+            tls_context(tls_skip_verify, tls_ca_cert) if parts.scheme == "https" else None
+        )
+
+    @classmethod
+    def for_openai_url(cls, url: str) -> Client:
+        """A client of any OpenAI-compatible endpoint, e.g. `http://localhost:11434/v1` (`--openaiurl`)."""
+        client = cls(url, api_key=os.environ.get("OPENAI_API_KEY") or None)
+        client.openai_prefix = ""
+        return client
+
+    @classmethod
+    def for_target(cls, target: config.ClientTarget) -> Client:
+        return cls(
+            target.base_url,
+            api_key=target.api_key,
+            tls_skip_verify=target.tls_skip_verify,
+            tls_ca_cert=target.tls_ca_cert,
+        )
 
     @property
     def is_local(self) -> bool:
         """True when the daemon runs on this machine, so it can read files by path."""
-        if self._host == "localhost":
+        if self._socket_path is not None or self._host == "localhost":
             return True
         try:
             return ipaddress.ip_address(self._host).is_loopback
@@ -68,9 +142,19 @@ class Client:
             return False
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        if self._scheme == "https":
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
+        if self._socket_path is not None:
+            return UnixHTTPConnection(self._socket_path, timeout)
+        if self._tls is not None:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def _refused_key(self) -> str:
+        if self.api_key is None:
+            return (
+                f"the model runner at {self.base_url} requires an API key: set MODEL_RUNNER_API_KEY "
+                "(or give the context one: model context create NAME --host URL --api-key KEY)"
+            )
+        return f"the model runner at {self.base_url} refused the API key; check MODEL_RUNNER_API_KEY"
 
     def open(
         self,
@@ -85,17 +169,29 @@ class Client:
         """Send a request and return the open response; raises DaemonError on >= 400."""
         url = self._prefix + path + (f"?{urlencode(params)}" if params else "")
         all_headers = {"User-Agent": "modelrunner-cli", **(headers or {})}
+        if self.api_key:
+            all_headers["Authorization"] = f"Bearer {self.api_key}"
         conn = self._connection(self.timeout if timeout is None else timeout)
         try:
             chunked = body is not None and not isinstance(body, bytes)
             conn.request(method, url, body=body, headers=all_headers, encode_chunked=chunked)
             response = conn.getresponse()
+        except ssl.SSLError as exc:
+            conn.close()
+            raise DaemonError(
+                0,
+                f"TLS with the model runner at {self.base_url} failed: {exc.reason or exc}; give its CA "
+                "certificate with MODEL_RUNNER_TLS_CA_CERT (or MODEL_RUNNER_TLS_SKIP_VERIFY=true)",
+            ) from None
         except OSError as exc:
             conn.close()
             raise DaemonError(0, f"cannot reach the model runner at {self.base_url}: {exc}") from None
         if response.status >= 400:
             data = response.read()
             conn.close()
+            if response.status == 401 and response.getheader("WWW-Authenticate"):
+                # the daemon's own API key check (a registry's 401 on a pull comes without the header)
+                raise DaemonError(401, self._refused_key())
             raise DaemonError(response.status, _error_message(response.status, data))
         return response
 
@@ -113,11 +209,15 @@ class Client:
         return data.decode("utf-8", "replace")
 
     def ping(self) -> bool:
+        """True when a model runner answers; a missing or wrong API key is an error, not "no daemon"
+        (starting a second daemon would not help)."""
         try:
             self.call("GET", "/version", timeout=2.0)
             return True
-        except DaemonError:
-            return False
+        except DaemonError as exc:
+            if exc.status_code == 401:
+                raise
+            return exc.status_code != 0
 
     # -- the API, one method per route -----------------------------------------------------------
 
@@ -206,45 +306,63 @@ class Client:
 
     # -- inference and the scheduler ---------------------------------------------------------------
 
+    def _openai(self, backend: str | None) -> str:
+        """Where the OpenAI routes live: `/engines[/{backend}]/v1` here, the URL itself for an external
+        OpenAI-compatible endpoint (`--openaiurl`, whose URL already ends in its version path)."""
+        if self.openai_prefix is not None:
+            return self.openai_prefix
+        return f"/engines/{backend}/v1" if backend else "/engines/v1"
+
     def chat_stream(
         self, model: str, messages: list[dict[str, Any]], backend: str | None = None, **options: Any
     ) -> Iterator[dict[str, Any]]:
-        """Stream a chat completion: yields each SSE event's JSON (OpenAI chunks, or an error)."""
-        prefix = f"/engines/{backend}" if backend else "/engines"
+        """Stream a chat completion: yields each SSE event's JSON (OpenAI chunks, or an error event); a
+        stream cut short or garbled raises DaemonError, so a chat can report it and go on."""
         payload = {"model": model, "messages": messages, "stream": True, **options}
         response = self.open(
             "POST",
-            f"{prefix}/v1/chat/completions",
+            f"{self._openai(backend)}/chat/completions",
             body=json.dumps(payload).encode(),
             headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
         )
         with response:
-            for raw in response:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
+            try:
+                if not (response.getheader("Content-Type") or "").startswith("text/event-stream"):
+                    yield json.loads(response.read())  # a server that answered without streaming
                     return
-                yield json.loads(data)
+                for raw in response:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    yield json.loads(data)
+            except (OSError, http.client.HTTPException) as exc:
+                raise DaemonError(0, f"the answer was cut short: {exc or exc.__class__.__name__}") from None
+            except ValueError:
+                raise DaemonError(0, "the model runner sent an answer that is not valid JSON") from None
 
     def preload(self, model: str, backend: str | None = None) -> None:
-        prefix = f"/engines/{backend}" if backend else "/engines"
         self.call(
             "POST",
-            f"{prefix}/v1/chat/completions",
+            f"{self._openai(backend)}/chat/completions",
             payload={"model": model, "messages": []},
             headers={"X-Preload-Only": "true"},
         )
+
+    def list_openai(self) -> dict[str, Any]:
+        """The OpenAI model list (`GET /engines/v1/models`, or `{url}/models` of an external endpoint)."""
+        result: dict[str, Any] = self.call("GET", f"{self._openai(None)}/models")
+        return result
 
     def ps(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.call("GET", "/engines/ps")
         return result
 
     def unload(self, models: list[str], unload_all: bool, backend: str | None) -> int:
-        payload: dict[str, Any] = {"all": unload_all, "models": models}
-        if backend:
-            payload["backend"] = backend
+        # DMR's UnloadRequest, every field present as its CLI sends it (cmd/cli/desktop/desktop.go)
+        payload = {"all": unload_all, "backend": backend or "", "models": models or None}
         result: dict[str, int] = self.call("POST", "/engines/unload", payload=payload)
         return result["unloaded_runners"]
 
@@ -299,10 +417,14 @@ def split_tag(target: str) -> tuple[str, str]:
     return target, "latest"
 
 
-def start_daemon_in_background() -> subprocess.Popen[bytes]:
-    """`model serve` detached from this terminal, logging to the runner's log folder."""
+def start_daemon_in_background(tls: bool = False) -> subprocess.Popen[bytes]:
+    """`model serve` detached from this terminal, logging to the runner's log folder; with its TLS listener
+    on when the CLI was told to use TLS (MODEL_RUNNER_TLS=true)."""
     log_dir = config.logs_dir()
     log_dir.mkdir(parents=True, exist_ok=True)
+    env = os.environ.copy()
+    if tls:
+        env["MODEL_RUNNER_TLS_ENABLED"] = "true"
     with open(log_dir / "daemon.stdout.log", "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "modelrunner", "serve"],
@@ -310,11 +432,13 @@ def start_daemon_in_background() -> subprocess.Popen[bytes]:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=os.environ.copy(),
+            env=env,
         )
 
 
-def wait_until_up(client: Client, process: subprocess.Popen[bytes] | None, timeout: float) -> None:
+def wait_until_up(
+    client: Client, process: subprocess.Popen[bytes] | None, timeout: float = DAEMON_START_TIMEOUT
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if client.ping():
@@ -327,10 +451,13 @@ def wait_until_up(client: Client, process: subprocess.Popen[bytes] | None, timeo
     raise DaemonError(0, f"the model runner did not start within {timeout:.0f} s")
 
 
-def connect(autostart: bool = True) -> Client:
+def connect(autostart: bool = True, quiet: bool = False) -> Client:
+    """A client of the daemon the environment names, started first when none runs and none is named.
+    `quiet` keeps stderr clean for machine-read output (Compose reads `ls --json` with stderr merged)."""
     target = config.client_target()
-    client = Client(target.base_url)
+    client = Client.for_target(target)
     if autostart and not target.explicit and not client.ping():
-        print("Starting the model runner in the background...", file=sys.stderr)
-        wait_until_up(client, start_daemon_in_background(), DAEMON_START_TIMEOUT)
+        if not quiet:
+            print("Starting the model runner in the background...", file=sys.stderr)
+        wait_until_up(client, start_daemon_in_background(tls=client.base_url.startswith("https:")))
     return client

@@ -27,13 +27,13 @@ def fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def write_file_atomic(path: Path, data: bytes) -> None:
-    write_stream_atomic(path, [data])
+def write_file_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    write_stream_atomic(path, [data], mode)
 
 
-def write_stream_atomic(path: Path, chunks: Iterable[bytes]) -> None:
-    """temp file in the same folder -> fsync -> chmod 0644 -> rename: readers never see half a file,
-    and content that fails midway (an interrupted export) never replaces the old file."""
+def write_stream_atomic(path: Path, chunks: Iterable[bytes], mode: int = 0o644) -> None:
+    """temp file in the same folder -> fsync -> chmod (0644 unless told) -> rename: readers never see half
+    a file, and content that fails midway (an interrupted export) never replaces the old file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -41,7 +41,7 @@ def write_stream_atomic(path: Path, chunks: Iterable[bytes]) -> None:
                 handle.write(chunk)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -129,7 +129,7 @@ def test_cli_starts_a_daemon_when_none_runs_and_stop_runner_stops_it(tmp_path: P
         assert "Starting the model runner" in listing.stderr
         assert listing.stdout.startswith("MODEL NAME")
         assert "already running" in model("start-runner").stdout
-        assert "Server: modelrunner" in model("version").stdout
+        assert "Server:\n Version:    0.1.0" in model("version").stdout
     finally:
         stopped = model("stop-runner")
     assert "has stopped" in stopped.stdout

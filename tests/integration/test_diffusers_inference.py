@@ -220,8 +220,8 @@ def test_install_status_reinstall_uninstall(tmp_path: Path, diffusers_python: Pa
         assert f"Installed diffusers {diffusers.VERSION} (cpu)" in out
         assert "already installed" in home.cli("install-runner", "--backend", "diffusers").stdout
         assert "Using the cached" in home.cli("reinstall-runner", "--backend", "diffusers").stdout
-        lines = home.cli("status").stdout.splitlines()
-        assert f"diffusers: running diffusers version: {diffusers.VERSION}" in lines
+        lines = home.cli("status").stdout.splitlines()  # DMR's table: BACKEND STATUS DETAILS
+        assert f"diffusers  Running        diffusers {diffusers.VERSION}" in [line.rstrip() for line in lines]
         status = json.loads(home.cli("status", "--json").stdout)
         assert status["backends"]["diffusers"] == f"Running: diffusers {diffusers.VERSION}"
         removed = home.cli("uninstall-runner", "--backend", "diffusers").stdout

@@ -118,7 +118,7 @@ def test_num_ctx_becomes_the_persisted_context_size(client: ollama.Client, daemo
     argv = engine_argv(daemon)
     assert argv[argv.index(b"--ctx-size") + 1] == b"256"
     [config] = daemon.http("GET", "/engines/_configure?model=tiny").json()
-    assert config["Config"]["context_size"] == 256
+    assert config["Config"]["context-size"] == 256
     client.chat(
         model="tiny", messages=[{"role": "user", "content": "hi"}], options={"num_ctx": 512, "num_predict": 1}
     )
@@ -128,7 +128,7 @@ def test_num_ctx_becomes_the_persisted_context_size(client: ollama.Client, daemo
 
 def test_keep_alive_durations(client: ollama.Client, daemon: Daemon) -> None:
     client.generate(model="tiny", prompt="", keep_alive="1h")
-    assert [r["keep_alive"] for r in daemon.http("GET", "/engines/ps").json()] == ["1h"]
+    assert [r["keep_alive"] for r in daemon.http("GET", "/engines/ps").json()] == ["1h0m0s"]
     client.generate(model="tiny", prompt="", keep_alive=-1)
     assert [r["keep_alive"] for r in daemon.http("GET", "/engines/ps").json()] == ["-1"]
     with pytest.raises(ollama.ResponseError) as bad:

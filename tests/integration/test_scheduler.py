@@ -221,10 +221,10 @@ def test_configure_persists_across_a_daemon_restart(start: Start, tmp_path: Path
     restarted = start()
     [shown] = restarted.http("GET", "/engines/_configure", params={"model": "tiny"}).json()
     assert shown["Backend"] == "llama.cpp" and shown["Mode"] == "completion"
-    assert shown["Config"] == {
-        "context_size": 1024,
-        "runtime_flags": ["--fake-flag", "3"],
-        "keep_alive": "10m",
+    assert shown["Config"] == {  # DMR's BackendConfiguration (pkg/inference/backend.go)
+        "context-size": 1024,
+        "runtime-flags": ["--fake-flag", "3"],
+        "keep_alive": "10m0s",
     }
     assert chat(restarted, "tiny").status_code == 200
     argv = read_events(events, "started")[-1]["argv"]

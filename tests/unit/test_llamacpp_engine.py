@@ -14,7 +14,7 @@ from modelrunner.artifact.gguf import read_gguf
 from modelrunner.engines import build, gpu, llamacpp_memory
 from modelrunner.engines.base import InstallState, Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.llamacpp import LlamaCppEngine, command_line, default_threads
-from modelrunner.engines.llamacpp_flags import split_raw_flags, validate_runtime_flags
+from modelrunner.engines.llamacpp_flags import validate_runtime_flags
 from modelrunner.engines.registry import default_registry, find_engine
 from modelrunner.errors import (
     BadRequest,
@@ -223,28 +223,31 @@ def test_allowed_runtime_flags(flags: list[str]) -> None:
     [
         (["--model", "x.gguf"], "not allowed for llama.cpp"),
         (["--log-file", "out.txt"], "not allowed for llama.cpp"),
-        (["--host", "0.0.0.0"], "not allowed for llama.cpp"),
         (["--mmproj", "p"], "not allowed for llama.cpp"),
         (["--chat-template-file", "t"], "not allowed for llama.cpp"),
         (["--lora", "adapter"], "not allowed for llama.cpp"),
         (["--grammar-file=g"], "not allowed for llama.cpp"),
         (["--chat-template", "/etc/passwd"], "may not contain"),
-        (["--api-key", "a\\b"], "may not contain"),
+        (["--grammar", "a\\b"], "may not contain"),
         (["--api-prefix=/v2"], "may not contain"),
         (["--threads=-x"], "must be a number"),
         (["--seed=--model"], "must be a number"),
         (["--threads", "4\0"], "NUL"),
+        # the engine's own access rules, and flags that reach files: refused, saying why
+        (["--api-key", "secret"], "who may reach the engine"),
+        (["--api-key-file=k"], "who may reach the engine"),
+        (["--port", "8080"], "who may reach the engine"),
+        (["--host", "0.0.0.0"], "who may reach the engine"),
+        (["--ssl-key-file", "k.pem"], "who may reach the engine"),
+        (["--api-prefix", "v2"], "who may reach the engine"),
+        (["--path", "www"], "read or write files"),
+        (["--media-path", "pics"], "read or write files"),
+        (["--props"], "settings for every client"),
     ],
 )
 def test_refused_runtime_flags(flags: list[str], why: str) -> None:
     with pytest.raises(BadRequest, match=why):
         validate_runtime_flags(flags)
-
-
-def test_raw_runtime_flags_split_like_a_shell() -> None:
-    assert split_raw_flags("--temp 0.5 --chat-template 'a b'") == ["--temp", "0.5", "--chat-template", "a b"]
-    with pytest.raises(BadRequest):
-        split_raw_flags("--chat-template 'unclosed")
 
 
 # -- memory estimate --------------------------------------------------------------------------------------

@@ -103,6 +103,10 @@ def test_wrong_format_and_mode_are_refused(tmp_path: Path) -> None:
         ["--dtype", "../x"],
         ["--seed=-x"],
         ["--log-config-file=a"],
+        ["--api-key", "k"],
+        ["--port=1"],
+        ["--allowed-local-media-path", "x"],
+        ["--middleware", "m"],
     ],
 )
 def test_flags_off_the_allow_list_or_with_paths_are_refused(flags: list[str]) -> None:

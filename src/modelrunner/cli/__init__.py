@@ -10,13 +10,13 @@ import argparse
 import sys
 
 from modelrunner import __version__
-from modelrunner.cli import bench, distribution, engines, inference, models, runner
+from modelrunner.cli import bench, compose, context, distribution, engines, inference, models, plugin, runner
 from modelrunner.cli.common import UsageError
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "model") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="model",
+        prog=prog,
         description="Run, manage and package AI models locally (Docker Model Runner compatible).",
     )
     parser.add_argument("--version", action="version", version=f"modelrunner {__version__}")
@@ -27,13 +27,16 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_commands(commands)
     distribution.add_commands(commands)
     engines.add_commands(commands)
+    context.add_commands(commands)
+    compose.add_commands(commands)
+    plugin.add_commands(commands)
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = "model") -> None:
     from modelrunner.errors import ModelRunnerError
 
-    parser = build_parser()
+    parser = build_parser(prog)
     words = list(sys.argv[1:] if argv is None else argv)
     # Everything after `--` is passed through untouched (engine flags of `configure`); argparse's own
     # handling of `--` inside subcommands is unreliable, so it is split off here.
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         sys.exit(handler(args) or 0)
     except UsageError as exc:
-        parser.exit(2, f"model: error: {exc}\n")
+        parser.exit(2, f"{prog}: error: {exc}\n")
     except ModelRunnerError as exc:
         print(f"Error: {exc.message}", file=sys.stderr)
         sys.exit(1)

@@ -47,7 +47,9 @@ class LevelResult:
         }
 
 
-def run_level(model: str, prompt: str, concurrency: int, duration: float, max_tokens: int) -> LevelResult:
+def run_level(
+    model: str, prompt: str, concurrency: int, duration: float, max_tokens: int, timeout: float = 300.0
+) -> LevelResult:
     daemon = client()
     result = LevelResult(concurrency)
     lock = threading.Lock()
@@ -58,7 +60,7 @@ def run_level(model: str, prompt: str, concurrency: int, duration: float, max_to
         while time.monotonic() < deadline:
             started = time.monotonic()
             try:
-                answer = daemon.call("POST", "/engines/v1/chat/completions", payload=payload)
+                answer = daemon.call("POST", "/engines/v1/chat/completions", payload=payload, timeout=timeout)
                 tokens = int((answer.get("usage") or {}).get("completion_tokens", 0))
                 ok = True
             except Exception:
@@ -90,10 +92,15 @@ def cmd_bench(args: argparse.Namespace) -> None:
     duration = parse_keep_alive(args.duration)
     if not 0 < duration < 24 * 3600:
         raise UsageError("--duration must be a positive duration such as 30s or 2m")
+    timeout = parse_keep_alive(args.timeout)
+    if not 0 < timeout < 24 * 3600:
+        raise UsageError("--timeout must be a positive duration such as 30s or 5m")
     daemon = client()
     daemon.get_model(args.model)
     daemon.preload(args.model)  # load time is not throughput
-    results = [run_level(args.model, args.prompt, level, duration, args.max_tokens) for level in levels]
+    results = [
+        run_level(args.model, args.prompt, level, duration, args.max_tokens, timeout) for level in levels
+    ]
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))
         return
@@ -126,6 +133,7 @@ def add_commands(commands: Any) -> None:
     bench.add_argument("model", help="model name, tag or ID")
     bench.add_argument("--concurrency", default="1,2,4,8", help="levels, comma separated (default 1,2,4,8)")
     bench.add_argument("--duration", default="30s", help="time per level (default 30s)")
+    bench.add_argument("--timeout", default="5m", help="timeout of each request (default 5m)")
     bench.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message sent")
     bench.add_argument("--max-tokens", type=int, default=128, help="tokens per answer (default 128)")
     bench.add_argument("--json", action="store_true", help="results as JSON")

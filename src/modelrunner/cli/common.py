@@ -12,10 +12,11 @@ class UsageError(Exception):
     """A command line that parses but makes no sense (e.g. two sources for `package`); exit code 2."""
 
 
-def client() -> Client:
+def client(quiet: bool = False) -> Client:
+    """The daemon's client (started first when none runs); `quiet` for output that machines read."""
     from modelrunner.client import connect
 
-    return connect()
+    return connect(quiet=quiet)
 
 
 def display(tag: str) -> str:

@@ -129,7 +129,7 @@ def render_transfer(events: Iterable[Event], as_json: bool, verb: str) -> int:
     return 1 if failed else 0
 
 
-def _hf_token(name: str) -> str | None:
+def hf_token(name: str) -> str | None:
     """DMR's CLI sends HF_TOKEN as the bearer token of Hugging Face pulls."""
     lowered = name.strip().lower()
     if lowered.startswith(("hf.co/", "huggingface.co/")):
@@ -138,7 +138,7 @@ def _hf_token(name: str) -> str | None:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    return render_transfer(client().pull(args.model, _hf_token(args.model)), args.json, "pull")
+    return render_transfer(client().pull(args.model, hf_token(args.model)), args.json, "pull")
 
 
 def cmd_push(args: argparse.Namespace) -> int:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelrunner.cli.common import client
+
+if TYPE_CHECKING:
+    from modelrunner.client import Client
 
 GPU_CHOICES = ("auto", "none", "cuda", "vulkan")
 
@@ -35,61 +38,98 @@ def cmd_reinstall_runner(args: argparse.Namespace) -> None:
 
 
 def cmd_uninstall_runner(args: argparse.Namespace) -> None:
-    result = client().uninstall_backend(args.backend)
+    daemon = client()
+    result = daemon.uninstall_backend(args.backend)
     print(result["message"])
+    if args.models:  # DMR: also remove the model storage
+        daemon.unload([], True, None)
+        daemon.purge()
+        print("Removed every model from the store")
 
 
-def engine_line(name: str, engine: dict[str, Any], platform: str) -> str:
-    """`llama.cpp: running llama.cpp version: b11434`, `mlx: not supported on linux`, ..."""
-    state, detail = engine.get("state"), engine.get("detail") or ""
-    if state == "Running":
-        version = engine.get("version")
-        return f"{name}: running {name} version: {version}" if version else f"{name}: running {name}"
-    if not engine.get("supported", True):
-        return f"{name}: not supported on {platform}"
-    if state == "Not Installed":
-        hint = detail if "not yet available" in detail else f"run: model install-runner --backend {name}"
-        return f"{name}: not installed ({hint})"
-    if state == "Installing":
-        return f"{name}: installing"
-    return f"{name}: error: {detail}" if detail else f"{name}: error"
+STATUS_ORDER = ("Running", "Error", "Not Installed", "Installing")
+
+
+def parse_status(text: str) -> tuple[str, str]:
+    """DMR's inference.ParseStatus: "Running: llama.cpp b11434" -> ("Running", "llama.cpp b11434")."""
+    if not text:
+        return "Not Installed", ""
+    for prefix in STATUS_ORDER:
+        if text == prefix:
+            return prefix, ""
+        if text.startswith(prefix + ": "):
+            return prefix, text[len(prefix) + 2 :]
+    return "Error", text
+
+
+def backend_status_table(backends: dict[str, str]) -> str:
+    """DMR's backendStatusTable: Running, then Error, Not Installed, Installing; by name within each."""
+    from modelrunner.cli.dmrformat import go_table
+
+    rows = [[name, *parse_status(text)] for name, text in backends.items()]
+    rank = {kind: i for i, kind in enumerate(STATUS_ORDER)}
+    rows.sort(key=lambda row: (rank.get(row[1], len(STATUS_ORDER)), row[0]))
+    return go_table(["BACKEND", "STATUS", "DETAILS"], rows)
+
+
+def endpoints(daemon: Client, explicit: bool, info: dict[str, Any] | None) -> tuple[str, str, str]:
+    """(kind, endpoint, endpointHost) of DMR's `status --json`: the OpenAI base URL containers use and the
+    one this machine uses. A local daemon with an extra listen address (a Docker bridge gateway) is
+    reached there by containers, as DMR on Docker Engine is; otherwise both are the URL the CLI uses."""
+    from modelrunner.server.daemon import is_loopback_host
+
+    host_endpoint = daemon.base_url + "/v1/"
+    listed = (info or {}).get("extra_listen", [])
+    extra = [a for a in listed if not is_loopback_host(a.rsplit(":", 1)[0].strip("[]"))]
+    if extra and not explicit:
+        return "Docker Engine", f"http://{extra[0]}/v1/", host_endpoint
+    return "Docker Engine (Manual Install)", host_endpoint, host_endpoint
+
+
+def _next_steps(*steps: str) -> str:
+    bold = ("\x1b[1m", "\x1b[0m") if sys.stdout.isatty() else ("", "")
+    return f"\n{bold[0]}What's next:{bold[1]}\n" + "".join(f"    {step}\n" for step in steps)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from modelrunner.client import connect
+    """DMR's `status`: "Docker Model Runner is running" and a BACKEND/STATUS/DETAILS table, or `--json`
+    with running, backends, kind, endpoint and endpointHost (what Compose reads for its models)."""
+    from modelrunner import config
+    from modelrunner.cli.dmrformat import go_json
+    from modelrunner.client import Client
     from modelrunner.errors import DaemonError
 
+    target = config.client_target()
+    daemon = Client.for_target(target)
     try:
-        daemon = connect(autostart=False)
-        info = daemon.engines_info()
+        daemon.list_models()
+        backends = daemon.engines_status()
+        running = True
     except DaemonError as exc:
-        if exc.status_code != 0:
+        if exc.status_code not in (0, 503):
             raise
-        if args.json:
-            print(json.dumps({"running": False}))
-        print(
-            "The model runner is not running. Start it with: model start-runner "
-            "(any other command, e.g. model ls, also starts it)",
-            file=sys.stderr,
-        )
-        return 1
-    engines: dict[str, dict[str, Any]] = info["engines"]
-    accelerator: dict[str, Any] = info["accelerator"]
+        backends, running = {}, False
     if args.json:
+        info = None
+        if running:
+            with contextlib.suppress(DaemonError):
+                info = daemon.engines_info()
+        kind, endpoint, endpoint_host = endpoints(daemon, target.explicit, info)
         document = {
-            "running": True,
-            "backends": {name: engine["status"] for name, engine in engines.items()},
-            "kind": "modelrunner",
-            "endpoint": f"{daemon.base_url}/engines/v1/",
-            "endpointHost": daemon.base_url,
-            "accelerator": accelerator,
+            "running": running,
+            "backends": dict(sorted(backends.items())) if running else None,
+            "kind": kind,
+            "endpoint": endpoint,
+            "endpointHost": endpoint_host,
         }
-        print(json.dumps(document, indent=2))
+        print(go_json(document))
         return 0
-    print(f"The model runner is running at {daemon.base_url}")
-    for name, engine in engines.items():
-        print(engine_line(name, engine, info.get("platform", "this platform")))
-    print(f"accelerator: {accelerator['kind']} ({accelerator['name']})")
+    if not running:
+        print("Docker Model Runner is not running")
+        sys.stdout.write(_next_steps("Start it → model start-runner (any other command also starts it)"))
+        return 1
+    print("Docker Model Runner is running\n")
+    sys.stdout.write(backend_status_table(backends))
     return 0
 
 
@@ -116,8 +156,9 @@ def add_commands(commands: Any) -> None:
 
     uninstall = commands.add_parser("uninstall-runner", help="Remove an installed inference engine.")
     uninstall.add_argument("--backend", default="llama.cpp", help="engine to remove (default llama.cpp)")
+    uninstall.add_argument("--models", action="store_true", help="also remove every model from the store")
     uninstall.set_defaults(handler=cmd_uninstall_runner)
 
     status = commands.add_parser("status", help="Show whether the model runner runs, and its engines.")
-    status.add_argument("--json", action="store_true", help="as JSON (DMR's fields plus the accelerator)")
+    status.add_argument("--json", action="store_true", help="Format output in JSON")
     status.set_defaults(handler=cmd_status)

@@ -1,4 +1,7 @@
-"""Inference and scheduler verbs: run (one-shot and interactive chat), ps, unload, configure, logs."""
+"""Inference and scheduler verbs: run (one-shot and interactive chat), ps, unload, configure, logs.
+
+Output and flags follow DMR's commands (`cmd/cli/commands/run.go`, `ps.go`, `unload.go`, `configure*.go`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import json
 import sys
 import threading
 import time
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from modelrunner.cli.common import UsageError, client, display
@@ -15,23 +19,25 @@ if TYPE_CHECKING:
     from modelrunner.client import Client
 
 ITALIC, RESET = "\x1b[3m", "\x1b[0m"
+DEFAULT_KEEP_ALIVE = 300.0  # DMR's KeepAliveDefault, shown when a runner reports none
 
 
-def _ensure_model(daemon: Client, model: str) -> None:
-    """`run` pulls a model that is not in the store yet, as DMR's CLI does."""
+def ensure_model(daemon: Client, model: str) -> None:
+    """`run` pulls a model that is not in the store yet, as DMR's CLI does, showing the pull as `model pull`
+    does and stopping on its error (instead of a later, unrelated 404)."""
+    from modelrunner.cli.distribution import hf_token, render_transfer
     from modelrunner.errors import DaemonError
 
     try:
         daemon.get_model(model)
+        return
     except DaemonError as exc:
         if exc.status_code != 404:
             raise
-        pull = getattr(daemon, "pull", None)
-        if pull is None:
-            raise
-        print(f"Unable to find model '{model}' locally. Pulling from the server.", file=sys.stderr)
-        for _ in pull(model):
-            pass
+    print(f"Unable to find model '{model}' locally. Pulling from the server.", file=sys.stderr)
+    status = render_transfer(daemon.pull(model, hf_token(model)), False, "pull")
+    if status != 0:
+        raise SystemExit(status)
 
 
 LOADING_NOTICE_AFTER = 2.0  # seconds without a first token before saying why
@@ -55,109 +61,179 @@ def _say_if_loading(daemon: Client, model: str) -> None:
 
 
 def stream_answer(
-    daemon: Client, model: str, messages: list[dict[str, Any]], backend: str | None, **options: Any
+    daemon: Client,
+    model: str,
+    messages: list[dict[str, Any]],
+    backend: str | None,
+    color: bool = False,
+    **options: Any,
 ) -> str:
-    """Print an answer as it streams; returns its text. Reasoning is shown in italics on a terminal."""
-    tty = sys.stdout.isatty()
+    """Print an answer as it streams; returns its text. Reasoning comes first under "Thinking:" (italic
+    with --color), as DMR prints it. An error event or a cut stream raises DaemonError."""
+    from modelrunner.errors import DaemonError
+
     text: list[str] = []
-    in_reasoning = False
+    state = "none"  # none | reasoning | content
     notice = threading.Timer(LOADING_NOTICE_AFTER, _say_if_loading, (daemon, model))
     notice.daemon = True
     notice.start()
-    for event in daemon.chat_stream(model, messages, backend, **options):
+    try:
+        for event in daemon.chat_stream(model, messages, backend, **options):
+            notice.cancel()
+            if "error" in event or event.get("type") == "error":
+                error = event.get("error", event)
+                message = error.get("message", error) if isinstance(error, dict) else error
+                raise DaemonError(500, str(message))
+            for choice in (event.get("choices") or [])[:1]:
+                delta = choice.get("delta") or choice.get("message") or {}
+                reasoning = delta.get("reasoning_content")
+                if reasoning:
+                    if state == "content":
+                        sys.stdout.write("\n\n")
+                    if state != "reasoning":
+                        sys.stdout.write((ITALIC if color else "") + "Thinking:\n")
+                    state = "reasoning"
+                    sys.stdout.write(reasoning)
+                content = delta.get("content")
+                if content:
+                    if state == "reasoning":
+                        sys.stdout.write((RESET if color else "") + "\n\n--\n\n")
+                    state = "content"
+                    sys.stdout.write(content)
+                    text.append(content)
+                sys.stdout.flush()
+    finally:
         notice.cancel()
-        if "error" in event or event.get("type") == "error":
-            error = event.get("error", event)
-            message = error.get("message", error) if isinstance(error, dict) else error
-            raise SystemExit(f"\nError: {message}")
-        for choice in event.get("choices") or []:
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content")
-            if reasoning:
-                if tty and not in_reasoning:
-                    sys.stdout.write(ITALIC)
-                in_reasoning = True
-                sys.stdout.write(reasoning)
-            content = delta.get("content")
-            if content:
-                if in_reasoning:
-                    sys.stdout.write(RESET + "\n" if tty else "\n")
-                    in_reasoning = False
-                sys.stdout.write(content)
-                text.append(content)
-            sys.stdout.flush()
-    if in_reasoning and tty:
-        sys.stdout.write(RESET)
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+        if state == "reasoning" and color:
+            sys.stdout.write(RESET)
+        sys.stdout.flush()
     return "".join(text)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    daemon = client()
-    _ensure_model(daemon, args.model)
-    from modelrunner.cli.images import is_image_model, run_image
-
-    if is_image_model(daemon.get_model(args.model)):  # a DDUF model: a picture, not a chat
-        return run_image(daemon, args)
-    if args.detach:
-        daemon.preload(args.model, args.backend)
-        return 0
+def _prompt(args: argparse.Namespace) -> str:
+    """The words after the model, and stdin appended when it is piped (DMR's order and separator)."""
     prompt = " ".join(args.prompt)
-    if not sys.stdin.isatty():
+    if not args.detach and not sys.stdin.isatty():
         piped = sys.stdin.read()
-        prompt = f"{prompt}\n\n{piped}".strip() if prompt else piped.strip()
-    if prompt:
+        prompt = f"{prompt}\n\n{piped}" if prompt else piped
+    return prompt
+
+
+def _use_color(mode: str) -> bool:
+    if mode == "yes":
+        return True
+    if mode == "no":
+        return False
+    import os
+
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from modelrunner.cli.prompt_files import PromptFileError, user_message
+
+    prompt = _prompt(args)
+    if args.debug:
+        print(f"Running model {args.model} with prompt {prompt}" if prompt else f"Running model {args.model}")
+    color = _use_color(args.color)
+    if args.openaiurl:
+        if args.detach:
+            raise UsageError("--detach flag cannot be used with --openaiurl flag")
+        from modelrunner.client import Client
+
+        daemon = Client.for_openai_url(args.openaiurl)
+    else:
+        daemon = client()
+        ensure_model(daemon, args.model)
+        from modelrunner.cli.images import is_image_model, run_image
+
+        if is_image_model(daemon.get_model(args.model)):  # a DDUF model: a picture, not a chat
+            args.prompt = [prompt] if prompt else []  # stdin is read already
+            return run_image(daemon, args)
+        if args.detach:
+            daemon.preload(args.model, args.backend)
+            if args.debug:
+                print(f"Model {args.model} loaded successfully")
+            return 0
+    if prompt.strip():
+        try:
+            message = user_message(prompt)
+        except PromptFileError as exc:
+            raise UsageError(str(exc)) from None
         options = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-        stream_answer(daemon, args.model, [{"role": "user", "content": prompt}], args.backend, **options)
+        stream_answer(daemon, args.model, [message], args.backend, color, **options)
+        print()
         return 0
     from modelrunner.cli.chat import interactive_chat
 
-    return interactive_chat(daemon, args.model, args.backend)
+    return interactive_chat(daemon, args.model, args.backend, color, preload=not args.openaiurl)
 
 
-def _until(runner: dict[str, Any], now: float) -> str:
+def _parse_go_time(text: object) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time; None for Go's zero time or anything else."""
+    if not isinstance(text, str) or text.startswith("0001-01-01"):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def until(runner: dict[str, Any], now: float) -> str:
+    """The UNTIL column of DMR's `ps` (formatUntil): how long an idle runner stays loaded."""
     from modelrunner.cli.render import human_duration
+    from modelrunner.scheduler.durations import NEVER, parse_keep_alive
 
     if runner.get("loading"):
         return "Loading..."
-    if runner.get("in_use"):
-        return "In use"
-    keep_alive = str(runner.get("keep_alive", ""))
-    if keep_alive.startswith("-"):
+    raw = runner.get("keep_alive")
+    try:
+        keep_alive = DEFAULT_KEEP_ALIVE if raw is None else parse_keep_alive(raw)
+    except ValueError:
+        keep_alive = DEFAULT_KEEP_ALIVE
+    if keep_alive == NEVER:
         return "Forever"
-    from modelrunner.scheduler.durations import parse_keep_alive
-
-    remaining = runner.get("last_used", 0) + parse_keep_alive(keep_alive) - now
+    last_used = _parse_go_time(runner.get("last_used"))
+    if runner.get("in_use") or last_used is None:
+        return human_duration(keep_alive) + " from now"
+    remaining = keep_alive - (now - last_used)
     return "Expiring" if remaining <= 0 else human_duration(remaining) + " from now"
 
 
+def ps_name(model_name: str) -> str:
+    return model_name[7:19] if model_name.startswith("sha256:") else display(model_name.lower())
+
+
 def cmd_ps(_: argparse.Namespace) -> None:
-    from modelrunner.cli.render import table
+    from modelrunner.cli.dmrformat import go_table
 
     now = time.time()
-    rows = [[display(r["model_name"]), r["backend_name"], r["mode"], _until(r, now)] for r in client().ps()]
-    print(table(["MODEL NAME", "BACKEND", "MODE", "UNTIL"], rows))
+    rows = [
+        [ps_name(r.get("model_name", "")), r.get("backend_name", ""), r.get("mode", ""), until(r, now)]
+        for r in client().ps()
+    ]
+    sys.stdout.write(go_table(["MODEL NAME", "BACKEND", "MODE", "UNTIL"], rows))
 
 
 def cmd_unload(args: argparse.Namespace) -> None:
+    if args.all and args.models:
+        raise UsageError("'model unload' does not take MODEL when --all is specified")
     if not args.all and not args.models:
-        raise UsageError("name the models to unload, or use --all")
-    daemon = client()
-    running = daemon.ps()
-    count = daemon.unload(args.models, args.all, args.backend)
+        raise UsageError("'model unload' requires MODEL unless --all is specified")
+    count = client().unload(args.models, args.all, args.backend)
     if count:
         print(f"Unloaded {count} model(s).")
-    elif not running:
+    elif args.all:
         print("No models are running.")
     else:
         print("No such model(s) running.")
 
 
 def _parse_bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes", "on"):
+    """Go's strconv.ParseBool, as DMR's `--think=<bool>` reads its value."""
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
         return True
-    if text.lower() in ("false", "0", "no", "off"):
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
         return False
     raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
 
@@ -165,7 +241,9 @@ def _parse_bool(text: str) -> bool:
 def cmd_configure(args: argparse.Namespace) -> None:
     daemon = client()
     if args.model == "show":
-        print(json.dumps(daemon.configuration(args.target), indent=2))
+        from modelrunner.cli.dmrformat import go_json
+
+        print(go_json(daemon.configuration(args.target), indent="  "))
         return
     if args.target is not None:
         raise UsageError(f"unexpected argument {args.target!r}; engine flags go after --")
@@ -220,7 +298,12 @@ def add_commands(commands: Any) -> None:
     run.add_argument("model", help="model name, tag or ID")
     run.add_argument("prompt", nargs="*", help="prompt (stdin is appended when piped); none = chat")
     run.add_argument("--backend", help="engine to use (llama.cpp, vllm, diffusers)")
-    run.add_argument("-d", "--detach", action="store_true", help="only load the model")
+    run.add_argument("-d", "--detach", action="store_true", help="load the model in the background only")
+    run.add_argument(
+        "--color", default="no", choices=["auto", "yes", "no"], help="use colored output (default no)"
+    )
+    run.add_argument("--debug", action="store_true", help="say what is run")
+    run.add_argument("--openaiurl", metavar="URL", help="chat with this OpenAI-compatible endpoint instead")
     run.add_argument("--max-tokens", type=int, metavar="N", help="stop the answer after N tokens")
     run.add_argument("-o", "--output", metavar="FILE", help="image models: the PNG to write")
     run.add_argument("--size", metavar="WxH", help="image models: width x height (default 512x512)")

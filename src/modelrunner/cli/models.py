@@ -20,6 +20,8 @@ def _absolute(path: str | None) -> str | None:
 
 def _package_remotely(daemon: Client, request: dict[str, Any], target: str) -> str:
     """For a daemon on another machine: hash locally, then stream the artifact to it as a tar."""
+    if request.get("format", "docker") != "docker":
+        raise UsageError("packaging in the CNCF ModelPack format is not supported yet; use --format docker")
     from modelrunner.artifact.builder import HashingSink, PackageSpec, build_artifact
     from modelrunner.artifact.tar_stream import file_chunks, tar_chunks
 
@@ -63,8 +65,16 @@ def cmd_package(args: argparse.Namespace) -> int:
         raise UsageError("give exactly one of --gguf, --safetensors-dir, --dduf or --from")
     if args.context_size is not None and args.context_size < 1:
         raise UsageError("--context-size must be a positive number of tokens")
+    if args.format not in ("docker", "cncf"):
+        raise UsageError(f'invalid --format value "{args.format}": must be "docker" or "cncf"')
+    if args.format == "cncf" and args.context_size is not None:  # DMR's builder refuses it the same way
+        raise UsageError(
+            "--context-size is not supported with --format cncf: the CNCF ModelPack specification "
+            "does not define a context size field"
+        )
     daemon = client()
-    if args.from_model is not None and not (args.license or args.mmproj or args.chat_template):
+    lightweight = not (args.license or args.mmproj or args.chat_template) and args.format == "docker"
+    if args.from_model is not None and lightweight:
         # DMR's lightweight repackage: a new config over the same blobs.
         result = daemon.repackage(args.from_model, args.target, args.context_size)
         print(
@@ -82,6 +92,8 @@ def cmd_package(args: argparse.Namespace) -> int:
         "chat_template": _absolute(args.chat_template),
         "context_size": args.context_size,
     }
+    if args.format != "docker":
+        request["format"] = args.format
     if daemon.is_local:
         model_id = daemon.package(request)["id"]
     elif args.from_model is not None:
@@ -111,22 +123,25 @@ def _context_column(cfg: dict[str, Any]) -> str:
     return value if isinstance(value, str) and value.isdigit() else ""
 
 
-def cmd_list(args: argparse.Namespace) -> None:
-    from modelrunner.cli.render import ago, table
+def cmd_list(args: argparse.Namespace) -> int | None:
+    from modelrunner.cli.dmrformat import go_table
+    from modelrunner.cli.listing import filter_models, openai_listing
+    from modelrunner.cli.render import ago
 
-    models = client().list_models()
+    if args.openai or args.openaiurl:
+        return openai_listing(args)
+    models = client(quiet=args.json or args.quiet).list_models()
     if args.model:
-        needle = args.model.lower()
-        models = [
-            m for m in models if any(needle in t.lower() for t in m["tags"]) or m["id"].startswith(needle)
-        ]
+        models = filter_models(models, args.model)
     if args.json:
-        print(json.dumps(models, indent=2))
-        return
+        from modelrunner.cli.dmrformat import standard_json
+
+        sys.stdout.write(standard_json(models))
+        return None
     if args.quiet:
         for model_id in dict.fromkeys(short_id(m["id"]) for m in models):
             print(model_id)
-        return
+        return None
     rows = []
     for m in models:
         cfg = m.get("config") or {}
@@ -154,7 +169,8 @@ def cmd_list(args: argparse.Namespace) -> None:
         "CONTEXT",
         "SIZE",
     ]
-    print(table(headers, rows))
+    sys.stdout.write(go_table(headers, rows))
+    return None
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
@@ -241,14 +257,14 @@ def cmd_load(args: argparse.Namespace) -> None:
 
 
 def cmd_df(_: argparse.Namespace) -> None:
-    from modelrunner.cli.render import decimal_size, table
+    """DMR's `df` (df.go): sizes as go-units' CustomSize; no engine row when it uses no space."""
+    from modelrunner.cli.dmrformat import custom_size, go_table
 
     usage = client().disk_usage()
-    rows = [
-        ["Models", decimal_size(usage["models_disk_usage"])],
-        ["Inference engine", decimal_size(usage["default_backend_disk_usage"])],
-    ]
-    print(table(["TYPE", "SIZE"], rows))
+    rows = [["Models", custom_size(usage["models_disk_usage"])]]
+    if usage.get("default_backend_disk_usage"):
+        rows.append(["Inference engine", custom_size(usage["default_backend_disk_usage"])])
+    sys.stdout.write(go_table(["TYPE", "SIZE"], rows))
 
 
 def cmd_purge(args: argparse.Namespace) -> int:
@@ -260,7 +276,9 @@ def cmd_purge(args: argparse.Namespace) -> int:
             "yes",
         ):
             return 1
-    client().purge()
+    daemon = client()
+    daemon.unload([], True, None)  # as DMR's purge: unload every model first
+    daemon.purge()
     print("Model store purged")
     return 0
 
@@ -285,12 +303,19 @@ def add_commands(commands: Any) -> None:
     package.add_argument("--chat-template", metavar="PATH", help="Jinja chat template file")
     package.add_argument("--context-size", type=int, metavar="N", help="default context size in tokens")
     package.add_argument("--push", action="store_true", help="push the target to its registry once packaged")
+    package.add_argument(
+        "--format", default="docker", help='artifact format: "docker" (default) or "cncf" (CNCF ModelPack)'
+    )
     package.set_defaults(handler=cmd_package)
 
     listing = commands.add_parser("list", aliases=["ls"], help="List the models in the local store.")
     listing.add_argument("model", nargs="?", help="only models whose name contains this")
     listing.add_argument("--json", action="store_true", help="raw JSON of the API")
     listing.add_argument("-q", "--quiet", action="store_true", help="only model IDs")
+    listing.add_argument("--openai", action="store_true", help="List models in an OpenAI format")
+    listing.add_argument(
+        "--openaiurl", metavar="URL", help="OpenAI-compatible API endpoint URL to list models from"
+    )
     listing.set_defaults(handler=cmd_list)
 
     inspect = commands.add_parser("inspect", help="Show a model's details as JSON.")

@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from modelrunner import __version__, config
@@ -32,11 +33,11 @@ def _start_daemon() -> None:
     from modelrunner.client import Client, start_daemon_in_background, wait_until_up
 
     target = config.client_target()
-    client = Client(target.base_url)
+    client = Client.for_target(target)
     if client.ping():
         print(f"The model runner is already running at {target.base_url}")
         return
-    wait_until_up(client, start_daemon_in_background(), 30.0)
+    wait_until_up(client, start_daemon_in_background(tls=target.base_url.startswith("https:")))
     print(f"The model runner is running at {target.base_url}")
 
 
@@ -45,7 +46,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     if args.models_path:
         os.environ["MODELS_PATH"] = args.models_path
-    serve(args.host, args.port if args.port is not None else config.daemon_port())
+    port = args.port if args.port is not None else config.daemon_port()
+    try:
+        extra = config.extra_listen_addresses(port)
+        extra += [config.parse_listen_address(item, port) for item in args.listen]
+    except ValueError as exc:
+        raise SystemExit(f"model serve: {exc}") from None
+    socket_path = Path(args.socket).expanduser() if args.socket else config.unix_socket_path()
+    serve(args.host, port, extra=extra, socket_path=socket_path)
 
 
 def cmd_start_runner(args: argparse.Namespace) -> None:
@@ -54,8 +62,28 @@ def cmd_start_runner(args: argparse.Namespace) -> None:
     _start_daemon()
 
 
-def cmd_stop_runner(_: argparse.Namespace) -> None:
+def cmd_stop_runner(args: argparse.Namespace) -> None:
+    if args.models:  # DMR: "Remove model storage volume"
+        _purge_models()
     print("The model runner has stopped" if _stop_daemon() else "The model runner is not running")
+
+
+def _purge_models() -> None:
+    """Every model removed: through the running daemon (runners unloaded first), else in the store."""
+    from modelrunner.client import Client
+    from modelrunner.errors import DaemonError
+
+    daemon = Client.for_target(config.client_target())
+    try:
+        daemon.unload([], True, None)
+        daemon.purge()
+    except DaemonError as exc:
+        if exc.status_code != 0:
+            raise
+        from modelrunner.store.store import ModelStore
+
+        ModelStore(config.models_path()).purge()
+    print("Removed every model from the store")
 
 
 def cmd_restart_runner(_: argparse.Namespace) -> None:
@@ -63,15 +91,31 @@ def cmd_restart_runner(_: argparse.Namespace) -> None:
     _start_daemon()
 
 
+def _os_arch() -> str:
+    """As Go names them (runtime.GOOS/GOARCH)."""
+    import platform
+
+    machine = platform.machine().lower()
+    arch = {"x86_64": "amd64", "aarch64": "arm64", "i386": "386", "i686": "386"}.get(machine, machine)
+    return f"{platform.system().lower()}/{arch}"
+
+
 def cmd_version(_: argparse.Namespace) -> None:
+    """DMR's `version` layout: the client, then the server it reaches and the engine kind."""
     from modelrunner.client import connect
     from modelrunner.errors import DaemonError
 
-    print(f"Client: modelrunner {__version__}")
+    print("Client:")
+    print(f" Version:    {__version__} (modelrunner)")
+    print(f" OS/Arch:    {_os_arch()}")
+    print()
+    print("Server:")
     try:
-        print(f"Server: modelrunner {connect(autostart=False).version().get('version', '?')}")
+        print(f" Version:    {connect(autostart=False).version().get('version', '?')}")
+        print(" Engine:     Docker Engine (Manual Install)")
     except DaemonError:
-        print("Server: not running")
+        print(" Version:    (not reachable)")
+        print(" Engine:     (not reachable)")
 
 
 def add_commands(commands: Any) -> None:
@@ -81,15 +125,26 @@ def add_commands(commands: Any) -> None:
     )
     serve.add_argument("--port", type=int, help="Port (default: MODEL_RUNNER_PORT or 12434).")
     serve.add_argument("--models-path", help="Model store folder (default: MODELS_PATH).")
+    serve.add_argument(
+        "--listen",
+        action="append",
+        default=[],
+        metavar="ADDR[:PORT]",
+        help="also listen here, e.g. the Docker bridge gateway 172.17.0.1 (repeatable; beyond loopback "
+        "MODEL_RUNNER_API_KEY is required); MODEL_RUNNER_EXTRA_LISTEN is a comma list of the same",
+    )
+    serve.add_argument(
+        "--socket", metavar="PATH", help="also listen on this Unix socket (default: MODEL_RUNNER_SOCK)"
+    )
     serve.set_defaults(handler=cmd_serve)
 
     start = commands.add_parser("start-runner", help="Start the model runner daemon in the background.")
     start.add_argument("--port", type=int, help="Port (default: MODEL_RUNNER_PORT or 12434).")
     start.set_defaults(handler=cmd_start_runner)
 
-    commands.add_parser("stop-runner", help="Stop the background daemon.").set_defaults(
-        handler=cmd_stop_runner
-    )
+    stop = commands.add_parser("stop-runner", help="Stop the background daemon.")
+    stop.add_argument("--models", action="store_true", help="also remove every model from the store")
+    stop.set_defaults(handler=cmd_stop_runner)
     restart = commands.add_parser("restart-runner", help="Stop, then start the background daemon.")
     restart.set_defaults(handler=cmd_restart_runner)
     commands.add_parser("version", help="Show client and server versions.").set_defaults(handler=cmd_version)

@@ -1,7 +1,9 @@
 """Which llama-server flags users may set through `model configure`, and checks on `LLAMA_ARGS`.
 
 The allow-list is DMR's (`LlamaCppAllowedFlags`): flags that tune threads, context, batching, sampling,
-devices, caches, templates and the server, never one that takes a file path. Values are checked too: any
+devices, caches, templates and the server, never one that takes a file path. Stricter than DMR: the flags
+that change the engine's own access rules (`--api-key`, `--api-prefix`, `--props`) are refused with the
+reason, as are those that would let a request read files or lock clients out. Values are checked too: any
 token with `/` or `\\` is refused (no paths), and an inline `--flag=-x` value must be a negative number, so
 a second flag cannot be smuggled in as a value.
 """
@@ -63,9 +65,8 @@ ALLOWED_FLAGS = frozenset(
         *("--grammar", "-j", "--json-schema", "-bs", "--backend-sampling"),
         *("--chat-template", "--chat-template-kwargs", "--jinja", "--no-jinja", "--pooling"),
         *("--reasoning-format", "--reasoning-budget", "--prefill-assistant", "--no-prefill-assistant"),
-        # web UI and API
-        *("--api-prefix", "--webui", "--no-webui", "--webui-config", "--api-key", "--metrics"),
-        *("--no-metrics", "--props", "--slots", "--no-slots"),
+        # web UI and API (not --api-key, --api-prefix, --props: see REFUSED_FLAGS)
+        *("--webui", "--no-webui", "--webui-config", "--metrics", "--no-metrics", "--slots", "--no-slots"),
         # embeddings, reranking
         *("--embedding", "--embeddings", "--rerank", "--reranking", "-sps", "--slot-prompt-similarity"),
         # tensors and computation
@@ -75,6 +76,18 @@ ALLOWED_FLAGS = frozenset(
         *("-v", "--verbose"),
     }
 )
+
+_ACCESS = "it changes who may reach the engine or where (the model runner sets that itself)"
+_FILES = "it lets requests read or write files on this machine"
+
+# Flags refused whatever their value, with the reason: a configured model must stay reachable by every
+# client of the model runner, under the model runner's own rules, and requests must not reach files.
+REFUSED_FLAGS = {
+    **dict.fromkeys(("--api-key", "--api-key-file", "--api-prefix", "--host", "--port"), _ACCESS),
+    **dict.fromkeys(("--ssl-key-file", "--ssl-cert-file", "--reuse-port"), _ACCESS),
+    **dict.fromkeys(("--path", "--media-path", "--slot-save-path", "--tools"), _FILES),
+    "--props": "it lets a request change the engine's settings for every client",
+}
 
 # What the engine itself sets from the model and the runner: LLAMA_ARGS must leave them alone (DMR's rule).
 RESERVED_IN_LLAMA_ARGS = frozenset(
@@ -101,6 +114,8 @@ def validate_runtime_flags(flags: Iterable[str]) -> None:
         name = _flag_name(token)
         if name is None:
             continue
+        if name in REFUSED_FLAGS:
+            raise BadRequest(f"runtime flag {name!r} is not allowed: {REFUSED_FLAGS[name]}")
         if name not in ALLOWED_FLAGS:
             raise BadRequest(
                 f"runtime flag {name!r} is not allowed for llama.cpp; "
@@ -111,14 +126,6 @@ def validate_runtime_flags(flags: Iterable[str]) -> None:
             raise BadRequest(
                 f"runtime flag {token!r} is not allowed: a value starting with '-' must be a number"
             )
-
-
-def split_raw_flags(raw: str) -> list[str]:
-    """DMR's `raw-runtime-flags`: one string split as a shell would."""
-    try:
-        return shlex.split(raw)
-    except ValueError as exc:
-        raise BadRequest(f"raw runtime flags cannot be parsed: {exc}") from None
 
 
 def llama_args_from_env(raw: str) -> list[str]:

@@ -33,6 +33,17 @@ ALLOWED_FLAGS = frozenset(
     }
 )
 
+_ACCESS = "it changes who may reach the engine or where (the model runner sets that itself)"
+
+# Refused whatever their value, with the reason (none is on the allow-list; the reason is the message).
+REFUSED_FLAGS = {
+    **dict.fromkeys(("--api-key", "--host", "--port", "--uds", "--root-path", "--allowed-origins"), _ACCESS),
+    **dict.fromkeys(("--ssl-keyfile", "--ssl-certfile", "--ssl-ca-certs", "--ssl-cert-reqs"), _ACCESS),
+    "--allowed-local-media-path": "it lets requests read files on this machine",
+    "--middleware": "it runs code named by the flag inside the engine",
+    "--trust-remote-code": "it runs code shipped with the model",
+}
+
 _NUMBER = re.compile(r"-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -46,6 +57,8 @@ def validate_runtime_flags(flags: Iterable[str]) -> None:
         if not token.startswith("-") or _NUMBER.fullmatch(token):
             continue  # a value, negative numbers included
         name, sep, inline = token.partition("=")
+        if name in REFUSED_FLAGS:
+            raise BadRequest(f"runtime flag {name!r} is not allowed: {REFUSED_FLAGS[name]}")
         if name not in ALLOWED_FLAGS:
             raise BadRequest(
                 f"runtime flag {name!r} is not allowed for vllm; "

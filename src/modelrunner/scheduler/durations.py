@@ -32,11 +32,31 @@ def parse_keep_alive(value: object) -> float:
 
 
 def format_keep_alive(seconds: float) -> str:
-    if seconds == NEVER:
-        return "-1"
-    whole = int(seconds)
-    if whole and whole % 3600 == 0:
-        return f"{whole // 3600}h"
-    if whole and whole % 60 == 0:
-        return f"{whole // 60}m"
-    return f"{seconds:g}s"
+    """As DMR's KeepAlive marshals itself: "-1" for never, else Go's duration format ("5m0s")."""
+    return "-1" if seconds == NEVER else go_duration(seconds)
+
+
+def go_duration(seconds: float) -> str:
+    """Go's time.Duration.String(): "0s", "1.5s", "1m30s", "1h0m0s", "250ms" (whole nanoseconds)."""
+    ns = round(seconds * 1e9)
+    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
+    if ns == 0:
+        return "0s"
+    if ns < 1_000_000_000:  # below a second Go switches to a smaller unit
+        for unit, digits in (("ns", 0), ("µs", 3), ("ms", 6)):
+            if ns < 10 ** (digits + 3):
+                return sign + _fraction(ns, digits) + unit
+    text = _fraction(ns % 60_000_000_000, 9) + "s"
+    minutes = ns // 60_000_000_000
+    if minutes:
+        text = f"{minutes % 60}m{text}"
+        if minutes >= 60:
+            text = f"{minutes // 60}h{text}"
+    return sign + text
+
+
+def _fraction(value: int, digits: int) -> str:
+    """`value` scaled down by 10**digits, with the trailing zeros of its fraction dropped."""
+    whole, part = divmod(value, 10**digits)
+    decimals = f"{part:0{digits}d}".rstrip("0") if digits else ""
+    return f"{whole}.{decimals}" if decimals else str(whole)

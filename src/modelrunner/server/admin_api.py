@@ -1,23 +1,30 @@
-"""Scheduler and observability routes: /engines/ps, /engines/unload, /engines/_configure, /logs, /metrics."""
+"""Scheduler and observability routes: /engines/ps, /engines/unload, /engines/_configure, /logs, /metrics.
+
+The bodies and answers of the DMR routes have the shapes of DMR's Go types (`pkg/inference/scheduling/
+api.go`, `pkg/inference/backend.go`), so DMR's own CLI and Compose provider decode them.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import math
 import re
 import shlex
 from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from modelrunner.compat.bodies import json_body
 from modelrunner.engines.base import Engine, InstallState, Mode
 from modelrunner.errors import BadRequest, Conflict, ModelNotFound
-from modelrunner.scheduler.durations import format_keep_alive, parse_keep_alive
+from modelrunner.scheduler.durations import NEVER, format_keep_alive, parse_keep_alive
 from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings
@@ -25,17 +32,21 @@ from modelrunner.server.inference import KNOWN_BACKENDS, model_for_engine, selec
 from modelrunner.store.store import ModelStore
 
 _HF_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+GO_ZERO_TIME = "0001-01-01T00:00:00Z"  # how Go writes an unset time.Time
+MAX_KEEP_ALIVE = (2**63 - 1) / 1e9  # Go's longest time.Duration (~292 years): what DMR's clients can read
 
 
 class UnloadRequest(BaseModel):
+    """DMR's UnloadRequest; its CLI sends `"backend": ""` for every backend and `"models": null` with all."""
+
     model_config = ConfigDict(extra="forbid")
     all: bool = False
     backend: str | None = None
-    models: list[str] = Field(default_factory=list, max_length=1000)
+    models: list[str] | None = Field(default=None, max_length=1000)
 
 
 class ConfigureRequest(BaseModel):
-    """DMR's _configure body (hyphenated keys as DMR's CLI sends them)."""
+    """DMR's ConfigureRequest (hyphenated keys as DMR's CLI sends them)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     model: str = Field(min_length=1)
@@ -65,8 +76,52 @@ def check_hf_overrides(value: Any, depth: int = 0) -> None:
         raise BadRequest("hf_overrides values must be strings, numbers, booleans, arrays or objects")
 
 
+def split_raw_flags(raw: str) -> list[str]:
+    """DMR's `raw-runtime-flags`: one string split as a shell would."""
+    try:
+        return shlex.split(raw)
+    except ValueError as exc:
+        raise BadRequest(f"invalid raw-runtime-flags: {exc}") from None
+
+
+def requested_flags(body: ConfigureRequest) -> list[str] | None:
+    """The runtime flags of a request as DMR reads them: the list when it is not empty, else the raw
+    string; None when the request sets no flags at all (the stored ones stay)."""
+    if body.runtime_flags:
+        return list(body.runtime_flags)
+    if body.raw_runtime_flags is not None:
+        return split_raw_flags(body.raw_runtime_flags)
+    return [] if body.runtime_flags is not None else None
+
+
+def configured_keep_alive(value: object) -> float:
+    """keep_alive of `_configure`, read by the shared parser, with what a stored setting must not be:
+    NaN, infinite, negative other than -1 (-1 is "never unload"), or longer than Go can write back."""
+    if isinstance(value, str) and value.strip() == "-1":
+        return NEVER
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value == -1:
+            return NEVER
+        if math.isnan(value) or math.isinf(value):
+            raise BadRequest("keep_alive must be a finite duration such as 5m, 1h, 0 or -1")
+        if value < 0:
+            raise BadRequest("keep_alive may not be negative; use -1 to keep the model loaded")
+    elif isinstance(value, str) and value.strip().startswith("-"):
+        raise BadRequest("keep_alive may not be negative; use -1 to keep the model loaded")
+    seconds = parse_keep_alive(value)
+    if math.isnan(seconds) or seconds < 0:
+        raise BadRequest("keep_alive must be a duration such as 5m, 1h, 0 or -1")
+    if seconds > MAX_KEEP_ALIVE:
+        raise BadRequest("keep_alive is too long: at most 2562047h; use -1 to keep the model loaded")
+    return seconds
+
+
 def settings_from_request(
-    body: ConfigureRequest, engine: Engine, base: ModelSettings | None, store: ModelStore
+    body: ConfigureRequest,
+    flags: list[str] | None,
+    engine: Engine,
+    base: ModelSettings | None,
+    store: ModelStore,
 ) -> ModelSettings:
     settings = base or ModelSettings()
     if body.context_size is not None:
@@ -75,20 +130,14 @@ def settings_from_request(
                 "context-size must be a positive number of tokens, or -1 for the model's maximum"
             )
         settings.context_size = body.context_size
-    flags = list(body.runtime_flags or [])
-    if body.raw_runtime_flags:
-        try:
-            flags += shlex.split(body.raw_runtime_flags)
-        except ValueError as exc:
-            raise BadRequest(f"invalid raw-runtime-flags: {exc}") from None
-    if body.runtime_flags is not None or body.raw_runtime_flags is not None:
+    if flags is not None:
         engine.validate_runtime_flags(flags)
         settings.runtime_flags = flags
     if body.keep_alive is not None:
-        settings.keep_alive = parse_keep_alive(body.keep_alive)
+        settings.keep_alive = configured_keep_alive(body.keep_alive)
     if body.llamacpp and "reasoning-budget" in body.llamacpp:
         budget = body.llamacpp["reasoning-budget"]
-        if not (_is_number(budget, int) and budget >= -1):
+        if not (_is_number(budget, int) and -1 <= budget <= 2**31 - 1):
             raise BadRequest("reasoning-budget must be -1 (unlimited), 0 (off) or a number of tokens")
         settings.reasoning_budget = budget
     if body.vllm:
@@ -151,26 +200,87 @@ def speculative_settings(
     settings.speculative_min_acceptance_rate = None if rate is None else float(rate)
 
 
+def backend_configuration(settings: ModelSettings, store: ModelStore) -> dict[str, Any]:
+    """Stored settings as DMR's BackendConfiguration: its keys, its order, unset fields left out
+    (`omitempty`), keep_alive in Go's duration format."""
+    out: dict[str, Any] = {}
+    if settings.context_size is not None:
+        out["context-size"] = settings.context_size
+    if settings.runtime_flags:
+        out["runtime-flags"] = list(settings.runtime_flags)
+    if settings.speculative_draft_model:
+        speculative: dict[str, Any] = {"draft_model": _model_name(store, settings.speculative_draft_model)}
+        if settings.speculative_num_tokens:
+            speculative["num_tokens"] = settings.speculative_num_tokens
+        if settings.speculative_min_acceptance_rate:
+            speculative["min_acceptance_rate"] = settings.speculative_min_acceptance_rate
+        out["speculative"] = speculative
+    if settings.keep_alive is not None:
+        out["keep_alive"] = format_keep_alive(settings.keep_alive)
+    vllm: dict[str, Any] = {}
+    if settings.hf_overrides:
+        vllm["hf-overrides"] = settings.hf_overrides
+    if settings.gpu_memory_utilization is not None:
+        vllm["gpu-memory-utilization"] = settings.gpu_memory_utilization
+    if vllm:
+        out["vllm"] = vllm
+    if settings.reasoning_budget is not None:
+        out["llamacpp"] = {"reasoning-budget": settings.reasoning_budget}
+    return out
+
+
+def _model_name(store: ModelStore, model_id: str) -> str:
+    with contextlib.suppress(ModelNotFound):
+        tags = store.get(model_id).tags
+        if tags:
+            return tags[0]
+    return model_id
+
+
+def go_time(unix: float) -> str:
+    """A Unix time as Go's encoding/json writes a time.Time (RFC 3339, UTC, nanosecond precision)."""
+    moment = datetime.fromtimestamp(unix, UTC)
+    fraction = f"{moment.microsecond:06d}".rstrip("0")
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
+
+
+def backend_status(entry: dict[str, Any]) -> dict[str, Any]:
+    """One runner of `scheduler.ps()` as DMR's BackendStatus (plus our fields, which Go decoders skip):
+    `last_used` is an RFC 3339 time, Go's zero time while the runner is in use (as DMR reports it)."""
+    return {
+        **entry,
+        "last_used": GO_ZERO_TIME if entry["in_use"] else go_time(entry["last_used"]),
+    }
+
+
 def build_admin_router(
     store: ModelStore, scheduler: Scheduler, engines: Mapping[str, Engine], logs_dir: Path
 ) -> APIRouter:
     router = APIRouter()
+    preloads: set[asyncio.Task[None]] = set()  # kept, so a preload is not collected while it runs
 
     @router.get("/engines/ps")
     def ps() -> list[dict[str, Any]]:
-        return scheduler.ps()
+        return [backend_status(entry) for entry in scheduler.ps()]
 
     @router.post("/engines/unload")
-    async def unload(body: UnloadRequest) -> dict[str, int]:
-        if not body.all and not body.models:
+    async def unload(body: UnloadRequest = Depends(json_body(UnloadRequest))) -> dict[str, int]:
+        backend = body.backend or None  # "" (DMR's CLI default) means every backend
+        if body.all:
+            return {"unloaded_runners": await scheduler.unload(None, backend)}
+        if not body.models:
             raise BadRequest("name the models to unload, or set all")
-        ids: set[str] | None = None
-        if not body.all:
-            ids = set()
-            for name in body.models:
-                with contextlib.suppress(ModelNotFound):
-                    ids.add(store.get(name).id)
-        return {"unloaded_runners": await scheduler.unload(ids, body.backend)}
+        return {"unloaded_runners": await scheduler.unload(resolve_loaded(body.models), backend)}
+
+    def resolve_loaded(names: list[str]) -> set[str]:
+        """Model IDs for names as the user typed them (`smollm2`, `ai/smollm2:latest`, an ID), resolved
+        like DMR does; a runner is also found by the name it was loaded under (its model may be gone)."""
+        ids: set[str] = set()
+        for name in names:
+            with contextlib.suppress(ModelNotFound, BadRequest):
+                ids.add(store.get(name).id)
+            ids.update(r.key.model_id for r in list(scheduler.runners.values()) if r.model.reference == name)
+        return ids
 
     async def configure(body: ConfigureRequest, backend: str | None) -> PlainTextResponse:
         if backend is not None and backend not in KNOWN_BACKENDS:
@@ -180,15 +290,17 @@ def build_admin_router(
         engine = engines.get(engine_name)
         if engine is None:
             raise ModelNotFound(f"the {engine_name} engine is not available")
-        flags = (body.runtime_flags or []) + shlex.split(body.raw_runtime_flags or "")
-        mode = body.mode or (Mode.EMBEDDING if "--embeddings" in flags else Mode.COMPLETION)
+        flags = requested_flags(body)
+        mode = body.mode or (Mode.EMBEDDING if flags and "--embeddings" in flags else Mode.COMPLETION)
         if scheduler.in_use(engine.name, model.id, mode):
             raise Conflict("the model is answering requests; configure it again when it is idle")
         stored = scheduler.settings.get(engine.name, model.id, mode)
-        settings = settings_from_request(body, engine, stored, store)
+        settings = settings_from_request(body, flags, engine, stored, store)
         scheduler.settings.put(engine.name, model.id, mode, settings)
         await scheduler.unload({model.id}, engine.name)  # the next load uses the new settings
-        asyncio.get_running_loop().create_task(_preload(engine, model.id, body.model, mode))
+        task = asyncio.get_running_loop().create_task(_preload(engine, model.id, body.model, mode))
+        preloads.add(task)
+        task.add_done_callback(preloads.discard)
         return PlainTextResponse("", status_code=202)
 
     async def _preload(engine: Engine, model_id: str, name: str, mode: Mode) -> None:
@@ -201,16 +313,26 @@ def build_admin_router(
                 await scheduler.release(runner)
 
     @router.post("/engines/_configure", status_code=202)
-    async def configure_default(body: ConfigureRequest) -> PlainTextResponse:
+    async def configure_default(
+        body: ConfigureRequest = Depends(json_body(ConfigureRequest)),
+    ) -> PlainTextResponse:
         return await configure(body, None)
 
     @router.post("/engines/{backend}/_configure", status_code=202)
-    async def configure_backend(backend: str, body: ConfigureRequest) -> PlainTextResponse:
+    async def configure_backend(
+        backend: str, body: ConfigureRequest = Depends(json_body(ConfigureRequest))
+    ) -> PlainTextResponse:
         return await configure(body, backend)
 
     @router.get("/engines/_configure")
     def show_configuration(model: str | None = None) -> list[dict[str, Any]]:
-        wanted = store.get(model).id if model else None
+        """DMR's `[{Backend, Model, ModelID, Mode, Config}]`; a filter naming no model matches nothing."""
+        wanted = None
+        if model:
+            try:
+                wanted = store.get(model).id
+            except (ModelNotFound, BadRequest):
+                return []
         out = []
         for backend, model_id, mode, settings in scheduler.settings.all():
             if wanted and model_id != wanted:
@@ -219,16 +341,13 @@ def build_admin_router(
                 tags = store.get(model_id).tags
             except ModelNotFound:
                 continue  # the model was removed since
-            config = settings.to_json()
-            if settings.keep_alive is not None:
-                config["keep_alive"] = format_keep_alive(settings.keep_alive)
             out.append(
                 {
                     "Backend": backend,
-                    "Model": tags[0] if tags else model_id,
+                    "Model": tags[0] if tags else "",
                     "ModelID": model_id,
                     "Mode": mode.value,
-                    "Config": config,
+                    "Config": backend_configuration(settings, store),
                 }
             )
         return out

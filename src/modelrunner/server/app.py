@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +99,10 @@ class Dispatcher:
 
 
 def build_daemon(
-    store: ModelStore | None = None, engines: Mapping[str, Engine] | None = None, bind_host: str = "127.0.0.1"
+    store: ModelStore | None = None,
+    engines: Mapping[str, Engine] | None = None,
+    bind_host: str = "127.0.0.1",
+    extra_listen: Sequence[config.ListenAddress] = (),
 ) -> Daemon:
     store = store or ModelStore(config.models_path())
     engines = engines if engines is not None else default_engines()
@@ -142,7 +145,8 @@ def build_daemon(
     api.include_router(build_models_router(store))
     api.include_router(build_openai_router(store))
     api.include_router(build_admin_router(store, scheduler, engines, logs_dir))
-    api.include_router(build_engines_router(engines, lambda name: scheduler.unload(None, name)))
+    reach = [str(address) for address in extra_listen]  # where containers reach us (`status --json`)
+    api.include_router(build_engines_router(engines, lambda name: scheduler.unload(None, name), reach))
     compat = EngineContext(store, scheduler, engines)  # Ollama, Anthropic, Responses: translated APIs
     api.include_router(build_ollama_router(compat, transfers))
     api.include_router(build_ollama_create_router(store))
@@ -150,6 +154,6 @@ def build_daemon(
     api.include_router(build_responses_router(compat))
     api.include_router(build_dashboard_router(store, scheduler))
     inference = InferenceHandler(store, scheduler, engines)
-    policy = SecurityPolicy.from_env(bind_host)
+    policy = SecurityPolicy.from_env(bind_host, [address.host for address in extra_listen])
     asgi = SecurityMiddleware(Dispatcher(api, inference), policy)
     return Daemon(store, scheduler, engines, asgi, FastPath(inference, policy))

@@ -1,10 +1,18 @@
-"""`model serve`: run the daemon in the foreground, with a pid file for start/stop-runner."""
+"""`model serve`: run the daemon in the foreground, with a pid file for start/stop-runner.
+
+It listens on its main address (127.0.0.1:12434), on extra addresses when told (for containers: the Docker
+bridge gateway, as DMR is reached from them), on a Unix socket (MODEL_RUNNER_SOCK) and on DMR's TLS port
+(MODEL_RUNNER_TLS_ENABLED); anything beyond loopback needs MODEL_RUNNER_API_KEY.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import os
+import socket
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,23 +77,163 @@ def uvicorn_config(daemon: Daemon, host: str, port: int, front: bool = True) -> 
     )
 
 
-def serve(host: str, port: int) -> None:
+class DaemonServer:
+    """Serves the daemon on every listener: uvicorn with the HTTP front on the main TCP address and the
+    extra ones (`--listen`, MODEL_RUNNER_EXTRA_LISTEN), and companion uvicorn servers with uvicorn's plain
+    HTTP protocol for the Unix socket and the TLS port. The companions start after the main server's
+    startup (which runs the application's lifespan) and stop before its shutdown; they share its signals."""
+
+    def __init__(self, main: uvicorn.Config, companions: list[tuple[uvicorn.Config, socket.socket]]) -> None:
+        import uvicorn
+
+        daemon_server = self
+        self.companions = [(uvicorn.Server(config), sock) for config, sock in companions]
+
+        class Main(uvicorn.Server):
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                await super().startup(sockets)
+                for server, sock in daemon_server.companions:
+                    server.config.load()
+                    server.lifespan = server.config.lifespan_class(server.config)  # "off": a no-op
+                    await server.startup([sock])
+
+            async def on_tick(self, counter: int) -> bool:
+                for server, _ in daemon_server.companions:
+                    await server.on_tick(counter)  # their Date headers
+                return await super().on_tick(counter)
+
+            async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+                for server, sock in daemon_server.companions:
+                    if server.started:
+                        await server.shutdown([sock])
+                await super().shutdown(sockets)
+
+        self.main = Main(main)
+
+    def run(self, sockets: list[socket.socket]) -> None:
+        self.main.run(sockets=sockets)
+
+
+def bind_tcp(address: config.ListenAddress) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address.host, address.port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"cannot listen on {address}: {exc.strerror or exc}") from None
+    return sock
+
+
+def bind_unix(path: Path) -> socket.socket:
+    """A Unix socket only its owner may use (0600): DMR's MODEL_RUNNER_SOCK, made safer. A stale socket
+    of an earlier run is replaced; any other file there is left alone."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise SystemExit(f"cannot listen on {path}: a file that is not a socket is there")
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"cannot listen on {path}: {exc.strerror or exc}") from None
+    finally:
+        os.umask(old_umask)
+    return sock
+
+
+def tls_files(tls: config.TLSSettings) -> tuple[Path, Path]:
+    """The certificate and key of the TLS listener: given, or made for this runner home (DMR's rules)."""
+    if tls.cert and tls.key:
+        for path in (tls.cert, tls.key):
+            if not path.is_file():
+                raise SystemExit(f"TLS file not found: {path}")
+        return tls.cert, tls.key
+    if not tls.auto_cert:
+        raise SystemExit(
+            "TLS is enabled but no certificate was given: set MODEL_RUNNER_TLS_CERT and "
+            "MODEL_RUNNER_TLS_KEY, or leave MODEL_RUNNER_TLS_AUTO_CERT on"
+        )
+    from modelrunner.errors import ModelRunnerError
+    from modelrunner.server.tls import ensure_certificates
+
+    try:
+        return ensure_certificates(config.runner_home() / "certs")
+    except ModelRunnerError as exc:
+        raise SystemExit(exc.message) from None
+
+
+def companion_config(daemon: Daemon, tls: tuple[Path, Path] | None = None) -> uvicorn.Config:
+    """uvicorn's own HTTP protocol (not the front) for the Unix socket and the TLS port; the lifespan runs
+    once, in the main server."""
     import uvicorn
 
+    return uvicorn.Config(
+        daemon.asgi,
+        http="httptools",
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        ssl_certfile=str(tls[0]) if tls else None,
+        ssl_keyfile=str(tls[1]) if tls else None,
+    )
+
+
+def serve(
+    host: str,
+    port: int,
+    extra: list[config.ListenAddress] | None = None,
+    socket_path: Path | None = None,
+) -> None:
+    import uvicorn  # noqa: F401 - fail here, before anything is bound, if the server is missing
+
+    from modelrunner import eventlog
     from modelrunner.server.app import build_daemon
 
-    if not is_loopback_host(host) and not os.environ.get("MODEL_RUNNER_API_KEY"):
+    extra = extra or []
+    beyond_loopback = [a.host for a in extra if not is_loopback_host(a.host)]
+    if not is_loopback_host(host):
+        beyond_loopback.insert(0, host)
+    if beyond_loopback and not os.environ.get("MODEL_RUNNER_API_KEY"):
         raise SystemExit(
-            f"refusing to listen on {host} without an API key: set MODEL_RUNNER_API_KEY, or bind 127.0.0.1"
+            f"refusing to listen on {beyond_loopback[0]} without an API key: set MODEL_RUNNER_API_KEY, "
+            "or listen on loopback only"
         )
+    try:
+        tls = config.tls_settings()
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     setup_logging()
-    daemon = build_daemon(bind_host=host)
+    log = logging.getLogger("modelrunner.server")
+    daemon = build_daemon(bind_host=host, extra_listen=extra)
+    main = config.ListenAddress(host, port)
+    sockets = [bind_tcp(main), *(bind_tcp(address) for address in extra)]
+    companions: list[tuple[uvicorn.Config, socket.socket]] = []
+    if socket_path is not None:
+        companions.append((companion_config(daemon), bind_unix(socket_path)))
+    if tls.enabled:
+        files = tls_files(tls)
+        companions.append((companion_config(daemon, files), bind_tcp(config.ListenAddress(host, tls.port))))
+    for address in (main, *extra):
+        eventlog.event(log, "listening", address=f"http://{address}")
+    if socket_path is not None:
+        eventlog.event(log, "listening", address=f"unix://{socket_path}")
+    if tls.enabled:
+        eventlog.event(log, "listening", address=f"https://{config.ListenAddress(host, tls.port)}")
     path = pid_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(str(os.getpid()))
     try:
-        uvicorn.Server(uvicorn_config(daemon, host, port)).run()
+        DaemonServer(uvicorn_config(daemon, host, port), companions).run(sockets)
     finally:
         with contextlib.suppress(OSError, ValueError):
             if int(path.read_text()) == os.getpid():
                 path.unlink()
+        if socket_path is not None:
+            with contextlib.suppress(OSError):
+                socket_path.unlink()

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import anyio.to_thread
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from modelrunner.compat.bodies import parse_json_object, validated
+from modelrunner.compat.bodies import json_body, parse_json_object, validated
 from modelrunner.distribution.jobs import TransferJob, TransferManager
 from modelrunner.distribution.progress import encode_line
 from modelrunner.store.store import ModelStore
@@ -72,7 +72,9 @@ def build_distribution_router(store: ModelStore, transfers: TransferManager) -> 
     router = APIRouter()
 
     @router.post("/models/create")
-    async def create_model(body: CreateRequest, request: Request) -> StreamingResponse:
+    async def create_model(
+        request: Request, body: CreateRequest = Depends(json_body(CreateRequest))
+    ) -> StreamingResponse:
         job = await anyio.to_thread.run_sync(transfers.start_pull, body.source, body.bearer_token)
         return await _respond(job, request)
 

@@ -11,13 +11,14 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from modelrunner.compat.bodies import json_body
 from modelrunner.engines.base import Engine, InstallState
 from modelrunner.engines.gpu import GPU_KINDS, detect_accelerator
 from modelrunner.engines.registry import find_engine, is_supported_here, platform_name
@@ -47,7 +48,9 @@ def _line(kind: str, message: str, **extra: Any) -> bytes:
 
 
 def build_engines_router(
-    engines: Mapping[str, Engine], before_uninstall: BeforeUninstall | None = None
+    engines: Mapping[str, Engine],
+    before_uninstall: BeforeUninstall | None = None,
+    extra_listen: Sequence[str] = (),
 ) -> APIRouter:
     router = APIRouter()
 
@@ -68,10 +71,17 @@ def build_engines_router(
                 "supported": is_supported_here(engine),
             }
         accelerator = detect_accelerator().to_json()
-        return {"platform": platform_name(), "accelerator": accelerator, "engines": details}
+        return {
+            "platform": platform_name(),
+            "accelerator": accelerator,
+            "engines": details,
+            "extra_listen": list(extra_listen),
+        }
 
     @router.post("/engines/install-backend")
-    async def install_backend(body: InstallRequest) -> StreamingResponse:
+    async def install_backend(
+        body: InstallRequest = Depends(json_body(InstallRequest)),
+    ) -> StreamingResponse:
         engine = find_engine(engines, body.backend)
         if body.gpu not in GPU_KINDS:
             raise BadRequest(f"unknown gpu {body.gpu!r}: use one of {', '.join(GPU_KINDS)}")
@@ -84,7 +94,9 @@ def build_engines_router(
         )
 
     @router.post("/engines/uninstall-backend")
-    async def uninstall_backend(body: UninstallRequest) -> dict[str, str]:
+    async def uninstall_backend(
+        body: UninstallRequest = Depends(json_body(UninstallRequest)),
+    ) -> dict[str, str]:
         engine = find_engine(engines, body.backend)
         if before_uninstall is not None:
             await before_uninstall(engine.name)

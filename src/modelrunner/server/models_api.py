@@ -6,13 +6,14 @@ import contextlib
 import ipaddress
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.artifact.builder import BuiltArtifact, PackageSpec, build_artifact, extend_artifact
+from modelrunner.compat.bodies import json_body
 from modelrunner.errors import BadRequest
 from modelrunner.reference import parse_reference
 from modelrunner.server.body_stream import consume_in_thread
@@ -40,6 +41,7 @@ class PackageRequest(BaseModel):
     mmproj: str | None = None
     chat_template: str | None = None
     context_size: int | None = Field(default=None, gt=0, le=2**31 - 1)
+    format: Literal["docker", "cncf"] = "docker"
 
 
 def _absolute(raw: str | None, what: str) -> Path | None:
@@ -72,9 +74,16 @@ def build_models_router(store: ModelStore) -> APIRouter:
         return Response(json.dumps(line) + "\n", media_type="application/x-ndjson")
 
     @router.post("/models/package", status_code=201)
-    def package_model(body: PackageRequest, request: Request) -> dict[str, Any]:
+    def package_model(
+        request: Request, body: PackageRequest = Depends(json_body(PackageRequest))
+    ) -> dict[str, Any]:
         if not _is_loopback(request):
             raise BadRequest("packaging from file paths is only allowed for clients on this machine")
+        if body.format == "cncf":
+            raise BadRequest(
+                "packaging in the CNCF ModelPack format is not supported yet (models in that format can be "
+                "pulled and run); package with --format docker"
+            )
         tags = [full_tag(body.target)] if body.target else []  # a bad tag fails before any work
         spec = PackageSpec(
             gguf=_absolute(body.gguf, "gguf"),
@@ -116,7 +125,9 @@ def build_models_router(store: ModelStore) -> APIRouter:
         return {"message": "Model tagged successfully", "target": target}
 
     @router.post("/models/{name:path}/repackage", status_code=201)
-    def repackage_model(name: str, body: RepackageRequest) -> dict[str, str]:
+    def repackage_model(
+        name: str, body: RepackageRequest = Depends(json_body(RepackageRequest))
+    ) -> dict[str, str]:
         model_id = store.repackage(name, body.target, body.context_size)
         target = store.get(model_id).tags
         return {

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from modelrunner.server.errors import error_body
@@ -42,14 +43,15 @@ class SecurityPolicy:
     api_key: str | None = None
 
     @classmethod
-    def from_env(cls, bind_host: str) -> SecurityPolicy:
+    def from_env(cls, bind_host: str, extra_hosts: Sequence[str] = ()) -> SecurityPolicy:
         from modelrunner.server.daemon import is_loopback_host
 
         allowed = _split_env("MODEL_RUNNER_ALLOWED_HOSTS")
-        # Beyond loopback the API key is what protects; names are then too many to list.
+        # Beyond loopback the API key is what protects; names are then too many to list. Extra listen
+        # addresses (a bridge gateway) are reached by their address, so they join the allowed names.
         check_host = is_loopback_host(bind_host) or bool(allowed)
         return cls(
-            allowed_hosts=allowed | {bind_host.lower()},
+            allowed_hosts=allowed | {bind_host.lower()} | {host.lower() for host in extra_hosts},
             check_host=check_host,
             origins=_split_env("MODEL_RUNNER_ORIGINS") | _split_env("DMR_ORIGINS"),
             api_key=os.environ.get("MODEL_RUNNER_API_KEY") or None,

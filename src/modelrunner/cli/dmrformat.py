@@ -1,0 +1,53 @@
+"""Output exactly as DMR's CLI prints it (`cmd/cli/commands/utils.go`, `formatter/json.go`), for the verbs
+whose output scripts parse: tables as its tablewriter setup draws them, sizes as go-units' CustomSize, JSON
+as Go's encoding/json writes it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+
+def go_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """DMR's `newTable`: no borders or separators, every cell left-aligned and padded to its column's width
+    plus two spaces (the last column too), one line per row, each ending in a newline."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    return "".join(
+        "".join(cell.ljust(width) + "  " for cell, width in zip(row, widths, strict=True)) + "\n"
+        for row in [headers, *rows]
+    )
+
+
+_DECIMAL_UNITS = ("B", "kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB")
+
+
+def custom_size(n_bytes: float) -> str:
+    """go-units `CustomSize("%.2f%s", size, 1000.0, [B kB MB ...])`, as `docker model df` prints sizes."""
+    size, unit = float(n_bytes), 0
+    while size >= 1000 and unit < len(_DECIMAL_UNITS) - 1:
+        size /= 1000
+        unit += 1
+    return f"{size:.2f}{_DECIMAL_UNITS[unit]}"
+
+
+def go_json(value: Any, indent: str | None = None) -> str:
+    """Go's encoding/json: compact (json.Marshal) or indented (MarshalIndent with `indent`), UTF-8 kept,
+    `<`, `>`, `&`, U+2028 and U+2029 escaped as Go escapes them; no trailing newline."""
+    text = json.dumps(
+        value,
+        ensure_ascii=False,
+        indent=len(indent) if indent is not None and set(indent) == {" "} else indent,
+        separators=(",", ": ") if indent is not None else (",", ":"),
+    )
+    for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+        text = text.replace(char, escaped)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def standard_json(value: Any) -> str:
+    """DMR's `formatter.ToStandardJSON`: four-space indent, HTML characters left as they are, and the
+    trailing newline of json.Encoder."""
+    return json.dumps(value, ensure_ascii=False, indent=4) + "\n"

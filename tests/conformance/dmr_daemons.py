@@ -1,0 +1,65 @@
+"""Daemons and CLI processes for the DMR conformance tests: the real daemon (HTTP, security middleware,
+routers, scheduler, store) with the scripted fake engine as llama.cpp, so runners load in a blink; and the
+`model` CLI as a separate process pointed at it, with its own DOCKER_CONFIG (never the user's)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fake_engine import FakeEngine
+from tests.inprocess import InProcessDaemon
+from tests.models import write_tiny_gguf
+
+
+def package(daemon: InProcessDaemon, folder: Path, name: str, seed: int = 0) -> str:
+    gguf = write_tiny_gguf(folder / f"{name.replace('/', '_').replace(':', '_')}-{seed}.gguf", seed=seed)
+    response = daemon.http("POST", "/models/package", json={"target": name, "gguf": str(gguf)})
+    assert response.status_code == 201, response.text
+    model_id: str = response.json()["id"]
+    return model_id
+
+
+@pytest.fixture
+def fake_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessDaemon]:
+    """A daemon with the fake engine and one model, `tiny` (ai/tiny:latest)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(home))
+    monkeypatch.delenv("MODEL_RUNNER_API_KEY", raising=False)
+    daemon = InProcessDaemon(home, {"llama.cpp": FakeEngine(env={"FAKE_CHUNKS": "3"})}).start()
+    package(daemon, tmp_path, "tiny")
+    yield daemon
+    daemon.stop()
+
+
+def cli_env(tmp_path: Path, url: str | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a CLI process: its own runner home and Docker config, the daemon named."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MODEL_RUNNER_HOST", "MODEL_RUNNER_API_KEY", "MODELS_PATH")
+        and not k.startswith("MODEL_RUNNER_TLS")
+    }
+    env.update({"MODEL_RUNNER_HOME": str(tmp_path / "cli-home"), "DOCKER_CONFIG": str(tmp_path / "docker")})
+    if url is not None:
+        env["MODEL_RUNNER_HOST"] = url
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    env: dict[str, str], *args: str, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "modelrunner", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        input=stdin if stdin is not None else "",
+        timeout=timeout,
+    )

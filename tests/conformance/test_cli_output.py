@@ -1,0 +1,281 @@
+"""The `model` CLI prints what DMR's formatting code prints, for the verbs whose output people and scripts
+read. The expected strings are worked out from DMR's code: its tablewriter setup (`cmd/cli/commands/
+utils.go: newTable`: no borders, cells padded to the column width plus two spaces), go-units' CustomSize and
+HumanDuration, Go's encoding/json.
+
+Follows: `cmd/cli/commands/status.go`, `ps.go`, `df.go`, `unload.go`, `configure_show.go`, `version.go`,
+`list.go` (filter, --openai, --openaiurl), `purge.go`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tests.conformance.dmr_daemons import cli_env, fake_daemon, package, run_cli
+from tests.daemon import free_port
+from tests.inprocess import InProcessDaemon
+
+__all__ = ["fake_daemon"]
+
+
+def test_status_text_and_json(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, fake_daemon.url)
+    text = run_cli(env, "status")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout == (
+        "Docker Model Runner is running\n\n"
+        "BACKEND    STATUS   DETAILS           \n"
+        "llama.cpp  Running  llama.cpp fake-1  \n"
+    )
+    document = run_cli(env, "status", "--json")
+    assert document.stderr == ""  # Compose reads it with stderr merged
+    assert document.stdout == (
+        '{"running":true,"backends":{"llama.cpp":"Running: llama.cpp fake-1"},'
+        '"kind":"Docker Engine (Manual Install)",'
+        f'"endpoint":"{fake_daemon.url}/v1/","endpointHost":"{fake_daemon.url}/v1/"}}\n'
+    )
+
+
+def test_status_when_not_running(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, f"http://127.0.0.1:{free_port()}")
+    text = run_cli(env, "status")
+    assert text.returncode == 1
+    assert text.stdout.startswith("Docker Model Runner is not running\n\nWhat's next:\n")
+    document = run_cli(env, "status", "--json")
+    assert document.returncode == 0
+    assert json.loads(document.stdout)["running"] is False and json.loads(document.stdout)["backends"] is None
+
+
+def test_status_table_order_follows_parse_status() -> None:
+    """status.go: Running < Error < Not Installed < Installing, then by name; ParseStatus splits "X: y"."""
+    from modelrunner.cli.engines import backend_status_table, parse_status
+
+    assert parse_status("") == ("Not Installed", "")
+    assert parse_status("Running: llama.cpp b1") == ("Running", "llama.cpp b1")
+    assert parse_status("Installing") == ("Installing", "")
+    assert parse_status("weird") == ("Error", "weird")
+    table = backend_status_table(
+        {"vllm": "Not Installed: no vllm", "mlx": "Installing", "b": "Error: x", "a": "Running: y", "c": ""}
+    )
+    assert [line.split()[0] for line in table.splitlines()[1:]] == ["a", "b", "c", "vllm", "mlx"]
+
+
+def test_ps_table(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, fake_daemon.url)
+    assert run_cli(env, "ps").stdout == "MODEL NAME  BACKEND  MODE  UNTIL  \n"
+    body = {"model": "ai/tiny:latest", "messages": [{"role": "user", "content": "hi"}]}
+    assert fake_daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200
+    # the default keep-alive (5m0s), just used: HumanDuration of a little under 5 minutes
+    assert run_cli(env, "ps").stdout == (
+        "MODEL NAME  BACKEND    MODE        UNTIL               \n"
+        "tiny        llama.cpp  completion  4 minutes from now  \n"
+    )
+    run_cli(env, "configure", "--keep-alive", "-1", "tiny")
+    fake_daemon.wait_for(lambda: fake_daemon.ps() != [], "the configured model to load again")
+    assert run_cli(env, "ps").stdout.splitlines()[1].split()[-1] == "Forever"
+
+
+def test_ps_until_column() -> None:
+    """formatUntil (ps.go), from a BackendStatus as our daemon writes it."""
+    from modelrunner.cli.inference import until
+
+    now = 1_800_000_000.0
+    used = "2027-01-15T08:00:00Z"  # = now
+    assert until({"loading": True}, now) == "Loading..."
+    assert until({"keep_alive": "-1", "last_used": used}, now) == "Forever"
+    assert until({"keep_alive": "1h0m0s", "in_use": True, "last_used": "0001-01-01T00:00:00Z"}, now) == (
+        "About an hour from now"
+    )
+    assert until({"keep_alive": "10m0s", "last_used": "2027-01-15T07:58:00Z"}, now) == "8 minutes from now"
+    assert until({"keep_alive": "1m0s", "last_used": "2027-01-15T07:50:00Z"}, now) == "Expiring"
+    assert until({"last_used": "2027-01-15T07:59:30Z"}, now) == "4 minutes from now"  # DMR's default 5m
+
+
+def test_df(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    out = run_cli(cli_env(tmp_path, fake_daemon.url), "df").stdout
+    lines = out.splitlines()
+    assert lines[0] == "TYPE    SIZE      "
+    assert re.fullmatch(r"Models  \d+\.\d\dkB  ", lines[1]), lines
+    assert len(lines) == 2  # no engine row: the fake engine takes no space
+
+
+def test_custom_size_as_go_units() -> None:
+    from modelrunner.cli.dmrformat import custom_size
+
+    assert [custom_size(n) for n in (0, 999, 1000, 1_234_567, 4_920_000_000, 10**30)] == [
+        "0.00B",
+        "999.00B",
+        "1.00kB",
+        "1.23MB",
+        "4.92GB",
+        "1000000.00YB",
+    ]
+
+
+def test_unload_messages(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, fake_daemon.url)
+    assert run_cli(env, "unload", "--all").stdout == "No models are running.\n"
+    assert run_cli(env, "unload", "tiny").stdout == "No such model(s) running.\n"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    fake_daemon.http("POST", "/engines/v1/chat/completions", json=body)
+    assert run_cli(env, "unload", "tiny").stdout == "Unloaded 1 model(s).\n"
+    both = run_cli(env, "unload", "--all", "tiny")
+    assert both.returncode == 2 and "does not take MODEL when --all is specified" in both.stderr
+
+
+def test_purge_unloads_first(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    """purge.go: Unload{All: true}, then DELETE /models/purge."""
+    env = cli_env(tmp_path, fake_daemon.url)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    fake_daemon.http("POST", "/engines/v1/chat/completions", json=body)
+    result = run_cli(env, "purge", "--force")
+    assert result.returncode == 0, result.stderr
+    assert fake_daemon.ps() == [] and fake_daemon.http("GET", "/models").json() == []
+
+
+def test_configure_show_is_go_s_marshal_indent(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, fake_daemon.url)
+    assert run_cli(env, "configure", "show").stdout == "[]\n"
+    assert run_cli(env, "configure", "--context-size", "1024", "--keep-alive", "1h", "tiny").returncode == 0
+    model_id = fake_daemon.http("GET", "/models/tiny").json()["id"]
+    assert run_cli(env, "configure", "show", "tiny").stdout == (
+        "[\n"
+        "  {\n"
+        '    "Backend": "llama.cpp",\n'
+        '    "Model": "index.docker.io/ai/tiny:latest",\n'
+        f'    "ModelID": "{model_id}",\n'
+        '    "Mode": "completion",\n'
+        '    "Config": {\n'
+        '      "context-size": 1024,\n'
+        '      "keep_alive": "1h0m0s"\n'
+        "    }\n"
+        "  }\n"
+        "]\n"
+    )
+
+
+def test_go_json_escapes_as_go() -> None:
+    from modelrunner.cli.dmrformat import go_json
+
+    assert go_json({"a": "<b>&é\u2028"}) == '{"a":"\\u003cb\\u003e\\u0026é\\u2028"}'
+    assert go_json([{"k": [1]}], indent="  ") == '[\n  {\n    "k": [\n      1\n    ]\n  }\n]'
+
+
+def test_version_layout(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    out = run_cli(cli_env(tmp_path, fake_daemon.url), "version").stdout.splitlines()
+    assert out[0] == "Client:" and out[1].startswith(" Version:    ") and out[2].startswith(" OS/Arch:    ")
+    assert out[3:] == ["", "Server:", " Version:    0.1.0", " Engine:     Docker Engine (Manual Install)"]
+
+
+def test_ls_filter_is_the_exact_repository_after_adding_ai(
+    fake_daemon: InProcessDaemon, tmp_path: Path
+) -> None:
+    """list.go: normalizeModelFilter adds `ai/` to a name without `/`; matchesModelFilter compares the
+    repository (or the whole reference when the filter has a tag), and keeps only the matching tags."""
+    daemon = fake_daemon
+    package(daemon, tmp_path, "myorg/tiny", seed=1)
+    package(daemon, tmp_path, "tinyllama", seed=2)
+    daemon.http("POST", "/models/tiny/tag?repo=ai/tiny&tag=v2").raise_for_status()
+    env = cli_env(tmp_path, daemon.url)
+
+    def names(*args: str) -> list[str]:
+        return [line.split()[0] for line in run_cli(env, "ls", *args).stdout.splitlines()[1:]]
+
+    assert names("tiny") == ["tiny", "tiny:v2"]
+    assert names("tiny:v2") == ["tiny:v2"]
+    assert names("ai/tiny") == ["tiny", "tiny:v2"]
+    assert names("myorg/tiny") == ["myorg/tiny"]
+    assert names("tin") == []
+    [model] = json.loads(run_cli(env, "ls", "--json", "tiny:v2").stdout)
+    assert model["tags"] == ["index.docker.io/ai/tiny:v2"]
+
+
+def test_ls_openai_and_openaiurl(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, fake_daemon.url)
+    listing = run_cli(env, "ls", "--openai")
+    assert listing.stdout.startswith('{\n    "object": "list",\n    "data": [\n')  # ToStandardJSON
+    assert [m["id"] for m in json.loads(listing.stdout)["data"]] == ["ai/tiny:latest"]
+    assert json.loads(run_cli(env, "ls", "--openai", "absent").stdout)["data"] == []
+    refused = run_cli(env, "ls", "--openai", "-q")
+    assert refused.returncode == 2 and "--quiet flag cannot be used with --openai flag" in refused.stderr
+    # any OpenAI endpoint: here our own, reached by its OpenAI URL
+    external = run_cli(cli_env(tmp_path), "ls", "--openaiurl", f"{fake_daemon.url}/engines/v1")
+    assert external.returncode == 0, external.stderr
+    header, row = external.stdout.splitlines()
+    assert header.startswith("MODEL NAME      CREATED") and header.endswith("  ")
+    assert re.fullmatch(r"ai/tiny:latest  (\d+ \w+|Less than a second|About an? \w+) ago +", row), row
+
+
+def test_endpoints_for_containers() -> None:
+    """status.go's jsonStatus: on Docker Engine containers reach the runner on the bridge gateway
+    (`endpoint`), this machine on loopback (`endpointHost`); a daemon named by URL is the manual kind."""
+    from modelrunner.cli.engines import endpoints
+    from modelrunner.client import Client
+
+    local = Client("http://127.0.0.1:12434")
+    bridge = {"extra_listen": ["172.17.0.1:12434"]}
+    assert endpoints(local, False, bridge) == (
+        "Docker Engine",
+        "http://172.17.0.1:12434/v1/",
+        "http://127.0.0.1:12434/v1/",
+    )
+    for loopback in ("127.0.0.2:12434", "[::1]:12434"):
+        assert endpoints(local, False, {"extra_listen": [loopback]})[0] == "Docker Engine (Manual Install)"
+    named = endpoints(Client("http://gpu.lan:12434"), True, bridge)
+    assert named == ("Docker Engine (Manual Install)", "http://gpu.lan:12434/v1/", "http://gpu.lan:12434/v1/")
+
+
+def test_stop_runner_with_models(tmp_path: Path) -> None:
+    """stop-runner.go: `--models` also removes the model storage. The daemon is the one the CLI starts."""
+    from tests.models import write_tiny_gguf
+
+    home = tmp_path / "home"
+    env = cli_env(tmp_path, MODEL_RUNNER_PORT=str(free_port()), MODEL_RUNNER_HOME=str(home))
+    try:
+        packaged = run_cli(env, "package", "--gguf", str(write_tiny_gguf(tmp_path / "t.gguf")), "tiny")
+        assert packaged.returncode == 0, packaged.stderr
+        assert any(p.is_file() for p in (home / "models" / "blobs").rglob("*"))
+    finally:
+        stopped = run_cli(env, "stop-runner", "--models")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "Removed every model" in stopped.stdout and "has stopped" in stopped.stdout
+    assert not any(p.is_file() for p in (home / "models" / "blobs").rglob("*"))
+    assert "not running" in run_cli(env, "stop-runner").stdout
+
+
+def test_uninstall_runner_with_models(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    result = run_cli(cli_env(tmp_path, fake_daemon.url), "uninstall-runner", "--models")
+    assert result.returncode == 0, result.stderr
+    assert "Removed every model from the store" in result.stdout
+    assert fake_daemon.http("GET", "/models").json() == []
+
+
+def test_bench_timeout(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, fake_daemon.url)
+    refused = run_cli(env, "bench", "tiny", "--timeout", "0s")
+    assert refused.returncode == 2 and "--timeout" in refused.stderr
+    ran = run_cli(
+        env, "bench", "tiny", "--concurrency", "1", "--duration", "1s", "--timeout", "10s", "--json"
+    )
+    assert ran.returncode == 0, ran.stderr
+    [level] = json.loads(ran.stdout)
+    assert level["concurrency"] == 1 and level["requests"] > 0 and level["errors"] == 0
+
+
+def test_package_format(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    """package.go: --format docker|cncf; the builder refuses --context-size with cncf."""
+    from tests.models import write_tiny_gguf
+
+    env = cli_env(tmp_path, fake_daemon.url)
+    gguf = str(write_tiny_gguf(tmp_path / "p.gguf", seed=6))
+    invalid = run_cli(env, "package", "--gguf", gguf, "--format", "onnx", "p")
+    assert (
+        invalid.returncode == 2
+        and 'invalid --format value "onnx": must be "docker" or "cncf"' in invalid.stderr
+    )
+    both = run_cli(env, "package", "--gguf", gguf, "--format", "cncf", "--context-size", "64", "p")
+    assert both.returncode == 2
+    assert "--context-size is not supported with --format cncf" in both.stderr
+    assert run_cli(env, "package", "--gguf", gguf, "--format", "docker", "p").returncode == 0
