@@ -46,7 +46,7 @@ def test_create_ls_use_inspect_rm(fake_daemon: InProcessDaemon, tmp_path: Path) 
     )
     assert run_cli(env, "context", "use", "lab").stdout == 'Current context is now "lab".\n'
     # every verb now talks to the lab's daemon
-    assert json.loads(run_cli(env, "ls", "--json").stdout)[0]["tags"] == ["index.docker.io/ai/tiny:latest"]
+    assert json.loads(run_cli(env, "ls", "--json").stdout)[0]["tags"] == ["docker.io/ai/tiny:latest"]
     [shown] = json.loads(run_cli(env, "context", "inspect", "lab").stdout)
     assert shown["name"] == "lab" and shown["host"] == fake_daemon.url and shown["tls"] == {"enabled": False}
     assert run_cli(env, "context", "inspect", "default").stdout == (

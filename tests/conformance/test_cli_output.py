@@ -144,7 +144,7 @@ def test_configure_show_is_go_s_marshal_indent(fake_daemon: InProcessDaemon, tmp
         "[\n"
         "  {\n"
         '    "Backend": "llama.cpp",\n'
-        '    "Model": "index.docker.io/ai/tiny:latest",\n'
+        '    "Model": "docker.io/ai/tiny:latest",\n'
         f'    "ModelID": "{model_id}",\n'
         '    "Mode": "completion",\n'
         '    "Config": {\n'
@@ -189,7 +189,7 @@ def test_ls_filter_is_the_exact_repository_after_adding_ai(
     assert names("myorg/tiny") == ["myorg/tiny"]
     assert names("tin") == []
     [model] = json.loads(run_cli(env, "ls", "--json", "tiny:v2").stdout)
-    assert model["tags"] == ["index.docker.io/ai/tiny:v2"]
+    assert model["tags"] == ["docker.io/ai/tiny:v2"]
 
 
 def test_ls_openai_and_openaiurl(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:

@@ -111,7 +111,7 @@ def test_the_readme_commands_run_as_docker_model(
     assert ok("model", "run", "gemma3:270m", "Why is the sky blue?") == "t0 t1 t2 \n"
     listed = ok("model", "ls")
     assert listed.startswith("MODEL NAME") and "myorg/m:Q4" in listed and "gemma3:270m" in listed
-    assert json.loads(ok("model", "inspect", "myorg/m:Q4"))["tags"] == ["index.docker.io/myorg/m:Q4"]
+    assert json.loads(ok("model", "inspect", "myorg/m:Q4"))["tags"] == ["docker.io/myorg/m:Q4"]
     assert "Format: gguf" in ok("model", "show", "myorg/m:Q4")
     assert "tagged successfully" in ok("model", "tag", "myorg/m:Q4", "myorg/m:copy")
     assert ok("model", "rm", "myorg/m:copy") == "Untagged: myorg/m:copy\n"

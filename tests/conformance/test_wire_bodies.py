@@ -94,7 +94,7 @@ def test_cross_origin_simple_requests_are_still_refused(fake_daemon: InProcessDa
         pulled = post(daemon, "/models/create", {"from": "ai/smollm2"}, headers)
         assert pulled.status_code == 403
     assert daemon.http("GET", "/engines/_configure").json() == []
-    assert [m["tags"] for m in daemon.http("GET", "/models").json()] == [["index.docker.io/ai/tiny:latest"]]
+    assert [m["tags"] for m in daemon.http("GET", "/models").json()] == [["docker.io/ai/tiny:latest"]]
 
 
 @pytest.fixture
@@ -138,10 +138,8 @@ def test_the_readme_curl_examples(fake_daemon: InProcessDaemon) -> None:
         assert result.returncode == 0, result.stderr
         return result.stdout
 
-    assert [m["tags"] for m in json.loads(curl(f"{daemon.url}/models"))] == [
-        ["index.docker.io/ai/tiny:latest"]
-    ]
-    assert json.loads(curl(f"{daemon.url}/models/ai/tiny"))["tags"] == ["index.docker.io/ai/tiny:latest"]
+    assert [m["tags"] for m in json.loads(curl(f"{daemon.url}/models"))] == [["docker.io/ai/tiny:latest"]]
+    assert json.loads(curl(f"{daemon.url}/models/ai/tiny"))["tags"] == ["docker.io/ai/tiny:latest"]
     chat = {"model": "ai/tiny", "messages": [{"role": "user", "content": "Hello, how are you?"}]}
     answer = json.loads(
         curl(f"{daemon.url}/engines/llama.cpp/v1/chat/completions", "-X", "POST", "-d", json.dumps(chat))

@@ -79,7 +79,7 @@ def test_tag_repackage_rm_as_dmr_s_cli_sends_them(fake_daemon: InProcessDaemon) 
     removed = daemon.http("DELETE", "/models/myorg/tiny:v1?force=false", headers=UA)
     assert removed.status_code == 200
     go_decode(removed.json(), DELETE_RESPONSE)
-    assert removed.json() == [{"Untagged": "index.docker.io/myorg/tiny:v1"}]
+    assert removed.json() == [{"Untagged": "docker.io/myorg/tiny:v1"}]
     assert daemon.http("DELETE", "/models/absent?force=false", headers=UA).status_code == 404
 
 

@@ -145,7 +145,7 @@ def test_configure_as_dmr_s_cli_sends_it_and_show_in_its_shape(fake_daemon: InPr
     assert shown == [
         {
             "Backend": "llama.cpp",
-            "Model": "index.docker.io/ai/tiny:latest",
+            "Model": "docker.io/ai/tiny:latest",
             "ModelID": model_id,
             "Mode": "completion",
             "Config": {
