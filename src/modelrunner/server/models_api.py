@@ -12,10 +12,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from modelrunner import config
 from modelrunner.artifact.builder import BuiltArtifact, PackageSpec, build_artifact, extend_artifact
-from modelrunner.errors import BadRequest
+from modelrunner.errors import BadRequest, PermissionDenied
 from modelrunner.reference import parse_reference
 from modelrunner.server.body_stream import consume_in_thread
+from modelrunner.server.localuser import TOKEN_HEADER, ensure_token, is_daemon_user
 from modelrunner.store.archive import export_chunks, load_archive
 from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore, full_tag
@@ -58,8 +60,22 @@ def _is_loopback(request: Request) -> bool:
         return host in ("", "localhost")  # Unix sockets and in-process test clients have no address
 
 
+def _check_caller_may_read_files(request: Request, token: str) -> None:
+    """Files named in a package request are read only for a local caller that is the daemon's own user."""
+    if not _is_loopback(request):
+        raise BadRequest("packaging from file paths is only allowed for clients on this machine")
+    client = (request.client.host, request.client.port) if request.client else None
+    server = tuple(request.scope["server"]) if request.scope.get("server") else None
+    if not is_daemon_user(client, server, request.headers.get(TOKEN_HEADER), token):
+        raise PermissionDenied(
+            "the model runner reads files by path only for the user it runs as; as another user, "
+            "`model package` uploads the files instead"
+        )
+
+
 def build_models_router(store: ModelStore) -> APIRouter:
     router = APIRouter()
+    token = ensure_token(config.local_token_file())
 
     @router.get("/models")
     def list_models() -> list[dict[str, Any]]:
@@ -73,8 +89,7 @@ def build_models_router(store: ModelStore) -> APIRouter:
 
     @router.post("/models/package", status_code=201)
     def package_model(body: PackageRequest, request: Request) -> dict[str, Any]:
-        if not _is_loopback(request):
-            raise BadRequest("packaging from file paths is only allowed for clients on this machine")
+        _check_caller_may_read_files(request, token)
         tags = [full_tag(body.target)] if body.target else []  # a bad tag fails before any work
         spec = PackageSpec(
             gguf=_absolute(body.gguf, "gguf"),
