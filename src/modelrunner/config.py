@@ -31,6 +31,11 @@ def logs_dir() -> Path:
     return runner_home() / "logs"
 
 
+def local_token_file() -> Path:
+    """Readable only by the daemon's user: proves a local client is that user (server/localuser.py)."""
+    return runner_home() / "daemon.token"
+
+
 def daemon_port() -> int:
     raw = os.environ.get("MODEL_RUNNER_PORT")
     if not raw:

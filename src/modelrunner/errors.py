@@ -37,6 +37,10 @@ class InvalidArtifact(BadRequest):
     """A manifest, config or archive that does not describe a valid model artifact."""
 
 
+class PermissionDenied(ModelRunnerError):
+    status_code = 403
+
+
 class ModelNotFound(ModelRunnerError):
     status_code = 404
 
@@ -55,6 +59,12 @@ class UnsupportedMediaType(ModelRunnerError):
 
 class StoreCorrupted(ModelRunnerError):
     status_code = 500
+
+
+class StorageFull(ModelRunnerError):
+    """The disk (or quota) of the model store is full: HTTP 507, as DMR and WebDAV mean it."""
+
+    status_code = 507
 
 
 class DaemonError(ModelRunnerError):

@@ -76,13 +76,19 @@ def log_level() -> int:
     return level
 
 
+def log_max_bytes() -> int:
+    """Size at which a log file is rotated: `MODEL_RUNNER_LOG_MAX_BYTES`, 10 MiB by default."""
+    return int(os.environ.get("MODEL_RUNNER_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES)
+
+
 def setup(log_file: Path, level: int | None = None) -> None:
     """Structured lines to stderr and to `log_file`, rotated by size (`MODEL_RUNNER_LOG_MAX_BYTES`)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    max_bytes = int(os.environ.get("MODEL_RUNNER_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES)
     handlers: list[logging.Handler] = [
         logging.StreamHandler(sys.stderr),
-        RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=DEFAULT_BACKUPS, encoding="utf-8"),
+        RotatingFileHandler(
+            log_file, maxBytes=log_max_bytes(), backupCount=DEFAULT_BACKUPS, encoding="utf-8"
+        ),
     ]
     formatter = LogfmtFormatter()
     root = logging.getLogger()

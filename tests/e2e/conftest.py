@@ -8,12 +8,6 @@ import pytest
 from tests.daemon import Daemon, free_port
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/e2e" in str(item.path):
-            item.add_marker(pytest.mark.e2e)
-
-
 @pytest.fixture(scope="session")
 def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real Gemma 3 270M Q4_K_M GGUF, assembled from its PyPI packages (~1 s)."""

@@ -9,12 +9,6 @@ from tests.daemon import Daemon, free_port
 from tests.models import write_tiny_gguf
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/integration" in str(item.path):
-            item.add_marker(pytest.mark.integration)
-
-
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     running = Daemon(tmp_path / "home", free_port()).start()

@@ -11,9 +11,7 @@ import pytest
 
 from tests.daemon import Daemon, error_message, free_port, snapshot
 from tests.models import write_tiny_gguf
-from tests.registry import Registry, registry_available
-
-pytestmark = pytest.mark.skipif(not registry_available(), reason="needs docker-registry")
+from tests.registry import Registry
 
 
 @pytest.fixture

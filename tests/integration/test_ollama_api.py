@@ -13,7 +13,7 @@ from tests import golden
 from tests.daemon import Daemon, free_port, json_lines
 from tests.engines import llama_server
 from tests.models import write_tiny_gguf
-from tests.registry import Registry, registry_available
+from tests.registry import Registry
 
 __all__ = ["llama_server"]
 
@@ -199,9 +199,6 @@ def test_errors_have_ollama_shape(client: ollama.Client, daemon: Daemon) -> None
     assert response.status_code == 404 and set(response.json()) == {"error"}
 
 
-@pytest.mark.skipif(
-    not registry_available(), reason="needs docker-registry (apt-get install docker-registry)"
-)
 def test_push_then_pull_from_a_registry(client: ollama.Client, daemon: Daemon, tmp_path: Path) -> None:
     registry = Registry(tmp_path / "registry", auth="none").start()
     try:

@@ -20,11 +20,7 @@ import pytest
 from modelrunner.artifact import mediatypes as mt
 from tests.daemon import Daemon, error_message, free_port, json_lines, snapshot
 from tests.models import write_tiny_gguf
-from tests.registry import Registry, RegistryProxy, docker_config, registry_available
-
-pytestmark = pytest.mark.skipif(
-    not registry_available(), reason="needs docker-registry (apt-get install docker-registry)"
-)
+from tests.registry import Registry, RegistryProxy, docker_config
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,6 @@ what skopeo pushed in DMR's format."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,12 +13,7 @@ import pytest
 from modelrunner.artifact import mediatypes as mt
 from tests.daemon import Daemon, free_port, json_lines
 from tests.models import write_tiny_gguf
-from tests.registry import Registry, registry_available
-
-pytestmark = pytest.mark.skipif(
-    not registry_available() or shutil.which("skopeo") is None,
-    reason="needs docker-registry and skopeo (apt-get install docker-registry skopeo)",
-)
+from tests.registry import Registry, require_tool
 
 
 @pytest.fixture
@@ -38,6 +32,7 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
 
 
 def skopeo(*args: str) -> subprocess.CompletedProcess[str]:
+    require_tool("skopeo", "skopeo")
     result = subprocess.run(["skopeo", *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return result

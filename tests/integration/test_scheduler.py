@@ -6,8 +6,10 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -358,3 +360,162 @@ def test_orphaned_engines_are_ended_at_start(start: Start, tmp_path: Path) -> No
     daemon = start()
     assert orphan.wait(10) != 0
     assert daemon.daemon is not None and daemon.daemon.scheduler.orphans_ended == 1
+
+
+# -- processes: groups, eviction order, freezes, orphans, tasks -------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    from modelrunner.scheduler.runner import process_stat
+
+    stat = process_stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def test_stopping_an_engine_ends_its_whole_process_group(start: Start, tmp_path: Path, events: Path) -> None:
+    daemon = start(env={"FAKE_CHILD": "1"})
+    package(daemon, tmp_path, "tiny")
+    assert chat(daemon, "tiny").status_code == 200
+    [runner] = daemon.ps()
+    [child] = read_events(events, "child")
+    assert alive(runner["pid"]) and alive(child["child"])
+    assert daemon.http("POST", "/engines/unload", json={"models": ["tiny"]}).json() == {"unloaded_runners": 1}
+    # unload returns once the whole group is gone: the worker the engine started is ended too
+    assert not alive(runner["pid"]) and not alive(child["child"])
+
+
+def test_a_crashed_engine_takes_its_child_processes_with_it(
+    start: Start, tmp_path: Path, events: Path
+) -> None:
+    daemon = start(env={"FAKE_CHILD": "1", "FAKE_CRASH_AFTER": "1"})
+    package(daemon, tmp_path, "tiny")
+    assert "engine stopped" in chat(daemon, "tiny", stream=True).text
+    [child] = read_events(events, "child")
+    daemon.wait_for(lambda: not alive(child["child"]), "the crashed engine's worker to be ended")
+    daemon.wait_for(lambda: daemon.ps() == [], "the defunct runner to be dropped")
+
+
+def test_eviction_waits_for_the_evicted_engine_to_exit(start: Start, tmp_path: Path, events: Path) -> None:
+    daemon = start(env={"FAKE_STOP_DELAY": "1"}, max_runners=1)
+    package(daemon, tmp_path, "one", seed=1)
+    package(daemon, tmp_path, "two", seed=2)
+    assert chat(daemon, "one").status_code == 200
+    assert chat(daemon, "two").status_code == 200
+    order = [e["event"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] != "request"]
+    # the evicted engine said it was exiting before the next one was started: never two at once
+    assert order == ["started", "exiting", "started"]
+    assert [r["model_name"] for r in daemon.ps()] == ["two"]
+
+
+def test_eviction_within_the_memory_budget_waits_too(start: Start, tmp_path: Path, events: Path) -> None:
+    daemon = start(env={"FAKE_STOP_DELAY": "1"}, memory=1000, memory_budget=1500)
+    package(daemon, tmp_path, "one", seed=1)
+    package(daemon, tmp_path, "two", seed=2)
+    assert chat(daemon, "one").status_code == 200
+    assert chat(daemon, "two").status_code == 200
+    order = [e["event"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] != "request"]
+    assert order == ["started", "exiting", "started"]
+
+
+def test_a_frozen_engine_fails_its_requests_and_is_restarted(
+    start: Start, tmp_path: Path, events: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon = start(env={"FAKE_CHUNKS": "100", "FAKE_CHUNK_DELAY": "0.05"}, freeze_timeout=1.0)
+    package(daemon, tmp_path, "tiny")
+    body = {"model": "tiny", "messages": [], "stream": True}
+    with httpx.stream("POST", daemon.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        [runner] = daemon.ps()
+        os.kill(runner["pid"], signal.SIGSTOP)  # frozen mid-stream: it answers nothing any more
+        rest = [line for line in lines if line.startswith("data: ")]
+    error = json.loads(rest[-1][6:])
+    assert error["type"] == "error" and "engine stopped" in error["message"]  # the crash path
+    assert not alive(runner["pid"])
+    freeze = [r for r in caplog.records if r.msg == "freeze"]
+    assert freeze and freeze[0].fields["pid"] == runner["pid"] and freeze[0].fields["process_state"] == "T"
+    assert chat(daemon, "tiny").status_code == 200  # the next request starts it again
+    assert len(read_events(events, "started")) == 2
+
+
+def test_a_waiting_request_to_a_frozen_engine_gets_an_error(start: Start, tmp_path: Path) -> None:
+    daemon = start(freeze_timeout=1.0)
+    package(daemon, tmp_path, "tiny")
+    assert chat(daemon, "tiny").status_code == 200
+    [runner] = daemon.ps()
+    os.kill(runner["pid"], signal.SIGSTOP)
+    response = chat(daemon, "tiny")  # waits on the frozen engine until the watchdog ends it
+    assert response.status_code == 500
+    error = response.json()  # the crash path's answer: DMR's error object for a runner that died
+    assert error["type"] == "error" and "engine stopped" in error["message"]
+    assert chat(daemon, "tiny").status_code == 200
+
+
+def test_unloading_a_stopped_engine_ends_it(start: Start, tmp_path: Path) -> None:
+    daemon = start()
+    package(daemon, tmp_path, "tiny")
+    assert chat(daemon, "tiny").status_code == 200
+    [runner] = daemon.ps()
+    os.kill(runner["pid"], signal.SIGSTOP)  # idle, so no request waits and the watchdog leaves it alone
+    assert daemon.http("POST", "/engines/unload", json={"all": True}).json() == {"unloaded_runners": 1}
+    assert not alive(runner["pid"])
+
+
+def test_orphaned_engine_groups_are_ended_at_start_with_a_log_line(
+    start: Start, tmp_path: Path, events: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from modelrunner.scheduler.runner import TAG_ENV
+    from modelrunner.server.app import runtime_dir
+
+    socket = runtime_dir() / "runner-998.sock"
+    socket.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, TAG_ENV: "f" * 32, "FAKE_CHILD": "1", "FAKE_EVENTS": str(events)}
+    orphan = subprocess.Popen([sys.executable, str(SCRIPT), str(socket)], env=env, start_new_session=True)
+    record = {"pid": orphan.pid, "socket": str(socket), "tag": "f" * 32, "engine": "llama.cpp"}
+    record["model"] = "ai/x"
+    (runtime_dir() / "pids").mkdir(exist_ok=True)
+    (runtime_dir() / "pids" / f"{orphan.pid}.json").write_text(json.dumps(record))
+    [child] = [e["child"] for e in _wait_events(events, "child")]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    unrelated = subprocess.Popen(sleeper, start_new_session=True)
+    record = {"pid": unrelated.pid, "socket": "/x.sock", "tag": "0" * 32}  # a pid now used by someone else
+    (runtime_dir() / "pids" / f"{unrelated.pid}.json").write_text(json.dumps(record))
+    try:
+        daemon = start()
+        assert orphan.wait(10) == -signal.SIGKILL
+        daemon.wait_for(lambda: not alive(child), "the orphan's worker to be ended")
+        assert unrelated.poll() is None  # not ours: left alone
+        assert daemon.daemon is not None and daemon.daemon.scheduler.orphans_ended == 1
+        [line] = [r for r in caplog.records if r.msg == "orphan_ended"]
+        assert line.fields["pid"] == orphan.pid and line.fields["model"] == "ai/x"
+        assert line.fields["processes"] == 2
+        assert list((runtime_dir() / "pids").glob("*.json")) == []
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+
+
+def _wait_events(path: Path, name: str) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        found = read_events(path, name)
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"no {name} event")
+
+
+def test_shutdown_ends_every_engine_and_task(start: Start, tmp_path: Path, events: Path) -> None:
+    daemon = start(env={"FAKE_CHILD": "1"})
+    package(daemon, tmp_path, "one", seed=1)
+    package(daemon, tmp_path, "two", seed=2)
+    assert chat(daemon, "one").status_code == 200
+    assert chat(daemon, "two").status_code == 200
+    pids = [r["pid"] for r in daemon.ps()] + [e["child"] for e in read_events(events, "child")]
+    assert len(pids) == 4 and all(map(alive, pids))
+    daemon.stop()
+    assert daemon.daemon is not None
+    scheduler = daemon.daemon.scheduler
+    assert not any(map(alive, pids))
+    assert scheduler.runners == {} and scheduler.stopping == {}
+    assert scheduler._tasks == set()  # every task it started (watchdogs, stops, timers) has ended

@@ -186,6 +186,28 @@ def test_configured_hf_overrides_and_context_size_reach_the_engine(daemon: Daemo
     assert chat(daemon, max_tokens=2).status_code == 200
 
 
+def group_of(leader: int) -> list[int]:
+    """Live processes of the process group `leader` leads."""
+    from modelrunner.scheduler.runner import process_stat
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        stat = process_stat(int(entry.name)) if entry.name.isdigit() else None
+        if stat is not None and stat[1] == leader and stat[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_unloading_ends_every_process_of_the_engine(daemon: Daemon) -> None:
+    assert chat(daemon, max_tokens=1).status_code == 200
+    [runner] = engine_runners(daemon)
+    group = group_of(runner["pid"])
+    assert runner["pid"] in group and len(group) >= 2  # the API server and its engine core, at least
+    unloaded = daemon.http("POST", "/engines/unload", json={"models": ["tiny-vllm"]}, timeout=LOAD).json()
+    assert unloaded == {"unloaded_runners": 1}
+    assert group_of(runner["pid"]) == []  # unload returns once the whole group is gone
+
+
 def test_an_engine_crash_is_reported_then_the_next_request_reloads(daemon: Daemon) -> None:
     assert chat(daemon, max_tokens=1).status_code == 200
     [runner] = engine_runners(daemon)

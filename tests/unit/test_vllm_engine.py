@@ -148,8 +148,7 @@ def test_install_records_the_machine_cache_and_uninstall_forgets_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    if vllm.unsupported_reason("cpu"):
-        pytest.skip(f"vLLM cannot run here: {vllm.unsupported_reason('cpu')}")
+    assert not vllm.unsupported_reason("cpu"), f"vLLM cannot run here: {vllm.unsupported_reason('cpu')}"
     monkeypatch.setattr(vllm, "detect_accelerator", lambda: Accelerator("none", "no GPU"))
     venv = fake_cached_venv(tmp_path / "cache")
     engine = vllm.VllmEngine(install_root=tmp_path / "home" / "engines" / "vllm")

@@ -288,7 +288,7 @@ def cmd_configure(args: argparse.Namespace) -> None:
 
 def cmd_logs(args: argparse.Namespace) -> None:
     out = sys.stdout.buffer
-    for chunk in client().logs(args.follow, args.no_engines):
+    for chunk in client().logs(args.follow, args.no_engines, args.model):
         out.write(chunk)
         out.flush()
 
@@ -358,4 +358,5 @@ def add_commands(commands: Any) -> None:
     logs = commands.add_parser("logs", help="Show the daemon's and engines' logs.")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.add_argument("--no-engines", action="store_true", help="only the daemon's log")
+    logs.add_argument("--model", metavar="MODEL", help="only the lines about this model, and its engine logs")
     logs.set_defaults(handler=cmd_logs)

@@ -50,6 +50,19 @@ def _package_remotely(daemon: Client, request: dict[str, Any], target: str) -> s
     return model_id
 
 
+def _package_locally(daemon: Client, request: dict[str, Any], extends: bool) -> str | None:
+    """The daemon on this machine reads the files itself; None when it refuses to because we are not its
+    user (403), so that they are uploaded instead: read with our rights, not the daemon's."""
+    from modelrunner.errors import DaemonError
+
+    try:
+        return str(daemon.package(request)["id"])
+    except DaemonError as exc:
+        if exc.status_code != 403 or extends:
+            raise
+        return None
+
+
 def _push_packaged(daemon: Client, args: argparse.Namespace) -> int:
     """`package --push`: DMR's one-step package and push of the target."""
     if not args.push:
@@ -94,11 +107,10 @@ def cmd_package(args: argparse.Namespace) -> int:
     }
     if args.format != "docker":
         request["format"] = args.format
-    if daemon.is_local:
-        model_id = daemon.package(request)["id"]
-    elif args.from_model is not None:
-        raise UsageError("--from with extra files needs a model runner on this machine")
-    else:
+    model_id = _package_locally(daemon, request, args.from_model is not None) if daemon.is_local else None
+    if model_id is None:
+        if args.from_model is not None:
+            raise UsageError("--from with extra files needs a model runner on this machine")
         model_id = _package_remotely(daemon, request, args.target)
     print(f'Model "{args.target}" packaged successfully ({short_id(model_id)})')
     return _push_packaged(daemon, args)

@@ -13,7 +13,7 @@ from modelrunner import __version__, config
 
 
 def _stop_daemon() -> bool:
-    from modelrunner.server.daemon import read_pid
+    from modelrunner.server.daemon import is_running, read_pid
 
     pid = read_pid()
     if pid is None:
@@ -21,9 +21,7 @@ def _stop_daemon() -> bool:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not is_running(pid):
             return True
         time.sleep(0.05)
     raise TimeoutError("the model runner did not stop within 30 s")

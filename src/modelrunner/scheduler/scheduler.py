@@ -2,26 +2,55 @@
 
 Single-flight loads (concurrent first requests start one process), in-flight reference counts,
 keep-alive timers, least-recently-used eviction of idle runners to respect a cap on loaded runners and a
-memory budget, and a bounded wait queue. Knows engines only through engines/base.py.
+memory budget, a bounded wait queue, and a watchdog that ends engines that stop answering while requests
+wait on them. Knows engines only through engines/base.py.
+
+A runner that is retired (evicted, unloaded, idle, crashed, frozen) leaves `runners` at once but stays in
+`stopping`, its memory still counted, until its whole process group is gone: a load that needed the room
+waits for that, so the budget is never exceeded while an engine shuts down.
+
+Every decision is one log line (modelrunner/eventlog.py). Lines written for a request carry its request
+id (the context variable is inherited by the load it starts); background work (idle expiry, the watchdog,
+crashes) runs without one and names the model instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import contextvars
+import logging
+import math
+import os
+import shlex
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modelrunner import eventlog
 from modelrunner.engines.base import Engine, Mode, ModelForEngine
 from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
+from modelrunner.eventlog import event
 from modelrunner.scheduler.durations import NEVER, format_keep_alive
-from modelrunner.scheduler.runner import LoadError, Runner, RunnerKey, RunnerState, end_orphans
+from modelrunner.scheduler.runner import (
+    STOP_GRACE,
+    LoadError,
+    Runner,
+    RunnerKey,
+    RunnerState,
+    end_orphans,
+    process_stat,
+)
 from modelrunner.scheduler.settings import ModelSettings, SettingsStore
 
+log = logging.getLogger(__name__)
+
 DEFAULT_KEEP_ALIVE = 300.0
+DEFAULT_FREEZE_TIMEOUT = 30.0
+# A runner whose health route stays silent this long is frozen only if it also used less CPU than this
+# share of one core meanwhile: a busy engine whose HTTP threads all serve long requests is not frozen.
+FROZEN_CPU_SHARE = 0.05
 
 
 class Busy(ModelRunnerError):
@@ -35,12 +64,28 @@ class InsufficientMemory(ModelRunnerError):
     status_code = 507
 
 
+def freeze_timeout_from_env() -> float:
+    """`MODEL_RUNNER_FREEZE_TIMEOUT`: seconds an engine in use may leave its health route unanswered
+    before it is declared frozen and ended (0 turns the watchdog off); 30 by default."""
+    raw = os.environ.get("MODEL_RUNNER_FREEZE_TIMEOUT")
+    if not raw:
+        return DEFAULT_FREEZE_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"MODEL_RUNNER_FREEZE_TIMEOUT must be a number of seconds, got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"MODEL_RUNNER_FREEZE_TIMEOUT must be 0 or a positive number, got {raw!r}")
+    return value
+
+
 @dataclass
 class SchedulerLimits:
     max_runners: int
     memory_budget: int
     max_waiting: int = 64
     default_keep_alive: float = DEFAULT_KEEP_ALIVE
+    freeze_timeout: float = field(default_factory=freeze_timeout_from_env)
 
 
 @dataclass
@@ -49,6 +94,14 @@ class Counters:
     evictions: int = 0
     load_seconds_total: float = 0.0
     crashes: int = 0
+    freezes: int = 0
+
+
+def _background_context() -> contextvars.Context:
+    """A context without the current request's id, for work that outlives the request."""
+    context = contextvars.copy_context()
+    context.run(eventlog.request_id.set, None)
+    return context
 
 
 class Scheduler:
@@ -68,13 +121,43 @@ class Scheduler:
         self.logs_dir = logs_dir
         self.limits = limits
         self.runners: dict[RunnerKey, Runner] = {}
+        self.stopping: dict[Runner, asyncio.Task[None]] = {}  # retired, not gone yet: their stop tasks
         self.counters = Counters()
         self.waiting = 0
+        self.orphans_ended = 0
         self._changed = asyncio.Condition()
         self._closing = False
         self._next_slot = 0
+        self._tasks: set[asyncio.Task[Any]] = set()  # every task the scheduler starts, until it ends
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.orphans_ended = end_orphans(run_dir / "pids")
+
+    def end_orphans(self) -> int:
+        """End engines a killed predecessor left running. Only the daemon that holds the runner home's lock
+        may call this (server/daemon.py), before it listens."""
+        ended = end_orphans(self.run_dir / "pids")
+        for record in ended:
+            event(
+                log,
+                "orphan_ended",
+                logging.WARNING,
+                model=record.get("model"),
+                engine=record.get("engine"),
+                mode=record.get("mode"),
+                pid=record.get("pid"),
+                processes=record.get("processes"),
+                signal="SIGKILL",
+            )
+        self.orphans_ended += len(ended)
+        return len(ended)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any], background: bool = True) -> asyncio.Task[Any]:
+        """Start a task the scheduler owns (asyncio keeps only weak references to tasks): kept until it
+        ends, cancelled at shutdown."""
+        context = _background_context() if background else None
+        task = asyncio.get_running_loop().create_task(coroutine, context=context)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     # -- acquiring and releasing ------------------------------------------------------------------
 
@@ -83,24 +166,49 @@ class Scheduler:
     ) -> Runner:
         """A ready runner for (engine, model, mode), loading it if needed; the caller must release it."""
         key = RunnerKey(engine.name, model.id, mode)
+        queued = False
         async with self._changed:
             while True:
                 if self._closing:
+                    event(log, "refused", status=503, reason="shutting_down", model=model.reference)
                     raise Busy("the model runner is shutting down")
                 runner = self.runners.get(key)
                 if runner is not None and runner.state is RunnerState.DEFUNCT:
-                    await self._remove(runner)
+                    self._retire(runner, "crashed", announce=False)
                     runner = None
                 if runner is not None and runner.state in (RunnerState.LOADING, RunnerState.READY):
+                    event(log, "reuse", model=runner.name, state=runner.state.value, pid=runner.pid)
                     break
                 runner = self._new_runner(key, engine, model, mode)
-                if self._make_room(runner.memory):
+                victims = self._make_room(runner)
+                if victims is not None:
                     self.runners[key] = runner
-                    runner.load_task = asyncio.get_running_loop().create_task(self._load(runner))
+                    # not a background task: the load's lines carry the id of the request that caused it
+                    runner.load_task = self._spawn(self._load(runner, victims), background=False)
                     break
                 if self.waiting >= self.limits.max_waiting:
+                    event(
+                        log,
+                        "refused",
+                        status=503,
+                        reason="queue_full",
+                        model=model.reference,
+                        waiting=self.waiting,
+                        max_waiting=self.limits.max_waiting,
+                    )
                     raise Busy("too many requests are waiting for a model to load; retry later")
                 self.waiting += 1
+                if not queued:
+                    queued = True
+                    event(
+                        log,
+                        "queued",
+                        model=model.reference,
+                        position=self.waiting,
+                        reason=self._full_reason(runner.memory),
+                        loaded=len(self.runners),
+                        in_use=sum(1 for r in self.runners.values() if r.in_use),
+                    )
                 try:
                     await self._changed.wait()
                 finally:
@@ -114,6 +222,12 @@ class Scheduler:
         assert runner.load_task is not None
         try:
             await asyncio.shield(runner.load_task)
+        except asyncio.CancelledError:
+            await self.release(runner)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this request was cancelled
+            raise Busy("the model's load was cancelled (the model runner is stopping); retry") from None
         except BaseException:
             await self.release(runner)
             raise
@@ -126,10 +240,10 @@ class Scheduler:
         socket = self.run_dir / f"runner-{self._next_slot}.sock"
         spec = engine.launch_spec(model, mode, settings, socket)
         keep_alive = stored.keep_alive if stored.keep_alive is not None else self.limits.default_keep_alive
-        log = self.logs_dir / f"engine-{engine.name}.log"
-        return Runner(
-            key, model, spec, engine.estimate_memory(model, settings), log, self.run_dir / "pids", keep_alive
-        )
+        # one engine log per (engine, model, mode): what a crash message quotes is that engine's own output
+        log_path = self.logs_dir / f"engine-{engine.name}-{model.id.removeprefix('sha256:')[:12]}-{mode}.log"
+        memory = engine.estimate_memory(model, settings)
+        return Runner(key, model, spec, memory, log_path, self.run_dir / "pids", keep_alive)
 
     def _draft_bundle(self, stored: ModelSettings) -> Path | None:
         if stored.speculative_draft_model is None:
@@ -145,87 +259,215 @@ class Scheduler:
             ) from None
 
     def _used_memory(self) -> int:
-        return sum(r.memory for r in self.runners.values())
+        return sum(r.memory for r in self.runners.values()) + sum(r.memory for r in self.stopping)
 
-    def _make_room(self, needed: int) -> bool:
-        """Evict idle runners, least recently used first, until a new one fits; False if it cannot yet."""
+    def _processes(self) -> int:
+        return len(self.runners) + len(self.stopping)
+
+    def _full_reason(self, needed: int) -> str:
+        if self._processes() >= self.limits.max_runners:
+            return "max_runners"
+        if self._used_memory() + needed > self.limits.memory_budget:
+            return "memory_budget"
+        return "none"
+
+    def _make_room(self, runner: Runner) -> list[Runner] | None:
+        """Evict idle runners, least recently used first, so that `runner` fits once they are gone: the
+        runners to wait for (maybe none), or None when it cannot fit yet (nothing is evicted then)."""
+        needed = runner.memory
         if needed > self.limits.memory_budget:
+            event(
+                log,
+                "refused",
+                status=507,
+                reason="larger_than_memory_budget",
+                model=runner.name,
+                needed=needed,
+                memory_budget=self.limits.memory_budget,
+            )
             raise InsufficientMemory(
                 f"the model needs about {needed / 1e9:.2f} GB but the memory budget is "
                 f"{self.limits.memory_budget / 1e9:.2f} GB; free memory or raise MODEL_RUNNER_MEMORY_BUDGET"
             )
+        processes, used = self._processes(), self._used_memory()
+        idle = sorted((r for r in self.runners.values() if r.in_use == 0), key=lambda r: r.last_used)
+        chosen: list[tuple[Runner, str]] = []
+        while idle and (processes >= self.limits.max_runners or used + needed > self.limits.memory_budget):
+            victim = idle.pop(0)
+            reason = "max_runners" if processes >= self.limits.max_runners else "memory_budget"
+            chosen.append((victim, reason))
+            processes -= 1
+            used -= victim.memory
+        if processes >= self.limits.max_runners or used + needed > self.limits.memory_budget:
+            return None
+        for victim, reason in chosen:
+            self.counters.evictions += 1
+            self._retire(
+                victim,
+                f"lru_{reason}",
+                for_model=runner.name,
+                idle_seconds=round(time.time() - victim.last_used, 1),
+            )
+        return [victim for victim, _ in chosen]
 
-        def fits() -> bool:
-            return (
-                len(self.runners) < self.limits.max_runners
-                and self._used_memory() + needed <= self.limits.memory_budget
+    def _retire(self, runner: Runner, reason: str, announce: bool = True, **fields: Any) -> asyncio.Task[Any]:
+        """Take a runner out of service and stop its engine in the background; its memory counts until
+        the engine is gone. Synchronous, so callers holding the lock stay atomic."""
+        if self.runners.get(runner.key) is runner:
+            del self.runners[runner.key]
+        if runner.idle_timer:
+            runner.idle_timer.cancel()
+            runner.idle_timer = None
+        if runner in self.stopping:
+            return self.stopping[runner]
+        if announce:
+            event(log, "evict", reason=reason, **runner.describe(), **fields)
+        task = self.stopping[runner] = self._spawn(self._stop(runner, reason))
+        return task
+
+    async def _stop(self, runner: Runner, reason: str) -> None:
+        started = time.monotonic()
+        try:
+            loading = runner.load_task
+            if loading is not None and not loading.done() and reason != "load_failed":
+                loading.cancel()  # its own clean-up stops the engine it may have spawned
+                await asyncio.gather(loading, return_exceptions=True)
+            # a frozen engine would not act on SIGTERM: SIGKILL at once
+            await runner.stop(grace=0 if reason == "frozen" else STOP_GRACE)
+        finally:
+            async with self._changed:
+                self.stopping.pop(runner, None)
+                self._changed.notify_all()
+        if runner.pid is not None:
+            event(
+                log,
+                "stopped",
+                model=runner.name,
+                pid=runner.pid,
+                status=runner.exit_status,
+                seconds=round(time.monotonic() - started, 3),
             )
 
-        idle = sorted((r for r in self.runners.values() if r.in_use == 0), key=lambda r: r.last_used)
-        while not fits() and idle:
-            victim = idle.pop(0)
-            self.counters.evictions += 1
-            self.runners.pop(victim.key, None)
-            asyncio.get_running_loop().create_task(victim.stop())
-        return fits()
-
-    async def _load(self, runner: Runner) -> None:
+    async def _load(self, runner: Runner, victims: list[Runner]) -> None:
         try:
+            if victims:
+                await asyncio.gather(*(victim.gone.wait() for victim in victims))
+            event(
+                log,
+                "load",
+                model=runner.name,
+                engine=runner.key.engine,
+                mode=runner.key.mode.value,
+                memory_estimate=runner.memory,
+                command=shlex.join(runner.spec.argv),
+            )
             await runner.start()
-            self.counters.loads += 1
-            self.counters.load_seconds_total += runner.load_seconds
-            asyncio.get_running_loop().create_task(self._watch(runner))
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                event(log, "load_cancelled", model=runner.name, engine=runner.key.engine)
+            else:
+                message = exc.message if isinstance(exc, ModelRunnerError) else repr(exc)
+                event(log, "load_failed", logging.ERROR, **runner.describe(), error=message[:2000])
+            self._retire(runner, "load_failed", announce=False)
             async with self._changed:
-                if self.runners.get(runner.key) is runner:
-                    del self.runners[runner.key]
                 self._changed.notify_all()
-            with contextlib.suppress(Exception):
-                await runner.stop(grace=2)
             raise
+        self.counters.loads += 1
+        self.counters.load_seconds_total += runner.load_seconds
+        event(log, "ready", **runner.describe(), load_seconds=round(runner.load_seconds, 3))
+        self._spawn(self._supervise(runner))
 
-    async def _watch(self, runner: Runner) -> None:
-        """A runner that exits on its own is defunct: dropped when idle, reloaded by the next request."""
-        await runner.exited.wait()
+    async def _supervise(self, runner: Runner) -> None:
+        """Watch a loaded runner: a crash makes it defunct (dropped when idle, reloaded by the next
+        request); while requests wait on it, its health route is checked and an engine that stops answering
+        (SIGSTOP, a deadlock) is ended, which fails those requests through the crash path."""
+        timeout = self.limits.freeze_timeout
+        interval = max(0.2, min(5.0, timeout / 4)) if timeout > 0 else None  # None: only watch for a crash
+        last_answer, cpu_then = time.monotonic(), self._cpu(runner)
+        warned = False
+        while not runner.exited.is_set():
+            if not await _wait(runner.exited, interval):
+                continue  # it exited
+            if runner.in_use == 0 or runner.state is not RunnerState.READY:
+                last_answer, cpu_then, warned = time.monotonic(), self._cpu(runner), False
+                continue
+            assert interval is not None
+            if await runner.answers_health(timeout=interval):
+                last_answer, cpu_then, warned = time.monotonic(), self._cpu(runner), False
+                continue
+            silent = time.monotonic() - last_answer
+            stat = process_stat(runner.pid) if runner.pid else None
+            if silent < timeout or stat is None or runner.exited.is_set():
+                continue
+            state, _, cpu_now = stat
+            if state not in "tT" and cpu_now - cpu_then >= FROZEN_CPU_SHARE * silent:
+                if not warned:  # working hard but not answering: its HTTP threads may all be busy
+                    warned = True
+                    fields = runner.describe()
+                    event(log, "engine_unresponsive", logging.WARNING, **fields, silent=round(silent))
+                continue
+            self.counters.freezes += 1
+            event(
+                log,
+                "freeze",
+                logging.ERROR,
+                **runner.describe(),
+                silent_seconds=round(silent, 1),
+                process_state=state,
+                in_use=runner.in_use,
+                action="SIGKILL to the process group; the next request starts it again",
+            )
+            async with self._changed:
+                self._retire(runner, "frozen", announce=False)
+                self._changed.notify_all()
+            return
         if runner.state is RunnerState.DEFUNCT:
             self.counters.crashes += 1
+            fields = runner.describe()
+            event(log, "crash", logging.ERROR, **fields, status=runner.exit_status, in_use=runner.in_use)
             async with self._changed:
                 if runner.in_use == 0 and self.runners.get(runner.key) is runner:
-                    del self.runners[runner.key]
+                    self._retire(runner, "crashed", announce=False)
                 self._changed.notify_all()
+
+    @staticmethod
+    def _cpu(runner: Runner) -> float:
+        stat = process_stat(runner.pid) if runner.pid else None
+        return stat[2] if stat else 0.0
 
     async def release(self, runner: Runner) -> None:
         async with self._changed:
             runner.in_use -= 1
             runner.last_used = time.time()
-            if runner.in_use == 0:
-                if runner.state is RunnerState.DEFUNCT and self.runners.get(runner.key) is runner:
-                    del self.runners[runner.key]
+            current = self.runners.get(runner.key) is runner
+            if runner.in_use == 0 and current:
+                if runner.state is RunnerState.DEFUNCT:
+                    self._retire(runner, "crashed", announce=False)
                 elif runner.keep_alive != NEVER and runner.state is RunnerState.READY:
                     loop = asyncio.get_running_loop()
                     runner.idle_timer = loop.call_later(
-                        runner.keep_alive, lambda: loop.create_task(self._expire(runner))
+                        runner.keep_alive, self._on_idle, runner, context=_background_context()
                     )
             self._changed.notify_all()
+
+    def _on_idle(self, runner: Runner) -> None:
+        runner.idle_timer = None
+        self._spawn(self._expire(runner))
 
     async def _expire(self, runner: Runner) -> None:
         async with self._changed:
             if runner.in_use or self.runners.get(runner.key) is not runner:
                 return
-            del self.runners[runner.key]
+            self._retire(runner, "idle_timeout", keep_alive=format_keep_alive(runner.keep_alive))
             self._changed.notify_all()
-        await runner.stop()
-
-    async def _remove(self, runner: Runner) -> None:
-        """Caller holds the lock."""
-        if self.runners.get(runner.key) is runner:
-            del self.runners[runner.key]
-        asyncio.get_running_loop().create_task(runner.stop())
 
     # -- admin ----------------------------------------------------------------------------------
 
-    async def unload(self, model_ids: set[str] | None, engine: str | None = None) -> int:
-        """Stop idle runners of the given models (all when None); in-use runners are left alone."""
+    async def unload(
+        self, model_ids: set[str] | None, engine: str | None = None, reason: str = "unload_request"
+    ) -> int:
+        """Stop idle runners of the given models (all when None), waiting until their engines are gone;
+        in-use runners are left alone."""
         async with self._changed:
             victims = [
                 r
@@ -234,11 +476,14 @@ class Scheduler:
                 and (model_ids is None or r.key.model_id in model_ids)
                 and (engine is None or r.key.engine == engine)
             ]
-            for runner in victims:
-                del self.runners[runner.key]
+            stops = [self._retire(runner, reason) for runner in victims]
             self._changed.notify_all()
-        await asyncio.gather(*(r.stop() for r in victims))
+        await asyncio.gather(*stops, return_exceptions=True)
         return len(victims)
+
+    def preload(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Run a load that no request waits for (after `configure`) as a task the scheduler owns."""
+        self._spawn(coroutine)
 
     def has_runner(self, engine: str, model_id: str, mode: Mode) -> bool:
         return RunnerKey(engine, model_id, mode) in self.runners
@@ -265,14 +510,31 @@ class Scheduler:
         ]
 
     async def shutdown(self, drain_seconds: float = 10.0) -> None:
-        """Refuse new loads, let in-flight requests finish (bounded), then stop every engine."""
-        self._closing = True
+        """Refuse new loads, let in-flight requests finish (bounded), stop every engine and wait until
+        they are gone, then end every task the scheduler still owns."""
+        async with self._changed:
+            self._closing = True
+            self._changed.notify_all()  # queued requests are answered "shutting down"
         deadline = time.monotonic() + drain_seconds
         while any(r.in_use for r in self.runners.values()) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        runners = list(self.runners.values())
-        self.runners.clear()
-        await asyncio.gather(*(r.stop() for r in runners), return_exceptions=True)
+        async with self._changed:
+            stops = [self._retire(runner, "shutdown") for runner in list(self.runners.values())]
+        await asyncio.gather(*stops, return_exceptions=True)
+        while self.stopping:  # retired earlier, still going
+            await asyncio.gather(*list(self.stopping.values()), return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _wait(flag: asyncio.Event, seconds: float | None) -> bool:
+    """Sleep `seconds` (None: for ever) unless `flag` is set first; True when the time passed."""
+    try:
+        await asyncio.wait_for(flag.wait(), seconds)
+    except TimeoutError:
+        return True
+    return False
 
 
 __all__ = ["Busy", "InsufficientMemory", "LoadError", "Scheduler", "SchedulerLimits"]

@@ -12,7 +12,7 @@ import json
 import math
 import re
 import shlex
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings
 from modelrunner.server.inference import KNOWN_BACKENDS, model_for_engine, select_engine_name
+from modelrunner.server.log_files import LogStreamer, ModelFilter
 from modelrunner.store.store import ModelStore
 
 _HF_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -257,7 +258,6 @@ def build_admin_router(
     store: ModelStore, scheduler: Scheduler, engines: Mapping[str, Engine], logs_dir: Path
 ) -> APIRouter:
     router = APIRouter()
-    preloads: set[asyncio.Task[None]] = set()  # kept, so a preload is not collected while it runs
 
     @router.get("/engines/ps")
     def ps() -> list[dict[str, Any]]:
@@ -297,10 +297,8 @@ def build_admin_router(
         stored = scheduler.settings.get(engine.name, model.id, mode)
         settings = settings_from_request(body, flags, engine, stored, store)
         scheduler.settings.put(engine.name, model.id, mode, settings)
-        await scheduler.unload({model.id}, engine.name)  # the next load uses the new settings
-        task = asyncio.get_running_loop().create_task(_preload(engine, model.id, body.model, mode))
-        preloads.add(task)
-        task.add_done_callback(preloads.discard)
+        await scheduler.unload({model.id}, engine.name, reason="configure")  # reload with the new settings
+        scheduler.preload(_preload(engine, model.id, body.model, mode))
         return PlainTextResponse("", status_code=202)
 
     async def _preload(engine: Engine, model_id: str, name: str, mode: Mode) -> None:
@@ -354,42 +352,22 @@ def build_admin_router(
 
     @router.get("/logs")
     async def logs(
-        request: Request, follow: bool = False, no_engines: bool = Query(False, alias="no-engines")
+        request: Request,
+        follow: bool = False,
+        no_engines: bool = Query(False, alias="no-engines"),
+        model: str | None = Query(None, min_length=1, max_length=512),
     ) -> StreamingResponse:
-        files = [logs_dir / "daemon.log"]
-        if not no_engines:
-            files += sorted(logs_dir.glob("engine-*.log"))
-        return StreamingResponse(_log_lines(request, files, follow), media_type="text/plain; charset=utf-8")
+        """DMR's log route (pkg/logs/http_handler.go: follow, no-engines), plus `model` to keep only the
+        lines about one model and its engines' logs."""
+        wanted = ModelFilter(store, model) if model else None
+        streamer = LogStreamer(logs_dir, not no_engines, wanted, request.is_disconnected)
+        return StreamingResponse(streamer.stream(follow), media_type="text/plain; charset=utf-8")
 
     @router.get("/metrics")
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(await render_metrics(scheduler), media_type="text/plain; version=0.0.4")
 
     return router
-
-
-async def _log_lines(request: Request, files: list[Path], follow: bool) -> AsyncIterator[bytes]:
-    offsets: dict[Path, int] = {}
-    for path in files:
-        with contextlib.suppress(OSError):
-            data = path.read_bytes()
-            offsets[path] = len(data)
-            if data:
-                yield data
-    while follow and not await request.is_disconnected():
-        await asyncio.sleep(0.2)
-        for path in files:
-            with contextlib.suppress(OSError):
-                size = path.stat().st_size
-                start = offsets.get(path, 0)
-                if size < start:  # rotated or truncated
-                    start = 0
-                if size > start:
-                    with open(path, "rb") as handle:
-                        handle.seek(start)
-                        data = handle.read(size - start)
-                    offsets[path] = size
-                    yield data
 
 
 def _label(line: str, labels: str) -> str:

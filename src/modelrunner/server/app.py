@@ -118,6 +118,7 @@ def build_daemon(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        scheduler.end_orphans()  # before listening; `model serve` holds the home's lock by now
         yield
         await scheduler.shutdown()  # SIGTERM: drain, then stop every engine process
 

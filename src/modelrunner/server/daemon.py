@@ -3,16 +3,22 @@
 It listens on its main address (127.0.0.1:12434), on extra addresses when told (for containers: the Docker
 bridge gateway, as DMR is reached from them), on a Unix socket (MODEL_RUNNER_SOCK) and on DMR's TLS port
 (MODEL_RUNNER_TLS_ENABLED); anything beyond loopback needs MODEL_RUNNER_API_KEY.
+
+One daemon per runner home: it holds an exclusive lock on `<home>/daemon.lock` for its whole life and takes
+it before anything else (logging, the store, ending orphaned engines, listening), so a second `model serve`
+on the same home exits at once, naming the pid that holds it, and touches nothing of the running one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import logging
 import os
 import socket
 import stat
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,18 +34,62 @@ def pid_file() -> Path:
     return config.runner_home() / "daemon.pid"
 
 
+def lock_file() -> Path:
+    return config.runner_home() / "daemon.lock"
+
+
+class AlreadyRunning(Exception):
+    def __init__(self, pid: int | None) -> None:
+        holder = f"pid {pid}" if pid else "another process"
+        super().__init__(
+            f"a model runner ({holder}) is already running for {config.runner_home()}; "
+            "stop it first (model stop-runner), or set MODEL_RUNNER_HOME to run another one"
+        )
+        self.pid = pid
+
+
+def take_home_lock() -> int:
+    """Lock the runner home for this process's life (the descriptor stays open; flock ends with the
+    process, also on kill -9) and write our pid into the lock file; AlreadyRunning if another holds it."""
+    path = lock_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by engines (O_CLOEXEC by default)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+        except (OSError, ValueError):
+            holder = None
+        os.close(fd)
+        raise AlreadyRunning(holder) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 def read_pid() -> int | None:
     try:
         pid = int(pid_file().read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
+    return pid if is_running(pid) else None
+
+
+def is_running(pid: int) -> bool:
+    """Whether the process exists and has not exited (an exited one may linger as a zombie until its
+    parent reaps it: it holds no lock or port any more)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return None
+        return False
     except PermissionError:
         pass
-    return pid
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: existing is all we can tell
+    return not stat[stat.rfind(")") + 2 :].startswith(("Z", "X"))
 
 
 def is_loopback_host(host: str) -> bool:
@@ -205,6 +255,11 @@ def serve(
             "or listen on loopback only"
         )
     try:
+        lock = take_home_lock()  # first: a second daemon must not touch the running one's engines or files
+    except AlreadyRunning as exc:
+        print(f"model serve: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    try:
         tls = config.tls_settings()
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
@@ -226,7 +281,6 @@ def serve(
     if tls.enabled:
         eventlog.event(log, "listening", address=f"https://{config.ListenAddress(host, tls.port)}")
     path = pid_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(str(os.getpid()))
     try:
         DaemonServer(uvicorn_config(daemon, host, port), companions).run(sockets)
@@ -237,3 +291,4 @@ def serve(
         if socket_path is not None:
             with contextlib.suppress(OSError):
                 socket_path.unlink()
+        os.close(lock)

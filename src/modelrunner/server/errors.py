@@ -1,7 +1,13 @@
-"""The one place errors become HTTP responses: OpenAI-style JSON bodies saying what to do."""
+"""The one place errors become HTTP responses: OpenAI-style JSON bodies saying what to do.
+
+Failures that are not a ModelRunnerError are answered in the same shape, never as a bare text 500: a full
+disk is a 507 "no space left on device"; anything else a 500 whose traceback goes to the daemon log only.
+"""
 
 from __future__ import annotations
 
+import errno
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -11,7 +17,12 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from modelrunner.errors import ModelRunnerError
+from modelrunner.errors import ModelRunnerError, StorageFull
+from modelrunner.eventlog import event
+from modelrunner.server.proxy import App, Message, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 _TYPES = {
     400: "invalid_request_error",
@@ -24,7 +35,28 @@ _TYPES = {
     413: "request_too_large",
     422: "unsupported_media_type",
     503: "service_unavailable",
+    507: "insufficient_storage",
 }
+
+
+class InternalError(ModelRunnerError):
+    status_code = 500
+
+
+def unexpected_error(exc: Exception, method: str, path: str) -> ModelRunnerError:
+    """What to answer for an exception no route turned into a ModelRunnerError, with its log line."""
+    if isinstance(exc, ModelRunnerError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+        event(log, "storage_full", logging.ERROR, method=method, path=path, error=exc.strerror)
+        return StorageFull(
+            "no space left on device: free disk space where the models are stored (MODELS_PATH), "
+            "then try again"
+        )
+    fields = {"method": method, "path": path, "error": type(exc).__name__}
+    log.error("internal_error", exc_info=exc, extra={"fields": fields})
+    name = type(exc).__name__
+    return InternalError(f"internal error ({name}); the daemon log has the details (model logs)")
 
 
 def error_body(status: int, message: str) -> dict[str, object]:
@@ -46,8 +78,11 @@ def error_route_class(render: Callable[[int, str], Response]) -> type[APIRoute]:
             async def guarded(request: Request) -> Response:
                 try:
                     return await handler(request)
-                except ModelRunnerError as exc:
-                    return render(exc.status_code, exc.message)
+                except (StarletteHTTPException, RequestValidationError):
+                    raise  # the app's handlers answer these
+                except Exception as exc:
+                    error = unexpected_error(exc, request.method, request.url.path)
+                    return render(error.status_code, error.message)
 
             return guarded
 
@@ -78,3 +113,30 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ModelRunnerError, on_model_runner_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_middleware(UnexpectedErrors)  # inside Starlette's outer error middleware, which would answer text
+
+
+class UnexpectedErrors:
+    """Answers any other exception of a route in the JSON shape (507 for a full disk, else 500), once, with
+    a log line; an exception after the response started can only end it (and is logged)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            error = unexpected_error(exc, scope.get("method", ""), scope.get("path", ""))
+            if not started:
+                await error_response(error.status_code, error.message)(scope, receive, send)

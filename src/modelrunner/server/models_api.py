@@ -12,11 +12,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from modelrunner import config
 from modelrunner.artifact.builder import BuiltArtifact, PackageSpec, build_artifact, extend_artifact
 from modelrunner.compat.bodies import json_body
-from modelrunner.errors import BadRequest
+from modelrunner.errors import BadRequest, PermissionDenied
 from modelrunner.reference import parse_reference
 from modelrunner.server.body_stream import consume_in_thread
+from modelrunner.server.localuser import TOKEN_HEADER, ensure_token, is_daemon_user
 from modelrunner.store.archive import export_chunks, load_archive
 from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore, full_tag
@@ -60,8 +62,22 @@ def _is_loopback(request: Request) -> bool:
         return host in ("", "localhost")  # Unix sockets and in-process test clients have no address
 
 
+def _check_caller_may_read_files(request: Request, token: str) -> None:
+    """Files named in a package request are read only for a local caller that is the daemon's own user."""
+    if not _is_loopback(request):
+        raise BadRequest("packaging from file paths is only allowed for clients on this machine")
+    client = (request.client.host, request.client.port) if request.client else None
+    server = tuple(request.scope["server"]) if request.scope.get("server") else None
+    if not is_daemon_user(client, server, request.headers.get(TOKEN_HEADER), token):
+        raise PermissionDenied(
+            "the model runner reads files by path only for the user it runs as; as another user, "
+            "`model package` uploads the files instead"
+        )
+
+
 def build_models_router(store: ModelStore) -> APIRouter:
     router = APIRouter()
+    token = ensure_token(config.local_token_file())
 
     @router.get("/models")
     def list_models() -> list[dict[str, Any]]:
@@ -77,8 +93,7 @@ def build_models_router(store: ModelStore) -> APIRouter:
     def package_model(
         request: Request, body: PackageRequest = Depends(json_body(PackageRequest))
     ) -> dict[str, Any]:
-        if not _is_loopback(request):
-            raise BadRequest("packaging from file paths is only allowed for clients on this machine")
+        _check_caller_may_read_files(request, token)
         if body.format == "cncf":
             raise BadRequest(
                 "packaging in the CNCF ModelPack format is not supported yet (models in that format can be "

@@ -1,0 +1,246 @@
+"""Operability with real `model serve` processes and the real llama-server: one daemon per runner home, the
+engines a killed daemon left behind, a frozen engine, and `model logs` explaining what the scheduler did."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from modelrunner.scheduler.runner import process_stat
+from tests.daemon import Daemon, free_port
+from tests.engines import llama_server
+from tests.models import write_tiny_gguf
+
+__all__ = ["llama_server"]
+
+
+@pytest.fixture
+def daemons(tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Daemon]]:
+    """Daemons of one runner home (tmp_path/home), stopped at the end; the first one is started."""
+    monkeypatch.setenv("LLAMA_SERVER_PATH", str(llama_server))
+    running = [Daemon(tmp_path / "home", free_port()).start()]
+    running[0].cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "tiny.gguf")), "tiny")
+    yield running
+    for daemon in running:
+        daemon.stop()
+
+
+def alive(pid: int) -> bool:
+    stat = process_stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def engine_pid(daemon: Daemon) -> int:
+    [runner] = daemon.http("GET", "/engines/ps").json()
+    return int(runner["pid"])
+
+
+def chat(daemon: Daemon, model: str, **extra: Any) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+    return daemon.http("POST", "/engines/v1/chat/completions", json=body)
+
+
+def long_stream(daemon: Daemon, model: str = "tiny") -> Any:
+    """A streamed answer long enough to stay in flight while the test does something else (the engine
+    blocks once the unread answer fills the socket buffers)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    return httpx.stream("POST", daemon.url + "/engines/v1/chat/completions", json=body, timeout=120)
+
+
+def data_lines(lines: Iterator[str]) -> list[str]:
+    return [line[6:] for line in lines if line.startswith("data: ")]
+
+
+def log_events(daemon: Daemon, *args: str) -> list[dict[str, str]]:
+    """`model logs ARGS`, its logfmt event lines parsed (key=value; quoted values unquoted)."""
+    out = daemon.cli("logs", *args).stdout
+    return [parse_logfmt(line) for line in out.splitlines() if " event=" in line]
+
+
+def wait_until(condition: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def parse_logfmt(line: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    rest = line.split(" ", 3)[-1]
+    while rest:
+        key, _, rest = rest.partition("=")
+        if rest.startswith('"'):
+            end = 1
+            while rest[end] != '"':
+                end += 2 if rest[end] == "\\" else 1
+            fields[key] = json.loads(rest[: end + 1])
+            rest = rest[end + 1 :].lstrip()
+        else:
+            value, _, rest = rest.partition(" ")
+            fields[key] = value
+    return fields
+
+
+def test_a_second_serve_on_the_same_home_exits_and_touches_nothing(daemons: list[Daemon]) -> None:
+    [daemon] = daemons
+    assert daemon.process is not None
+    with long_stream(daemon) as response:
+        lines = response.iter_lines()
+        assert data_lines(iter([next(line for line in lines if line.startswith("data: "))]))
+        pid = engine_pid(daemon)
+        second = subprocess.run(
+            [sys.executable, "-m", "modelrunner", "serve", "--port", str(free_port())],
+            env=daemon.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 1
+        assert f"pid {daemon.process.pid}" in second.stderr and "already running" in second.stderr
+        rest = data_lines(lines)
+    assert rest[-1] == "[DONE]"  # the stream in flight meanwhile ended normally
+    assert not any('"type": "error"' in event or '"error"' in event for event in rest)
+    assert alive(pid)
+    assert (daemon.home / "daemon.pid").read_text() == str(daemon.process.pid)
+    assert "has stopped" in daemon.cli("stop-runner").stdout
+    daemon.process.wait(30)
+    assert not alive(pid)
+
+
+def test_engines_left_by_a_killed_daemon_are_ended_at_the_next_start_with_a_log_line(
+    daemons: list[Daemon],
+) -> None:
+    [first] = daemons
+    assert first.process is not None
+    assert chat(first, "tiny").status_code == 200
+    pid = engine_pid(first)
+    first.process.kill()  # kill -9: the engine, in a session of its own, lives on
+    first.process.wait()
+    assert alive(pid)
+    second = Daemon(first.home, free_port()).start()
+    daemons.append(second)
+    assert not alive(pid)  # ended before the second daemon listened
+    [ended] = [e for e in log_events(second, "--no-engines") if e["event"] == "orphan_ended"]
+    assert ended["pid"] == str(pid) and ended["model"] == "tiny" and ended["engine"] == "llama.cpp"
+    assert chat(second, "tiny").status_code == 200
+
+
+def test_a_frozen_llama_server_fails_the_stream_and_is_restarted(
+    tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLAMA_SERVER_PATH", str(llama_server))
+    monkeypatch.setenv("MODEL_RUNNER_FREEZE_TIMEOUT", "2")
+    daemon = Daemon(tmp_path / "home", free_port()).start()
+    try:
+        daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "tiny.gguf")), "tiny")
+        with long_stream(daemon) as response:
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            pid = engine_pid(daemon)
+            os.kill(pid, signal.SIGSTOP)  # as a deadlock would: no answer, no exit
+            rest = data_lines(lines)
+        error = json.loads(rest[-1])
+        assert error["type"] == "error" and "engine stopped" in error["message"]
+        assert not alive(pid)
+        [freeze] = [e for e in log_events(daemon, "--no-engines") if e["event"] == "freeze"]
+        assert freeze["pid"] == str(pid) and freeze["model"] == "tiny" and freeze["process_state"] == "T"
+        assert chat(daemon, "tiny").status_code == 200  # started again
+        assert engine_pid(daemon) != pid
+    finally:
+        daemon.stop()
+
+
+def test_model_logs_explains_loads_evictions_crashes_503s_and_waits(
+    tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLAMA_SERVER_PATH", str(llama_server))
+    monkeypatch.setenv("MODEL_RUNNER_MAX_RUNNERS", "1")
+    monkeypatch.setenv("MODEL_RUNNER_MAX_QUEUE", "1")
+    daemon = Daemon(tmp_path / "home", free_port()).start()
+    follower: subprocess.Popen[str] | None = None
+    try:
+        for seed, name in enumerate(("one", "two")):
+            daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / f"{name}.gguf", seed=seed)), name)
+        assert chat(daemon, "one").status_code == 200  # a load
+        with long_stream(daemon, "one") as response:  # "one" in use: "two" must wait for room
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            results: queue.Queue[httpx.Response] = queue.Queue()
+            waiting = threading.Thread(target=lambda: results.put(chat(daemon, "two")))
+            waiting.start()
+            wait_until(lambda: any(e["event"] == "queued" for e in log_events(daemon, "--no-engines")))
+            assert chat(daemon, "two").status_code == 503  # the queue (1) is full
+            data_lines(lines)
+        waiting.join(120)
+        assert results.get_nowait().status_code == 200  # served after "one" was evicted
+        os.kill(engine_pid(daemon), signal.SIGKILL)  # a crash
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "modelrunner", "logs", "--follow", "--no-engines"],
+            env=daemon.env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        events = log_events(daemon, "--no-engines")
+        by_name: dict[str, list[dict[str, str]]] = {}
+        for found in events:
+            by_name.setdefault(found["event"], []).append(found)
+
+        [load_one, load_two] = by_name["load"]
+        assert load_one["model"] == "one" and load_one["command"].startswith(str(llama_server))
+        assert load_two["model"] == "two" and load_two["engine"] == "llama.cpp"
+        assert [e["model"] for e in by_name["ready"]] == ["one", "two"]
+        assert float(by_name["ready"][0]["load_seconds"]) > 0
+        [queued] = by_name["queued"]
+        assert queued["model"] == "two" and queued["position"] == "1" and queued["reason"] == "max_runners"
+        [refused] = by_name["refused"]
+        assert refused["status"] == "503" and refused["reason"] == "queue_full" and refused["model"] == "two"
+        [evict] = by_name["evict"]
+        assert evict["model"] == "one" and evict["reason"] == "lru_max_runners"
+        assert evict["for_model"] == "two"
+        [crash] = by_name["crash"]
+        assert crash["model"] == "two" and crash["status"] == "signal SIGKILL"
+        assert any(e["model"] == "one" for e in by_name["reuse"])
+
+        # --model: only the lines about that model (whatever name they use), and its engine's log
+        about_one = log_events(daemon, "--no-engines", "--model", "ai/one:latest")
+        assert about_one and all(e["model"] == "one" or e.get("for_model") == "one" for e in about_one)
+        assert {"load", "ready", "evict"} <= {e["event"] for e in about_one}
+        engine_log = daemon.cli("logs", "--model", "two").stdout
+        assert "starting llama.cpp for two (completion)" in engine_log
+        assert "starting llama.cpp for one" not in engine_log
+
+        # --follow: what happens next arrives while following
+        assert chat(daemon, "one").status_code == 200
+        pid = str(engine_pid(daemon))
+        assert pid not in {e["pid"] for e in by_name["ready"]}
+        assert follower.stdout is not None
+        followed: queue.Queue[str] = queue.Queue()
+        lines_of = follower.stdout
+        threading.Thread(target=lambda: [followed.put(line) for line in lines_of], daemon=True).start()
+        while True:
+            seen = parse_logfmt(followed.get(timeout=60))
+            if seen.get("event") == "ready" and seen.get("pid") == pid:
+                break
+    finally:
+        if follower is not None:
+            follower.kill()
+            follower.wait()
+        daemon.stop()
