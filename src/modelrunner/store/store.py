@@ -35,7 +35,7 @@ from modelrunner.errors import (
     ModelNotFound,
     StoreCorrupted,
 )
-from modelrunner.fileio import copy_and_hash, fsync_dir, hash_file, write_all, write_file_atomic
+from modelrunner.fileio import HashingWriter, copy_and_hash, fsync_dir, hash_file, write_file_atomic
 from modelrunner.reference import parse_model_id, parse_reference, validate_digest
 from modelrunner.store.bundle import build_bundle
 from modelrunner.store.layout import LAYOUT_VERSION, StoreLayout
@@ -43,6 +43,7 @@ from modelrunner.store.layout import LAYOUT_VERSION, StoreLayout
 INCOMPLETE_MAX_AGE = 7 * 24 * 3600
 STRAY_INGEST_MAX_AGE = 24 * 3600
 CHUNK_SIZE = 4 * 1024 * 1024  # reads of a partial download when resuming it
+BlobChunk = bytes | bytearray | memoryview
 
 
 @dataclass
@@ -273,7 +274,7 @@ class ModelStore:
             write_file_atomic(self.layout.blob_path(digest), data)
         return digest
 
-    def write_blob_stream(self, digest: str, size: int, chunks: Iterable[bytes]) -> bool:
+    def write_blob_stream(self, digest: str, size: int, chunks: Iterable[BlobChunk]) -> bool:
         """Stream a blob of known digest and size into the store, verified before it is placed.
 
         Returns False when the blob was already present (the chunks are then drained unread). Each call
@@ -307,7 +308,7 @@ class ModelStore:
         with contextlib.suppress(FileNotFoundError):
             self.layout.incomplete_path(digest).unlink()
 
-    def resume_blob_stream(self, digest: str, size: int, offset: int, chunks: Iterable[bytes]) -> None:
+    def resume_blob_stream(self, digest: str, size: int, offset: int, chunks: Iterable[BlobChunk]) -> None:
         """Continue `<hex>.incomplete` at `offset` (0 starts over) with `chunks`, then verify and place it.
 
         One writer per partial file at a time (an exclusive lock on it, across threads and processes); a
@@ -342,15 +343,22 @@ class ModelStore:
             os.close(fd)
 
     @staticmethod
-    def _fill(fd: int, digest: str, size: int, written: int, hasher: Any, chunks: Iterable[bytes]) -> None:
-        """Append chunks to fd, hashing them after the `written` bytes already hashed; then verify."""
+    def _fill(
+        fd: int, digest: str, size: int, written: int, hasher: Any, chunks: Iterable[BlobChunk]
+    ) -> None:
+        """Append chunks to fd, hashing them after the `written` bytes already hashed; then verify.
+
+        The hash and the write of each chunk overlap (HashingWriter); chunks may be views of buffers that
+        the producer refills once the next chunk has been handed over. What was handed in is written and
+        fsynced even when the producer fails (a cut download keeps its bytes for the resume).
+        """
         try:
-            for chunk in chunks:
-                written += len(chunk)
-                if written > size:
-                    raise InvalidArtifact(f"blob {digest[:19]} is larger than its declared size")
-                hasher.update(chunk)
-                write_all(fd, chunk)
+            with HashingWriter(fd, hasher, written) as writer:
+                for chunk in chunks:
+                    if writer.position + len(chunk) > size:
+                        raise InvalidArtifact(f"blob {digest[:19]} is larger than its declared size")
+                    writer.write(chunk)
+            written = writer.position
         finally:
             os.fsync(fd)
         if written != size:
