@@ -23,6 +23,10 @@ CHUNK = 4 * 1024 * 1024
 # disk while the rest still arrives and the closing fsync has little left to wait for.
 WRITEBACK_STEP = 32 * 1024 * 1024
 _SYNC_FILE_RANGE_WRITE = 2
+# HashingWriter writes chunks smaller than this itself: they come from a producer slower than the hash and
+# the write together (a network read that found this much waiting), where a hand-over to the worker costs
+# more than the overlap saves.
+INLINE_WRITE_BELOW = 256 * 1024
 # copy_file_range errors that mean "not between these two files": copy with reads and writes instead.
 _NO_KERNEL_COPY = frozenset(
     {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.EPERM, errno.EBADF}
@@ -142,7 +146,8 @@ class HashingWriter:
 
     Each chunk is written by a worker thread while the caller hashes it (both release the GIL), so a chunk
     costs about max(hash, write) instead of their sum, and the caller can receive the next chunk while the
-    last one is still being written. Every WRITEBACK_STEP bytes the disk's writeback is started.
+    last one is still being written; chunks under INLINE_WRITE_BELOW are written by the caller. Every
+    WRITEBACK_STEP bytes the disk's writeback is started.
     A chunk must stay unchanged until the next `write()` or the end of the `with` block: a caller reading
     into two alternating buffers may refill one as soon as the other has been handed in. Leaving the block
     waits for the last write, so whatever was handed in is in the file (not yet fsynced) even on an error.
@@ -175,13 +180,17 @@ class HashingWriter:
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         if self._pending is not None:
-            self._pending.result()  # the previous chunk is written (its error, if any, raised here)
+            pending, self._pending = self._pending, None
+            pending.result()  # the previous chunk is written (its error, if any, raised here)
         start = self.position
         self.position += len(chunk)
-        writeback = self.position - self._flushed >= WRITEBACK_STEP
-        self._pending = self._worker.submit(self._write, chunk, self._flushed if writeback else -1, start)
-        if writeback:
-            self._flushed = start
+        writeback_from = -1
+        if self.position - self._flushed >= WRITEBACK_STEP:
+            writeback_from, self._flushed = self._flushed, start
+        if len(chunk) < INLINE_WRITE_BELOW:
+            self._write(chunk, writeback_from, start)
+        else:
+            self._pending = self._worker.submit(self._write, chunk, writeback_from, start)
         self.hasher.update(chunk)
 
     def _write(self, chunk: bytes | bytearray | memoryview, writeback_from: int, start: int) -> None:

@@ -180,11 +180,13 @@ def test_copy_and_hash_of_an_empty_file(tmp_path: Path) -> None:
     assert (tmp_path / "copy").read_bytes() == b""
 
 
-@pytest.fixture
-def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunks of 4 KiB and a writeback every 16 KiB, so that small files take every turn of the loops."""
+@pytest.fixture(params=["worker", "inline"])
+def small_chunks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 4 KiB and a writeback every 16 KiB, so that small files take every turn of the loops;
+    HashingWriter's writes handed to its worker, or all written inline."""
     monkeypatch.setattr(fileio, "CHUNK", 4096)
     monkeypatch.setattr(fileio, "WRITEBACK_STEP", 16384)
+    monkeypatch.setattr(fileio, "INLINE_WRITE_BELOW", 0 if request.param == "worker" else 1 << 30)
 
 
 def random_file(path: Path, size: int) -> tuple[bytes, tuple[str, int]]:
@@ -274,7 +276,7 @@ def test_hashing_writer_appends_in_order_and_hashes_what_it_wrote(small_chunks: 
     assert hasher.hexdigest() == hashlib.sha256(b"prefix" + data).hexdigest()
 
 
-def test_hashing_writer_raises_a_failed_write(tmp_path: Path) -> None:
+def test_hashing_writer_raises_a_failed_write(small_chunks: None, tmp_path: Path) -> None:
     fd = os.open(tmp_path / "out.bin", os.O_RDONLY | os.O_CREAT)  # writes fail with EBADF
     try:
         with pytest.raises(OSError) as info, HashingWriter(fd, hashlib.sha256(), 0) as writer:
