@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +31,8 @@ from gguf import GGUFWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.timing import table_rows, timed  # noqa: E402
 
 from tests.daemon import Daemon, free_port  # noqa: E402
 
@@ -52,13 +53,6 @@ def write_big_gguf(path: Path, size_mib: int) -> None:
 NAMES = ("cp", "cp + sync", "sha256 (openssl)", "sha256sum + cp", "model package")
 
 
-def timed(run: Callable[[], object]) -> float:
-    os.sync()  # the previous run's writeback must not land in this one
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -71,6 +65,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-package-", dir=os.environ.get("BENCH_DIR", "/tmp")))
     daemon = Daemon(work / "home", free_port()).start()
     times: dict[str, list[float]] = {name: [] for name in NAMES}
+    cpu: dict[str, list[float]] = {name: [] for name in NAMES}
     try:
         model_file = work / "big.gguf"
         write_big_gguf(model_file, args.size_mib)
@@ -115,7 +110,9 @@ def main() -> None:
             clean()
         for _ in range(args.runs):
             for name, run in runs.items():
-                times[name].append(timed(run))
+                wall, used = timed(run, daemon.process.pid if daemon.process else None)
+                times[name].append(wall)
+                cpu[name].append(used)
                 clean()
     finally:
         daemon.stop()
@@ -129,6 +126,7 @@ def main() -> None:
         "runs": args.runs,
         "page_cache": "GGUF warm; each copy a new file; sync before each timed run",
         "seconds": times,
+        "cpu_seconds": cpu,
         "median_s": {name: round(value, 3) for name, value in medians.items()},
         "package_time_over_reference": {name: round(value, 3) for name, value in ratios.items()},
         "aim": "model package <= 1.1 x cp",
@@ -137,11 +135,7 @@ def main() -> None:
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"| {'':16} | {'median s':>8} | {'MB/s':>5} | {'runs, s':<20} |")
-    print(f"|{'-' * 18}|{'-' * 10}|{'-' * 7}|{'-' * 22}|")
-    for name in NAMES:
-        runs_text = " ".join(f"{t:.2f}" for t in times[name])
-        print(f"| {name:16} | {medians[name]:>8.2f} | {size / medians[name] / 1e6:>5.0f} | {runs_text:<20} |")
+    print("\n".join(table_rows(times, cpu, size)))
     summary = ", ".join(f"{name} **{ratio:.2f}**" for name, ratio in ratios.items())
     print(f"model package time / reference time: {summary} (aim <= 1.1 against cp)")
     print(f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

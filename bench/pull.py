@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +34,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
+
+from bench.timing import table_rows, timed  # noqa: E402
 
 from modelrunner.artifact import mediatypes as mt  # noqa: E402
 from tests.daemon import Daemon, free_port  # noqa: E402
@@ -102,13 +103,6 @@ def publish_model(registry: Registry, work: Path, size: int) -> tuple[str, str]:
     return f"{registry.host}/bench/big:v1", layer_digest
 
 
-def timed(run: Callable[[], object]) -> float:
-    os.sync()  # the previous run's writeback must not land in this one
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -124,6 +118,7 @@ def main() -> None:
     daemon = Daemon(work / "home", free_port())
     size = args.size_mib * 1024 * 1024
     times: dict[str, list[float]] = {name: [] for name in NAMES}
+    cpu: dict[str, list[float]] = {name: [] for name in NAMES}
     try:
         ref, layer_digest = publish_model(registry, work, size)
         blob_file = registry.blob_data_path(layer_digest)
@@ -178,7 +173,9 @@ def main() -> None:
             clean()
         for _ in range(args.runs):
             for name, run in runs.items():
-                times[name].append(timed(run))
+                wall, used = timed(run, daemon.process.pid if daemon.process else None)
+                times[name].append(wall)
+                cpu[name].append(used)
                 clean()
     finally:
         daemon.stop()
@@ -194,6 +191,7 @@ def main() -> None:
         "runs": args.runs,
         "page_cache": "blob file warm; each copy a new file; sync before each timed run",
         "seconds": times,
+        "cpu_seconds": cpu,
         "median_s": {name: round(value, 3) for name, value in medians.items()},
         "pull_throughput_over_reference": {name: round(value, 3) for name, value in ratios.items()},
         "aim": "pull throughput >= 0.9 x cp",
@@ -202,15 +200,7 @@ def main() -> None:
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
-    table = [
-        f"| {'':16} | {'median s':>8} | {'MB/s':>5} | {'runs, s':<20} |",
-        f"|{'-' * 18}|{'-' * 10}|{'-' * 7}|{'-' * 22}|",
-    ]
-    for name in NAMES:
-        runs_text = " ".join(f"{t:.2f}" for t in times[name])
-        table.append(
-            f"| {name:16} | {medians[name]:>8.2f} | {size / medians[name] / 1e6:>5.0f} | {runs_text:<20} |"
-        )
+    table = table_rows(times, cpu, size)
     summary = ", ".join(f"{name} **{ratio:.2f}**" for name, ratio in ratios.items())
     print("\n".join(table))
     print(f"pull throughput / reference throughput: {summary} (aim >= 0.9 against cp)")
