@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import functools
@@ -27,6 +28,7 @@ _SYNC_FILE_RANGE_WRITE = 2
 # the write together (a network read that found this much waiting), where a hand-over to the worker costs
 # more than the overlap saves.
 INLINE_WRITE_BELOW = 256 * 1024
+WRITE_QUEUE = 4  # chunks a HashingWriter lets wait for its worker
 # copy_file_range errors that mean "not between these two files": copy with reads and writes instead.
 _NO_KERNEL_COPY = frozenset(
     {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.EPERM, errno.EBADF}
@@ -144,13 +146,14 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 class HashingWriter:
     """Appends chunks to an open file (at its current offset, `position`) while hashing them.
 
-    Each chunk is written by a worker thread while the caller hashes it (both release the GIL), so a chunk
-    costs about max(hash, write) instead of their sum, and the caller can receive the next chunk while the
-    last one is still being written; chunks under INLINE_WRITE_BELOW are written by the caller. Every
-    WRITEBACK_STEP bytes the disk's writeback is started.
-    A chunk must stay unchanged until the next `write()` or the end of the `with` block: a caller reading
-    into two alternating buffers may refill one as soon as the other has been handed in. Leaving the block
-    waits for the last write, so whatever was handed in is in the file (not yet fsynced) even on an error.
+    The caller hashes each chunk while a worker thread writes it (both release the GIL), so a chunk costs
+    about max(hash, write) instead of their sum. Up to WRITE_QUEUE chunks may wait for the worker: on a
+    shared machine the caller then goes on receiving and hashing instead of waiting for the worker to be
+    scheduled after every chunk. A chunk under INLINE_WRITE_BELOW that finds no write waiting is written by
+    the caller itself (a hand-over would cost more than it saves). Every WRITEBACK_STEP bytes the disk's
+    writeback is started. Chunks are bytes, never changed after they are handed in. Leaving the `with`
+    block waits for every write, so whatever was handed in is in the file (not yet fsynced) even on an
+    error; the first failed write raises, from `write()` or from the end of the block.
     """
 
     def __init__(self, fd: int, hasher: Any, position: int) -> None:
@@ -158,7 +161,7 @@ class HashingWriter:
         self.hasher = hasher
         self.position = position
         self._flushed = position
-        self._pending: Future[None] | None = None
+        self._pending: collections.deque[Future[None]] = collections.deque()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blob-write")
 
     def __enter__(self) -> HashingWriter:
@@ -168,32 +171,32 @@ class HashingWriter:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         try:
-            if self._pending is not None:
-                pending, self._pending = self._pending, None
+            while self._pending:
+                pending = self._pending.popleft()
                 if kind is None:
                     pending.result()
-                else:  # already failing: let the write finish, keep the first error
+                else:  # already failing: let the writes finish, keep the first error
                     with contextlib.suppress(Exception):
                         pending.result()
         finally:
             self._worker.shutdown()
 
-    def write(self, chunk: bytes | bytearray | memoryview) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()  # the previous chunk is written (its error, if any, raised here)
+    def write(self, chunk: bytes) -> None:
+        pending = self._pending
+        while pending and (len(pending) >= WRITE_QUEUE or pending[0].done()):
+            pending.popleft().result()  # a failed write raises here
         start = self.position
         self.position += len(chunk)
         writeback_from = -1
         if self.position - self._flushed >= WRITEBACK_STEP:
             writeback_from, self._flushed = self._flushed, start
-        if len(chunk) < INLINE_WRITE_BELOW:
+        if not pending and len(chunk) < INLINE_WRITE_BELOW:
             self._write(chunk, writeback_from, start)
         else:
-            self._pending = self._worker.submit(self._write, chunk, writeback_from, start)
+            pending.append(self._worker.submit(self._write, chunk, writeback_from, start))
         self.hasher.update(chunk)
 
-    def _write(self, chunk: bytes | bytearray | memoryview, writeback_from: int, start: int) -> None:
+    def _write(self, chunk: bytes, writeback_from: int, start: int) -> None:
         write_all(self.fd, chunk)
         if writeback_from >= 0:  # what was written before this chunk
             start_writeback(self.fd, writeback_from, start - writeback_from)
@@ -291,11 +294,8 @@ def _kernel_copy_hashed(source: int, dest: int, hasher: Any) -> int:
 
 def _copy_rest_hashed(source: int, dest: int, hasher: Any, position: int) -> int:
     """Copy from `position` to the end of `source` with reads and writes, hashing what is written."""
-    buffers = [memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK))]
     os.lseek(dest, position, os.SEEK_SET)
     with HashingWriter(dest, hasher, position) as writer:
-        turn = 0
-        while n := os.preadv(source, [buffers[turn]], writer.position):
-            writer.write(buffers[turn][:n])  # returns once the other buffer is free again
-            turn ^= 1
+        while chunk := os.pread(source, CHUNK, writer.position):
+            writer.write(chunk)
         return writer.position

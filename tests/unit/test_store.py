@@ -180,13 +180,15 @@ def test_copy_and_hash_of_an_empty_file(tmp_path: Path) -> None:
     assert (tmp_path / "copy").read_bytes() == b""
 
 
-@pytest.fixture(params=["worker", "inline"])
+@pytest.fixture(params=["worker", "inline", "mixed"])
 def small_chunks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of 4 KiB and a writeback every 16 KiB, so that small files take every turn of the loops;
-    HashingWriter's writes handed to its worker, or all written inline."""
+    HashingWriter's writes all handed to its worker, all written inline, or chunks under 5000 bytes inline
+    when no write is waiting."""
     monkeypatch.setattr(fileio, "CHUNK", 4096)
     monkeypatch.setattr(fileio, "WRITEBACK_STEP", 16384)
-    monkeypatch.setattr(fileio, "INLINE_WRITE_BELOW", 0 if request.param == "worker" else 1 << 30)
+    inline_below = {"worker": 0, "inline": 1 << 30, "mixed": 5000}[request.param]
+    monkeypatch.setattr(fileio, "INLINE_WRITE_BELOW", inline_below)
 
 
 def random_file(path: Path, size: int) -> tuple[bytes, tuple[str, int]]:
@@ -255,20 +257,18 @@ def test_copy_and_hash_removes_the_copy_when_the_copy_fails(
 
 
 def test_hashing_writer_appends_in_order_and_hashes_what_it_wrote(small_chunks: None, tmp_path: Path) -> None:
-    """Chunks handed over from two alternating buffers, as the callers do: each buffer is refilled as soon
-    as the next chunk has been handed over, so a write still reading it would show in the file."""
-    data = os.urandom(100_000)
-    buffers = [bytearray(3000), bytearray(3000)]
+    data = os.urandom(300_000)
+    sizes = [3000, 20_000, 100, 1, 70_000, 4999, 5000, 5001]
     fd = os.open(tmp_path / "out.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     hasher = hashlib.sha256(b"prefix")
     os.write(fd, b"prefix")
     try:
         with HashingWriter(fd, hasher, 6) as writer:
-            for turn, start in enumerate(range(0, len(data), 3000)):
-                piece = data[start : start + 3000]
-                buffer = buffers[turn % 2]
-                buffer[: len(piece)] = piece
-                writer.write(memoryview(buffer)[: len(piece)])
+            start, turn = 0, 0
+            while start < len(data):
+                writer.write(data[start : start + sizes[turn % len(sizes)]])
+                start += sizes[turn % len(sizes)]
+                turn += 1
         assert writer.position == 6 + len(data)
     finally:
         os.close(fd)

@@ -43,7 +43,6 @@ from modelrunner.store.layout import LAYOUT_VERSION, StoreLayout
 INCOMPLETE_MAX_AGE = 7 * 24 * 3600
 STRAY_INGEST_MAX_AGE = 24 * 3600
 CHUNK_SIZE = 4 * 1024 * 1024  # reads of a partial download when resuming it
-BlobChunk = bytes | bytearray | memoryview
 
 
 @dataclass
@@ -274,7 +273,7 @@ class ModelStore:
             write_file_atomic(self.layout.blob_path(digest), data)
         return digest
 
-    def write_blob_stream(self, digest: str, size: int, chunks: Iterable[BlobChunk]) -> bool:
+    def write_blob_stream(self, digest: str, size: int, chunks: Iterable[bytes]) -> bool:
         """Stream a blob of known digest and size into the store, verified before it is placed.
 
         Returns False when the blob was already present (the chunks are then drained unread). Each call
@@ -308,7 +307,7 @@ class ModelStore:
         with contextlib.suppress(FileNotFoundError):
             self.layout.incomplete_path(digest).unlink()
 
-    def resume_blob_stream(self, digest: str, size: int, offset: int, chunks: Iterable[BlobChunk]) -> None:
+    def resume_blob_stream(self, digest: str, size: int, offset: int, chunks: Iterable[bytes]) -> None:
         """Continue `<hex>.incomplete` at `offset` (0 starts over) with `chunks`, then verify and place it.
 
         One writer per partial file at a time (an exclusive lock on it, across threads and processes); a
@@ -343,13 +342,10 @@ class ModelStore:
             os.close(fd)
 
     @staticmethod
-    def _fill(
-        fd: int, digest: str, size: int, written: int, hasher: Any, chunks: Iterable[BlobChunk]
-    ) -> None:
+    def _fill(fd: int, digest: str, size: int, written: int, hasher: Any, chunks: Iterable[bytes]) -> None:
         """Append chunks to fd, hashing them after the `written` bytes already hashed; then verify.
 
-        The hash and the write of each chunk overlap (HashingWriter); chunks may be views of buffers that
-        the producer refills once the next chunk has been handed over. What was handed in is written and
+        The hash and the write of each chunk overlap (HashingWriter). What was handed in is written and
         fsynced even when the producer fails (a cut download keeps its bytes for the resume).
         """
         try:
