@@ -273,6 +273,7 @@ def docker_config(folder: Path, registry: str, username: str, password: str) -> 
 @dataclass
 class ProxyControls:
     hold_after: int | None = None  # blob GETs: stop after this many body bytes until `release` is set
+    cut_after: int | None = None  # once, in the first blob GET that is longer: close after this many bytes
     release: threading.Event = field(default_factory=threading.Event)
     ignore_range: bool = False
     fail_blob_gets: list[int] = field(default_factory=list)  # statuses for the next blob GETs
@@ -371,6 +372,15 @@ class RegistryProxy:
                     self.end_headers()
                     sent = 0
                     while chunk := upstream.read(64 * 1024):
+                        cut = controls.cut_after
+                        if cut is not None and sent + len(chunk) >= cut:
+                            controls.cut_after = None
+                            self.wfile.write(chunk[: cut - sent])
+                            self.wfile.flush()
+                            with proxy._lock:
+                                proxy.blob_bytes += cut - sent
+                            self.close_connection = True
+                            return
                         hold = controls.hold_after
                         if hold is not None and sent + len(chunk) > hold:
                             chunk = chunk[: max(0, hold - sent)]

@@ -18,6 +18,10 @@ import httpx
 import pytest
 
 from modelrunner.artifact import mediatypes as mt
+from modelrunner.distribution.progress import ProgressReporter
+from modelrunner.distribution.pull import RegistryPull
+from modelrunner.reference import parse_reference
+from modelrunner.store.store import ModelStore
 from tests.daemon import Daemon, error_message, free_port, json_lines, snapshot
 from tests.models import write_tiny_gguf
 from tests.registry import Registry, RegistryProxy, docker_config
@@ -306,6 +310,53 @@ def proxy_config_bytes(daemon: Daemon, model_id: str) -> int:
     manifest = json.loads((daemon.store_root / "manifests/sha256" / model_id[7:]).read_bytes())
     size: int = manifest["config"]["size"]
     return size
+
+
+def test_connection_cut_midway_is_resumed_in_the_same_pull(
+    plain_registry: Registry, proxy: RegistryProxy, daemon: Daemon, tmp_path: Path
+) -> None:
+    """The registry closes the connection before the announced length: the bytes that arrived stay in
+    the partial and the pull asks for the rest (a cut is no end of the blob, and no bad data)."""
+    ref = f"{proxy.host}/team/tiny:v1"
+    model_id = pushed_model(daemon, tmp_path, ref)
+    _, size = tiny_layer(tmp_path)
+    cut = 123_456
+    proxy.reset_counts()
+    proxy.controls.cut_after = cut
+    assert last_event(pull(daemon, ref))["type"] == "success"
+    assert proxy.ranges == [None, None, f"bytes={cut}-"]  # config, layer (cut), the layer's rest
+    assert proxy.blob_bytes == size + proxy_config_bytes(daemon, model_id)
+    assert daemon.models()[0]["id"] == model_id
+    assert not list((daemon.store_root / "blobs/sha256").glob("*.incomplete"))
+
+
+def test_pull_through_a_proxy_from_the_environment(
+    plain_registry: Registry, daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP_PROXY set: manifests and blobs go through the proxy (httpx's path; without one, blob bodies are
+    read with http.client). In this process, so that only the pull sees the variable."""
+    ref = f"{plain_registry.host}/team/tiny:v1"
+    model_id = pushed_model(daemon, tmp_path, ref)
+    digest, size = tiny_layer(tmp_path)
+    forward = proxy_for(plain_registry)  # forwards absolute-form requests to the registry
+    try:
+        monkeypatch.setenv("HTTP_PROXY", f"http://{forward.host}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        store = ModelStore(tmp_path / "in-process-store")
+        events: list[dict[str, Any]] = []
+        puller = RegistryPull(store, parse_reference(ref), ProgressReporter(events.append, "pull"))
+        try:
+            puller.resolve()
+            assert puller.run() == model_id
+        finally:
+            puller.close()
+    finally:
+        forward.stop()
+    assert ("GET", f"http://{plain_registry.host}/v2/team/tiny/blobs/{digest}") in forward.requests
+    assert forward.blob_bytes >= size
+    assert store.layout.blob_path(digest).stat().st_size == size
+    assert events[-1]["type"] == "success"
 
 
 def test_server_ignoring_range_restarts_the_blob_cleanly(

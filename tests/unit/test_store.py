@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import multiprocessing
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from modelrunner import fileio
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.artifact.builder import PackageSpec
 from modelrunner.artifact.manifest import Descriptor, Manifest, sha256_digest
@@ -30,6 +32,7 @@ from modelrunner.errors import (
     StoreCorrupted,
 )
 from modelrunner.fileio import (
+    HashingWriter,
     copy_and_hash,
     hash_file,
     open_regular_file,
@@ -175,6 +178,113 @@ def test_copy_and_hash_of_an_empty_file(tmp_path: Path) -> None:
     (tmp_path / "empty").write_bytes(b"")
     assert copy_and_hash(tmp_path / "empty", tmp_path / "copy") == (sha256_digest(b""), 0)
     assert (tmp_path / "copy").read_bytes() == b""
+
+
+@pytest.fixture(params=["worker", "inline", "mixed"])
+def small_chunks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 4 KiB and a writeback every 16 KiB, so that small files take every turn of the loops;
+    HashingWriter's writes all handed to its worker, all written inline, or chunks under 5000 bytes inline
+    when no write is waiting."""
+    monkeypatch.setattr(fileio, "CHUNK", 4096)
+    monkeypatch.setattr(fileio, "WRITEBACK_STEP", 16384)
+    inline_below = {"worker": 0, "inline": 1 << 30, "mixed": 5000}[request.param]
+    monkeypatch.setattr(fileio, "INLINE_WRITE_BELOW", inline_below)
+
+
+def random_file(path: Path, size: int) -> tuple[bytes, tuple[str, int]]:
+    data = os.urandom(size)
+    path.write_bytes(data)
+    return data, (sha256_digest(data), size)
+
+
+@pytest.mark.parametrize("size", [1, 4095, 4096, 4097, 3 * 4096, 50_000])
+def test_copy_and_hash_in_many_chunks(small_chunks: None, tmp_path: Path, size: int) -> None:
+    data, expected = random_file(tmp_path / "source.bin", size)
+    assert copy_and_hash(tmp_path / "source.bin", tmp_path / "copy.bin") == expected
+    assert (tmp_path / "copy.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("error", [errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL])
+def test_copy_and_hash_reads_and_writes_where_the_kernel_cannot_copy(
+    small_chunks: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int
+) -> None:
+    """copy_file_range refused between the two files (another file system, an old kernel): plain copy."""
+
+    def refuse(*_: Any) -> int:
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    data, expected = random_file(tmp_path / "source.bin", 50_000)
+    assert copy_and_hash(tmp_path / "source.bin", tmp_path / "copy.bin") == expected
+    assert (tmp_path / "copy.bin").read_bytes() == data
+
+
+def test_copy_and_hash_finishes_with_reads_when_the_kernel_copy_stops_early(
+    small_chunks: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some file systems answer 0 (end of file) to copy_file_range before the end: the rest is read."""
+    real = os.copy_file_range
+
+    def stops_at_8k(source: int, dest: int, count: int, offset_src: int, offset_dst: int) -> int:
+        return (
+            0
+            if offset_src >= 8192
+            else real(source, dest, min(count, 8192 - offset_src), offset_src, offset_dst)
+        )
+
+    monkeypatch.setattr(os, "copy_file_range", stops_at_8k)
+    data, expected = random_file(tmp_path / "source.bin", 50_000)
+    assert copy_and_hash(tmp_path / "source.bin", tmp_path / "copy.bin") == expected
+    assert (tmp_path / "copy.bin").read_bytes() == data
+
+
+def test_copy_and_hash_removes_the_copy_when_the_copy_fails(
+    small_chunks: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.copy_file_range
+
+    def disk_full_after_8k(source: int, dest: int, count: int, offset_src: int, offset_dst: int) -> int:
+        if offset_src >= 8192:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(source, dest, count, offset_src, offset_dst)
+
+    monkeypatch.setattr(os, "copy_file_range", disk_full_after_8k)
+    random_file(tmp_path / "source.bin", 50_000)
+    with pytest.raises(OSError) as info:
+        copy_and_hash(tmp_path / "source.bin", tmp_path / "copy.bin")
+    assert info.value.errno == errno.ENOSPC
+    assert not (tmp_path / "copy.bin").exists()
+
+
+def test_hashing_writer_appends_in_order_and_hashes_what_it_wrote(small_chunks: None, tmp_path: Path) -> None:
+    data = os.urandom(300_000)
+    sizes = [3000, 20_000, 100, 1, 70_000, 4999, 5000, 5001]
+    fd = os.open(tmp_path / "out.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    hasher = hashlib.sha256(b"prefix")
+    os.write(fd, b"prefix")
+    try:
+        with HashingWriter(fd, hasher, 6) as writer:
+            start, turn = 0, 0
+            while start < len(data):
+                writer.write(data[start : start + sizes[turn % len(sizes)]])
+                start += sizes[turn % len(sizes)]
+                turn += 1
+        assert writer.position == 6 + len(data)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "out.bin").read_bytes() == b"prefix" + data
+    assert hasher.hexdigest() == hashlib.sha256(b"prefix" + data).hexdigest()
+
+
+def test_hashing_writer_raises_a_failed_write(small_chunks: None, tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "out.bin", os.O_RDONLY | os.O_CREAT)  # writes fail with EBADF
+    try:
+        with pytest.raises(OSError) as info, HashingWriter(fd, hashlib.sha256(), 0) as writer:
+            writer.write(b"x" * 10)
+            writer.write(b"y" * 10)
+        assert info.value.errno == errno.EBADF
+    finally:
+        os.close(fd)
 
 
 def special_path(kind: str, tmp_path: Path) -> Path:

@@ -29,7 +29,7 @@ def inspect_remote(reference: Reference, bearer_token: str | None = None) -> dic
             raise InvalidArtifact("the model's config blob is too large")
         response = client.open_blob(reference.repository, manifest.config.digest, 0)
         with contextlib.closing(response):
-            config_bytes = read_capped(response, MAX_CONFIG_BYTES, "config")
+            config_bytes = read_capped(response.chunks(), MAX_CONFIG_BYTES, "config")
     if sha256_digest(config_bytes) != manifest.config.digest:
         raise InvalidArtifact("the registry sent a config that does not match its digest")
     config = parse_config_blob(config_bytes, manifest.config.media_type)

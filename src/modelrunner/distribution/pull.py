@@ -24,6 +24,7 @@ from modelrunner.distribution.errors import RegistryUnavailable, TransferCancell
 from modelrunner.distribution.progress import ProgressReporter
 from modelrunner.distribution.registry import (
     MAX_ATTEMPTS,
+    BlobResponse,
     RegistryClient,
     backoff_seconds,
     configured_mirrors,
@@ -220,7 +221,7 @@ class RegistryPull:
                 self.client.sleep(backoff_seconds(failures - 1))
 
     @staticmethod
-    def _start_offset(response: httpx.Response, offset: int) -> int:
+    def _start_offset(response: BlobResponse, offset: int) -> int:
         if response.status_code == 200:
             return 0
         match = _CONTENT_RANGE.fullmatch(response.headers.get("content-range", "").strip())
@@ -228,8 +229,8 @@ class RegistryPull:
             raise RangeIgnored()
         return offset
 
-    def _chunks(self, response: httpx.Response, digest: str) -> Iterator[bytes]:
-        for chunk in response.iter_bytes():  # as the bytes arrive: a kill loses nothing read
+    def _chunks(self, response: BlobResponse, digest: str) -> Iterator[bytes]:
+        for chunk in response.chunks():  # as the bytes arrive: a kill loses nothing read
             if self.cancelled():
                 raise TransferCancelled("the pull was cancelled; pull again to resume")
             self.reporter.advance(digest, len(chunk))

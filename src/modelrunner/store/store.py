@@ -45,7 +45,13 @@ from modelrunner.errors import (
     UnsupportedMediaType,
 )
 from modelrunner.eventlog import event
-from modelrunner.fileio import copy_and_hash, fsync_dir, hash_file, write_all, write_file_atomic
+from modelrunner.fileio import (
+    HashingWriter,
+    copy_and_hash,
+    fsync_dir,
+    hash_file,
+    write_file_atomic,
+)
 from modelrunner.reference import Reference, parse_model_id, parse_reference, validate_digest
 from modelrunner.store.bundle import build_bundle
 from modelrunner.store.layout import LAYOUT_VERSION, StoreLayout
@@ -438,14 +444,18 @@ class ModelStore:
 
     @staticmethod
     def _fill(fd: int, digest: str, size: int, written: int, hasher: Any, chunks: Iterable[bytes]) -> None:
-        """Append chunks to fd, hashing them after the `written` bytes already hashed; then verify."""
+        """Append chunks to fd, hashing them after the `written` bytes already hashed; then verify.
+
+        The hash and the write of each chunk overlap (HashingWriter). What was handed in is written and
+        fsynced even when the producer fails (a cut download keeps its bytes for the resume).
+        """
         try:
-            for chunk in chunks:
-                written += len(chunk)
-                if written > size:
-                    raise InvalidArtifact(f"blob {digest[:19]} is larger than its declared size")
-                hasher.update(chunk)
-                write_all(fd, chunk)
+            with HashingWriter(fd, hasher, written) as writer:
+                for chunk in chunks:
+                    if writer.position + len(chunk) > size:
+                        raise InvalidArtifact(f"blob {digest[:19]} is larger than its declared size")
+                    writer.write(chunk)
+            written = writer.position
         finally:
             os.fsync(fd)
         if written != size:
