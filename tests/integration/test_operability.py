@@ -31,7 +31,9 @@ def daemons(tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch)
     """Daemons of one runner home (tmp_path/home), stopped at the end; the first one is started."""
     monkeypatch.setenv("LLAMA_SERVER_PATH", str(llama_server))
     running = [Daemon(tmp_path / "home", free_port()).start()]
-    running[0].cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "tiny.gguf")), "tiny")
+    running[0].cli(
+        "package", "--gguf", str(write_tiny_gguf(tmp_path / "tiny.gguf", context_length=LONG_CONTEXT)), "tiny"
+    )
     yield running
     for daemon in running:
         daemon.stop()
@@ -50,6 +52,10 @@ def engine_pid(daemon: Daemon) -> int:
 def chat(daemon: Daemon, model: str, **extra: Any) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
     return daemon.http("POST", "/engines/v1/chat/completions", json=body)
+
+
+# The engine's context is the model's (DMR's rule since its PR #866): room for long_stream's 1500 tokens.
+LONG_CONTEXT = 4096
 
 
 def long_stream(daemon: Daemon, model: str = "tiny") -> Any:
@@ -150,7 +156,12 @@ def test_a_frozen_llama_server_fails_the_stream_and_is_restarted(
     monkeypatch.setenv("MODEL_RUNNER_FREEZE_TIMEOUT", "2")
     daemon = Daemon(tmp_path / "home", free_port()).start()
     try:
-        daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "tiny.gguf")), "tiny")
+        daemon.cli(
+            "package",
+            "--gguf",
+            str(write_tiny_gguf(tmp_path / "tiny.gguf", context_length=LONG_CONTEXT)),
+            "tiny",
+        )
         with long_stream(daemon) as response:
             lines = response.iter_lines()
             next(line for line in lines if line.startswith("data: "))
@@ -178,7 +189,12 @@ def test_model_logs_explains_loads_evictions_crashes_503s_and_waits(
     follower: subprocess.Popen[str] | None = None
     try:
         for seed, name in enumerate(("one", "two")):
-            daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / f"{name}.gguf", seed=seed)), name)
+            daemon.cli(
+                "package",
+                "--gguf",
+                str(write_tiny_gguf(tmp_path / f"{name}.gguf", seed=seed, context_length=LONG_CONTEXT)),
+                name,
+            )
         assert chat(daemon, "one").status_code == 200  # a load
         with long_stream(daemon, "one") as response:  # "one" in use: "two" must wait for room
             lines = response.iter_lines()

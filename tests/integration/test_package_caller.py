@@ -98,7 +98,10 @@ def test_another_user_cannot_make_the_daemon_read_files(daemon: Daemon, shared: 
 
 
 def test_model_package_as_another_user_uploads_what_that_user_can_read(daemon: Daemon, shared: Path) -> None:
-    env = {**daemon.env, "HOME": "/tmp"}
+    docker_config = shared / "docker"  # the other user's own (DMR's contexts.json lives there)
+    docker_config.mkdir()
+    os.chown(docker_config, OTHER_UID, OTHER_UID)
+    env = {**daemon.env, "HOME": "/tmp", "DOCKER_CONFIG": str(docker_config)}
     refused = as_other_user(
         sys.executable, "-m", "modelrunner", "package", "--gguf", str(shared / "public.gguf"),
         "--license", str(shared / "secret.txt"), "stolen",
