@@ -282,7 +282,11 @@ class ModelStore:
         cached = self._cache.get(model_id)
         if cached is None:
             manifest = parse_manifest(self.read_manifest(model_id))
-            config = parse_config_blob(self.read_blob(manifest.config.digest), manifest.config.media_type)
+            config = parse_config_blob(
+                self.read_blob(manifest.config.digest),
+                manifest.config.media_type,
+                [(layer.media_type, layer.filepath) for layer in manifest.layers],
+            )
             cached = (manifest, config)
             self._cache[model_id] = cached
         return cached
