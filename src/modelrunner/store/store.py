@@ -585,7 +585,7 @@ class ModelStore:
 
     def bundle_of(self, model: StoredModel) -> Path:
         """The model's bundle folder (built if missing), for a model already looked up."""
-        return build_bundle(self.layout, model.id, model.manifest, model.config.config)
+        return build_bundle(self.layout, model.id, model.manifest, model.config.config, model.config.format)
 
     def purge(self) -> None:
         """Delete every model and blob; refuses on a folder that is not a store."""
