@@ -41,7 +41,8 @@ class PackageRequest(BaseModel):
     mmproj: str | None = None
     chat_template: str | None = None
     context_size: int | None = Field(default=None, gt=0, le=2**31 - 1)
-    format: Literal["docker", "cncf"] = "docker"
+    # None: Docker format for new files, the base model's format for `from` (DMR's builder.FromModel).
+    format: Literal["docker", "cncf"] | None = None
 
 
 def _absolute(raw: str | None, what: str) -> Path | None:
@@ -79,11 +80,6 @@ def build_models_router(store: ModelStore) -> APIRouter:
     ) -> dict[str, Any]:
         if not _is_loopback(request):
             raise BadRequest("packaging from file paths is only allowed for clients on this machine")
-        if body.format == "cncf":
-            raise BadRequest(
-                "packaging in the CNCF ModelPack format is not supported yet (models in that format can be "
-                "pulled and run); package with --format docker"
-            )
         tags = [full_tag(body.target)] if body.target else []  # a bad tag fails before any work
         spec = PackageSpec(
             gguf=_absolute(body.gguf, "gguf"),
@@ -93,6 +89,7 @@ def build_models_router(store: ModelStore) -> APIRouter:
             mmproj=_absolute(body.mmproj, "mmproj"),
             chat_template=_absolute(body.chat_template, "chat_template"),
             context_size=body.context_size,
+            format=body.format,
         )
         sink = StoreSink(store)
         try:
