@@ -279,3 +279,9 @@ def test_package_format(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
     assert both.returncode == 2
     assert "--context-size is not supported with --format cncf" in both.stderr
     assert run_cli(env, "package", "--gguf", gguf, "--format", "docker", "p").returncode == 0
+    cncf = run_cli(env, "package", "--gguf", gguf, "--format", "cncf", "p:cncf")
+    assert cncf.returncode == 0, cncf.stderr
+    assert 'Model "p:cncf" packaged successfully' in cncf.stdout
+    models = {m["tags"][0]: m for m in fake_daemon.http("GET", "/models").json()}
+    assert models["docker.io/ai/p:cncf"]["id"] != models["docker.io/ai/p:latest"]["id"]
+    assert models["docker.io/ai/p:cncf"]["config"]["format"] == "gguf"

@@ -294,6 +294,8 @@ def test_context_size_property_ignores_non_integers(value: Any) -> None:
 
 
 def test_cncf_config_is_mapped_to_the_docker_shape() -> None:
+    # as DMR's normalizeConfig (pkg/inference/models/adapter.go): config.architecture, not the family;
+    # GetSize is the paramSize
     cncf = {
         "descriptor": {"createdAt": "2025-01-02T03:04:05Z", "family": "qwen3", "name": "x"},
         "config": {
@@ -309,8 +311,8 @@ def test_cncf_config_is_mapped_to_the_docker_shape() -> None:
         "format": "gguf",
         "quantization": "Q4_K_M",
         "parameters": "8B",
-        "architecture": "qwen3",
-        "size": "",
+        "architecture": "transformer",
+        "size": "8B",
     }
     assert parsed.created == int(FIXED_TIME.timestamp())
     assert parsed.context_size is None  # CNCF configs have no context size field

@@ -1064,6 +1064,154 @@ def test_bundle_of_a_dduf_keeps_its_file_name(
     assert_hard_links(store, model_id, bundle)
 
 
+# ModelPack (CNCF) models: weights are `weight.v1.raw` whatever their format; DMR's bundle
+# (internal/bundle/unpack.go: UnpackFromLayers, updateBundleFieldsFromLayer; parse.go) tells them apart by
+# the config's format and by file names (`mmproj`, `*.jinja`).
+
+
+def test_bundle_of_a_cncf_gguf_places_weights_projector_and_template_by_role(
+    store: ModelStore, package: Callable[..., str], tiny_gguf: Path, tmp_path: Path
+) -> None:
+    # follows internal/bundle/unpack_test.go: TestUnpackFromLayers_CNCFModelWithMMProj
+    template = tmp_path / "src" / "my-template.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    mmproj = write_tiny_gguf(tmp_path / "src" / "mmproj-f16.gguf", seed=7)
+    license_file = tmp_path / "src" / "LICENSE"
+    license_file.write_text("MIT\n")
+    model_id = package(
+        PackageSpec(
+            gguf=tiny_gguf, chat_template=template, mmproj=mmproj, licenses=[license_file], format="cncf"
+        )
+    )
+    manifest = store.get(model_id).manifest
+    assert manifest.artifact_type == mt.CNCF_MANIFEST_ARTIFACT_TYPE
+    assert [layer.media_type for layer in manifest.layers] == [
+        mt.CNCF_WEIGHT_RAW,
+        mt.CNCF_DOC_RAW,
+        mt.CNCF_WEIGHT_CONFIG_RAW,
+        mt.CNCF_WEIGHT_RAW,
+    ]
+    bundle = store.bundle(model_id)
+    assert bundle_files(bundle) == {
+        "config.json",
+        "model/model.gguf",
+        "model/model.mmproj",
+        "model/template.jinja",
+    }
+    assert (bundle / "model" / "model.gguf").read_bytes() == tiny_gguf.read_bytes()
+    assert (bundle / "model" / "model.mmproj").read_bytes() == mmproj.read_bytes()
+    assert (bundle / "model" / "template.jinja").read_text() == CHAT_TEMPLATE
+    assert json.loads((bundle / "config.json").read_text())["format"] == "gguf"
+    assert_hard_links(store, model_id, bundle)
+
+
+def test_bundle_of_a_cncf_shard_set_numbers_the_shards(
+    store: ModelStore, package: Callable[..., str], tmp_path: Path
+) -> None:
+    (tmp_path / "shards").mkdir()
+    shards = write_tiny_gguf_shards(tmp_path / "shards", n=2)
+    model_id = package(PackageSpec(gguf=shards[0], format="cncf"))
+    bundle = store.bundle(model_id)
+    assert bundle_files(bundle) == {
+        "config.json",
+        "model/model-00001-of-00002.gguf",
+        "model/model-00002-of-00002.gguf",
+    }
+    for i, shard in enumerate(shards, 1):
+        assert (bundle / "model" / f"model-{i:05d}-of-00002.gguf").read_bytes() == shard.read_bytes()
+
+
+def _modelpack_model(store: ModelStore, config: dict[str, Any], files: list[tuple[str, str | None]]) -> str:
+    """A ModelPack model as another tool (modctl) writes it: raw layers, file path annotations."""
+    layers = []
+    for media_type, path in files:
+        data = f"{media_type} {path}".encode()
+        annotations = {mt.ANNOTATION_FILEPATH: path} if path else {}
+        layers.append(Descriptor(media_type, store.write_blob_bytes(data), len(data), annotations))
+    blob = json.dumps(
+        {"modelfs": {"type": "layers", "diffIds": [x.digest for x in layers]}, **config}
+    ).encode()
+    manifest = Manifest(
+        Descriptor(mt.CONFIG_CNCF, store.write_blob_bytes(blob), len(blob)),
+        tuple(layers),
+        artifact_type=mt.CNCF_MANIFEST_ARTIFACT_TYPE,
+    )
+    return store.add_model(manifest.to_bytes())
+
+
+def test_bundle_of_a_cncf_gguf_without_a_format_in_its_config(store: ModelStore) -> None:
+    # follows internal/bundle/unpack.go: inferFormatFromLayerAnnotations, isMMProjFilePath; parse.go:
+    # findGGUFFile skips mmproj files
+    model_id = _modelpack_model(
+        store,
+        {"config": {"paramSize": "1b"}},
+        [
+            (mt.CNCF_DOC_RAW, "README.md"),
+            (mt.CNCF_WEIGHT_RAW, "mmproj-BF16.gguf"),
+            (mt.CNCF_WEIGHT_RAW, "qwen-Q4_K_M.gguf"),
+            (mt.CNCF_WEIGHT_CONFIG_RAW, "chat_template.jinja"),
+            (mt.CNCF_WEIGHT_RAW, "extra.gguf"),  # not the model's shard set: not the model
+        ],
+    )
+    model = store.get(model_id)
+    assert model.config.format == "gguf" and "format" not in model.config.config
+    bundle = store.bundle(model_id)
+    assert bundle_files(bundle) == {
+        "config.json",
+        "model/model.gguf",
+        "model/model.mmproj",
+        "model/template.jinja",
+    }
+    assert (
+        bundle / "model" / "model.gguf"
+    ).read_bytes() == b"%s qwen-Q4_K_M.gguf" % mt.CNCF_WEIGHT_RAW.encode()
+
+
+def test_bundle_of_a_cncf_safetensors_folder_keeps_relative_paths(
+    store: ModelStore, package: Callable[..., str], tmp_path: Path
+) -> None:
+    # follows internal/bundle/unpack.go: UnpackFromLayers (CNCF models are laid out by their file paths)
+    folder = write_tiny_safetensors_dir(tmp_path / "hf")
+    model_id = package(PackageSpec(safetensors_dir=folder, format="cncf"))
+    bundle = store.bundle(model_id)
+    assert bundle_files(bundle) == {
+        "config.json",
+        "model/model.safetensors",
+        "model/config.json",
+        "model/tokenizer.json",
+        "model/tokenizer_config.json",
+        "model/chat_template.jinja",
+        "model/LICENSE",
+        "model/sub/extra.txt",
+    }
+    assert json.loads((bundle / "config.json").read_text())["format"] == "safetensors"
+    assert_hard_links(store, model_id, bundle)
+
+
+def test_bundle_of_cncf_weights_without_paths_gets_v01_names(store: ModelStore) -> None:
+    # DMR skips layers without a path; a weight still needs a place for the engine to find it
+    model_id = _modelpack_model(
+        store,
+        {"config": {"format": "safetensors", "paramSize": "1"}},
+        [(mt.CNCF_WEIGHT_RAW, None), (mt.CNCF_WEIGHT_CONFIG_RAW, "config.json"), (mt.CNCF_DOC_RAW, None)],
+    )
+    assert bundle_files(store.bundle(model_id)) == {
+        "config.json",
+        "model/model.safetensors",
+        "model/config.json",
+    }
+
+
+def test_bundle_of_a_cncf_dduf_keeps_its_file_name(
+    store: ModelStore, package: Callable[..., str], tmp_path: Path
+) -> None:
+    dduf = write_tiny_dduf(tmp_path / "tiny-pipeline.dduf")
+    model_id = package(PackageSpec(dduf=dduf, format="cncf"))
+    bundle = store.bundle(model_id)
+    assert bundle_files(bundle) == {"config.json", "model/tiny-pipeline.dduf"}
+    assert store.get(model_id).config.format == "dduf"
+
+
 def test_a_second_bundle_call_reuses_the_bundle(store: ModelStore, tiny_model: str) -> None:
     first = store.bundle(tiny_model)
     marker = first / "marker"

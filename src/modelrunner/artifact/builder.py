@@ -17,17 +17,18 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from modelrunner.artifact import gojson
+from modelrunner.artifact import gojson, modelpack
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.artifact.dduf import read_dduf
+from modelrunner.artifact.filetypes import FileType, classify_file
 from modelrunner.artifact.gguf import find_gguf_shards, read_gguf
 from modelrunner.artifact.manifest import Descriptor, Manifest, check_relative_path
-from modelrunner.artifact.model_config import make_config_blob, reencode_config
+from modelrunner.artifact.model_config import go_time, make_config_blob, reencode_config
 from modelrunner.artifact.safetensors import find_safetensors_shards, read_safetensors
 from modelrunner.artifact.units import format_size
 from modelrunner.errors import BadRequest, InvalidModelFile
@@ -35,6 +36,12 @@ from modelrunner.fileio import hash_file, require_regular_file
 
 MAX_CHAT_TEMPLATE_BYTES = 1024 * 1024
 MAX_CONTEXT_SIZE = 2**31 - 1
+FORMAT_DOCKER = "docker"
+FORMAT_CNCF = "cncf"
+CNCF_CONTEXT_SIZE_ERROR = (
+    "--context-size is not supported with --format cncf: the CNCF ModelPack specification does not define "
+    "a context size field"
+)
 
 
 class BlobSink(Protocol):
@@ -54,6 +61,8 @@ class PackageSpec:
     mmproj: Path | None = None
     chat_template: Path | None = None
     context_size: int | None = None
+    # "docker" or "cncf" (CNCF ModelPack, modelpack.py); None: docker for new files, the base's for --from.
+    format: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,21 +106,19 @@ def _file_annotations(planned: _PlannedFile, utc_file_times: bool) -> dict[str, 
 _WEIGHT_TYPES = (mt.SAFETENSORS, mt.GGUF, mt.DDUF)
 
 
+_MEDIA_TYPE_OF_FILE = {
+    FileType.GGUF: mt.GGUF,
+    FileType.SAFETENSORS: mt.SAFETENSORS,
+    FileType.DDUF: mt.DDUF,
+    FileType.CHAT_TEMPLATE: mt.CHAT_TEMPLATE,
+    FileType.LICENSE: mt.LICENSE,
+}
+
+
 def classify(name: str) -> str:
     """Media type of a file in a safetensors folder, by DMR's rules (`files/classify.go` and
     `builder/from_directory.go: fileTypeToMediaType`: config files are plain model files)."""
-    lower = name.lower()
-    if lower.endswith(".gguf"):
-        return mt.GGUF
-    if lower.endswith(".safetensors"):
-        return mt.SAFETENSORS
-    if lower.endswith(".dduf"):
-        return mt.DDUF
-    if lower.endswith(".jinja") or "chat_template" in lower:
-        return mt.CHAT_TEMPLATE
-    if any(word in lower for word in ("license", "licence", "copying", "notice")):
-        return mt.LICENSE
-    return mt.MODEL_FILE
+    return _MEDIA_TYPE_OF_FILE.get(classify_file(name), mt.MODEL_FILE)
 
 
 def _walk_model_dir(root: Path) -> list[_PlannedFile]:
@@ -143,6 +150,22 @@ def _walk_model_dir(root: Path) -> list[_PlannedFile]:
 def _validate_context_size(value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not 0 < value <= MAX_CONTEXT_SIZE):
         raise BadRequest("context size must be a positive integer")
+
+
+def _validate_format(spec: PackageSpec, output: str) -> None:
+    if spec.format not in (None, FORMAT_DOCKER, FORMAT_CNCF):
+        raise BadRequest(f'invalid format "{str(spec.format)[:40]}": must be "docker" or "cncf"')
+    if output == FORMAT_CNCF and spec.context_size is not None:  # DMR's Builder.WithContextSize
+        raise BadRequest(CNCF_CONTEXT_SIZE_ERROR)
+
+
+def _as_cncf(files: Sequence[_PlannedFile], use_path: bool) -> list[_PlannedFile]:
+    """The files re-typed as DMR's CNCF builder re-types them (modelpack.MapLayerMediaType: the file path
+    is consulted for the model's own files, not for the extras appended after them)."""
+    return [
+        replace(f, media_type=modelpack.cncf_layer_media_type(f.media_type, f.filepath if use_path else None))
+        for f in files
+    ]
 
 
 def _plan_extras(spec: PackageSpec) -> list[_PlannedFile]:
@@ -244,6 +267,7 @@ def _assemble(
     config_media_type: str,
     sink: BlobSink,
     utc_file_times: bool = False,
+    artifact_type: str | None = None,
 ) -> BuiltArtifact:
     """The layers (the base's, then one per file), the config made from the new layers' digests, the
     manifest."""
@@ -260,7 +284,9 @@ def _assemble(
     config_bytes = make_config(new_digests)
     config_digest = sink.add_bytes(config_bytes)
     manifest = Manifest(
-        config=Descriptor(config_media_type, config_digest, len(config_bytes)), layers=tuple(layers)
+        config=Descriptor(config_media_type, config_digest, len(config_bytes)),
+        layers=tuple(layers),
+        artifact_type=artifact_type,
     )
     return BuiltArtifact(manifest=manifest, manifest_bytes=manifest.to_bytes(), config_bytes=config_bytes)
 
@@ -271,10 +297,14 @@ def build_artifact(
     """Build a new artifact from exactly one source (--gguf, --safetensors-dir or --dduf) plus extras.
 
     `utc_file_times`: file times in UTC rather than the local zone, for artifacts whose ID must not
-    depend on the machine (Hugging Face pulls); DMR's `package` uses the local zone."""
+    depend on the machine (Hugging Face pulls); DMR's `package` uses the local zone.
+    With `format="cncf"` the same files become a CNCF ModelPack artifact as DMR's builder makes it
+    (modelpack.py): the layers re-typed, the ModelPack config, the manifest's artifactType."""
     sources = [s for s in (spec.gguf, spec.safetensors_dir, spec.dduf) if s is not None]
     if len(sources) != 1:
         raise BadRequest("exactly one of --gguf, --safetensors-dir, --dduf or --from is required")
+    output = spec.format or FORMAT_DOCKER
+    _validate_format(spec, output)
     _validate_context_size(spec.context_size)
     if spec.gguf is not None:
         files, config = _plan_gguf(spec.gguf)
@@ -286,12 +316,22 @@ def build_artifact(
         assert spec.dduf is not None
         files, config = _plan_dduf(spec.dduf)
         config_media_type = mt.CONFIG_V01
-    files += _plan_extras(spec)
+    extras = _plan_extras(spec)
+    when = created or created_time()
+    if output == FORMAT_CNCF:
+        return _assemble(
+            _as_cncf(files, True) + _as_cncf(extras, False),
+            [],
+            lambda digests: modelpack.from_docker_config(config, go_time(when), digests),
+            mt.CONFIG_CNCF,
+            sink,
+            utc_file_times,
+            mt.CNCF_MANIFEST_ARTIFACT_TYPE,
+        )
     if spec.context_size is not None:
         config["context_size"] = spec.context_size
-    when = created or created_time()
     return _assemble(
-        files,
+        files + extras,
         [],
         lambda digests: make_config_blob(config, digests, when),
         config_media_type,
@@ -307,13 +347,40 @@ def extend_artifact(
 
     As DMR's builder.FromModel with mutate: the base config is kept (its `created` too) and re-encoded with
     the new layers' diff IDs appended. (`created` is accepted for symmetry and unused.) The config media
-    type stays the base's: DMR would write v0.1 here even for a v0.2 base, which breaks its layout."""
+    type stays the base's: DMR would write v0.1 here even for a v0.2 base, which breaks its layout.
+
+    The output format is the base's unless `spec.format` names one. A Docker-format base asked for as
+    "cncf" is converted as builder.convertToCNCF converts it: its layers re-typed (same blobs), its config
+    turned into a ModelPack config over their diff IDs. A ModelPack base cannot become a Docker-format
+    model (DMR would write a ModelPack config under a Docker media type)."""
     del created
     if any(s is not None for s in (spec.gguf, spec.safetensors_dir, spec.dduf)):
         raise BadRequest("--from cannot be combined with --gguf, --safetensors-dir or --dduf")
-    if base.config.media_type == mt.CONFIG_CNCF:
-        raise BadRequest("a CNCF-format model cannot be repackaged with --from")
+    base_is_cncf = modelpack.is_modelpack_config(base_config)
+    output = spec.format or (FORMAT_CNCF if base_is_cncf else FORMAT_DOCKER)
+    _validate_format(spec, output)
     _validate_context_size(spec.context_size)
+    if output == FORMAT_CNCF:
+        layers = tuple(
+            replace(layer, media_type=modelpack.cncf_layer_media_type(layer.media_type, layer.filepath))
+            for layer in base.layers
+        )
+        digests = [layer.digest for layer in base.layers]
+        if base_is_cncf:
+            converted = modelpack.reencode(base_config, digests)
+        else:
+            reencode_config(base_config)  # as DMR, a Docker config it cannot read fails the conversion
+            converted = modelpack.from_docker_config_blob(base_config, digests)
+        return _assemble(
+            _as_cncf(_plan_extras(spec), False),
+            layers,
+            lambda digests: modelpack.reencode(converted, more_diff_ids=digests),
+            mt.CONFIG_CNCF,
+            sink,
+            artifact_type=mt.CNCF_MANIFEST_ARTIFACT_TYPE,
+        )
+    if base_is_cncf or base.config.media_type == mt.CONFIG_CNCF:
+        raise BadRequest("a CNCF ModelPack model cannot be repackaged in the Docker format")
     reencode_config(base_config)  # a broken base config fails before anything is written
     return _assemble(
         _plan_extras(spec),

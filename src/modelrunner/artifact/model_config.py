@@ -1,4 +1,5 @@
-"""The config blob of a model artifact (contract 3.2): writing ours, reading ours and CNCF's.
+"""The config blob of a model artifact (contract 3.2): writing ours, reading ours and CNCF ModelPack ones
+(modelpack.py writes and decodes those).
 
 Docker-format configs are written as DMR writes them (`types.ConfigFile` through Go's encoding/json, see
 artifact/gojson.py): `config` with its fields in `types.Config` order, empty ones left out, maps sorted;
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from modelrunner.artifact import gojson
+from modelrunner.artifact import gojson, modelpack
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.errors import InvalidArtifact
 
@@ -85,14 +86,18 @@ def make_config_blob(model: Mapping[str, Any], diff_ids: list[str], created: dat
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """What the API shows of a model: the inner config object, normalised, and its creation time."""
+    """What the API shows of a model: the inner config object, normalised, and its creation time.
+
+    `inferred_format`: for a ModelPack config that names no format, the one its layers' file names say
+    (what DMR's bundle and engines go by, while its API shows the config as it is)."""
 
     config: dict[str, Any]
     created: int  # unix seconds
+    inferred_format: str = ""
 
     @property
     def format(self) -> str:
-        return str(self.config.get("format", ""))
+        return str(self.config.get("format", "")) or self.inferred_format
 
     @property
     def context_size(self) -> int | None:
@@ -121,10 +126,17 @@ def _load_json(data: bytes) -> dict[str, Any]:
     return doc
 
 
-def parse_config_blob(data: bytes, media_type: str) -> ModelConfig:
+def parse_config_blob(
+    data: bytes, media_type: str, layers: Iterable[tuple[str, str | None]] = ()
+) -> ModelConfig:
+    """A config blob, Docker-format or ModelPack. Which one is decided by its content, as DMR decides
+    (partial.Config: modelpack.IsModelPackConfig), whatever `media_type` says. `layers`: the model's
+    (media type, file path) pairs, for a ModelPack config that names no format."""
+    if len(data) > MAX_CONFIG_BYTES:
+        raise InvalidArtifact("model config is too large")
+    if modelpack.is_modelpack_config(data):
+        return _from_modelpack(data, layers)
     doc = _load_json(data)
-    if media_type == mt.CONFIG_CNCF:
-        return _from_cncf(doc)
     inner = doc.get("config")
     if not isinstance(inner, dict):
         raise InvalidArtifact("model config has no config object")
@@ -135,21 +147,14 @@ def parse_config_blob(data: bytes, media_type: str) -> ModelConfig:
     return ModelConfig(config=inner, created=created)
 
 
-def _from_cncf(doc: dict[str, Any]) -> ModelConfig:
-    """CNCF ModelPack configs are camelCase; map them to the Docker shape the API serves."""
-    raw = doc.get("config")
-    inner: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    descriptor = doc.get("descriptor")
-    desc: dict[str, Any] = descriptor if isinstance(descriptor, dict) else {}
-    family = desc.get("family") or inner.get("architecture") or ""
-    config: dict[str, Any] = {
-        "format": str(inner.get("format", "")),
-        "quantization": str(inner.get("quantization", "")),
-        "parameters": str(inner.get("paramSize", "")),
-        "architecture": str(family),
-        "size": "",
-    }
-    return ModelConfig(config=config, created=_parse_time(desc.get("createdAt")))
+def _from_modelpack(data: bytes, layers: Iterable[tuple[str, str | None]]) -> ModelConfig:
+    """A ModelPack config in the Docker shape the API serves (DMR's normalizeConfig)."""
+    model = modelpack.decode(data)
+    config = modelpack.normalised_config(model)
+    if config.get("format") == "diffusers":
+        config["format"] = mt.FORMAT_DDUF
+    inferred = "" if config.get("format") else modelpack.infer_format(layers)
+    return ModelConfig(config, _parse_time(model["descriptor"]["createdAt"]), inferred)
 
 
 def reencode_config(data: bytes, context_size: int | None = None, more_diff_ids: Iterable[str] = ()) -> bytes:

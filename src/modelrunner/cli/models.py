@@ -20,8 +20,6 @@ def _absolute(path: str | None) -> str | None:
 
 def _package_remotely(daemon: Client, request: dict[str, Any], target: str) -> str:
     """For a daemon on another machine: hash locally, then stream the artifact to it as a tar."""
-    if request.get("format", "docker") != "docker":
-        raise UsageError("packaging in the CNCF ModelPack format is not supported yet; use --format docker")
     from modelrunner.artifact.builder import HashingSink, PackageSpec, build_artifact
     from modelrunner.artifact.tar_stream import file_chunks, tar_chunks
 
@@ -36,6 +34,7 @@ def _package_remotely(daemon: Client, request: dict[str, Any], target: str) -> s
         mmproj=path("mmproj"),
         chat_template=path("chat_template"),
         context_size=request.get("context_size"),
+        format=request.get("format"),
     )
     sink = HashingSink()
     built = build_artifact(spec, sink)
@@ -78,7 +77,7 @@ def cmd_package(args: argparse.Namespace) -> int:
         raise UsageError("give exactly one of --gguf, --safetensors-dir, --dduf or --from")
     if args.context_size is not None and args.context_size < 1:
         raise UsageError("--context-size must be a positive number of tokens")
-    if args.format not in ("docker", "cncf"):
+    if args.format not in (None, "docker", "cncf"):
         raise UsageError(f'invalid --format value "{args.format}": must be "docker" or "cncf"')
     if args.format == "cncf" and args.context_size is not None:  # DMR's builder refuses it the same way
         raise UsageError(
@@ -86,7 +85,7 @@ def cmd_package(args: argparse.Namespace) -> int:
             "does not define a context size field"
         )
     daemon = client()
-    lightweight = not (args.license or args.mmproj or args.chat_template) and args.format == "docker"
+    lightweight = not (args.license or args.mmproj or args.chat_template) and args.format != "cncf"
     if args.from_model is not None and lightweight:
         # DMR's lightweight repackage: a new config over the same blobs.
         result = daemon.repackage(args.from_model, args.target, args.context_size)
@@ -105,7 +104,7 @@ def cmd_package(args: argparse.Namespace) -> int:
         "chat_template": _absolute(args.chat_template),
         "context_size": args.context_size,
     }
-    if args.format != "docker":
+    if args.format is not None:  # as DMR, only a format given: `--from` otherwise keeps the base's
         request["format"] = args.format
     model_id = _package_locally(daemon, request, args.from_model is not None) if daemon.is_local else None
     if model_id is None:
@@ -316,7 +315,8 @@ def add_commands(commands: Any) -> None:
     package.add_argument("--context-size", type=int, metavar="N", help="default context size in tokens")
     package.add_argument("--push", action="store_true", help="push the target to its registry once packaged")
     package.add_argument(
-        "--format", default="docker", help='artifact format: "docker" (default) or "cncf" (CNCF ModelPack)'
+        "--format",
+        help='artifact format: "docker" (default; with --from, the model\'s own) or "cncf" (CNCF ModelPack)',
     )
     package.set_defaults(handler=cmd_package)
 

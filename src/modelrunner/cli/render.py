@@ -17,33 +17,48 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+_SECOND_NS = 1_000_000_000
+_MINUTE_NS = 60 * _SECOND_NS
+_HOUR_NS = 60 * _MINUTE_NS
+
+
+def _go_units(duration_ns: int, unit_ns: int) -> float:
+    """time.Duration.Seconds/Minutes/Hours: whole units plus the remainder as a fraction, with Go's
+    division (truncated toward zero)."""
+    whole = abs(duration_ns) // unit_ns * (1 if duration_ns >= 0 else -1)
+    rest = duration_ns - whole * unit_ns
+    return float(whole) + float(rest) / unit_ns
+
+
 def human_duration(seconds: float) -> str:
-    """Docker's HumanDuration: "About a minute", "3 hours", "2 weeks"."""
-    s = int(seconds)
-    if s < 1:
+    """docker/go-units' HumanDuration (duration.go), as DMR's `ls` and `ps` print ages: "About a minute",
+    "3 hours" (hours rounded half up), then days, weeks and months counted from those rounded hours, and
+    years from the whole hours."""
+    duration = round(seconds * _SECOND_NS)  # a time.Duration
+    whole_seconds = int(_go_units(duration, _SECOND_NS))
+    if whole_seconds < 1:
         return "Less than a second"
-    if s == 1:
+    if whole_seconds == 1:
         return "1 second"
-    if s < 60:
-        return f"{s} seconds"
-    minutes = s // 60
+    if whole_seconds < 60:
+        return f"{whole_seconds} seconds"
+    minutes = int(_go_units(duration, _MINUTE_NS))
     if minutes == 1:
         return "About a minute"
     if minutes < 60:
         return f"{minutes} minutes"
-    hours = round(s / 3600)
+    hours = int(_go_units(duration, _HOUR_NS) + 0.5)
     if hours == 1:
         return "About an hour"
     if hours < 48:
         return f"{hours} hours"
-    days = s // 86400
-    if days < 14:
-        return f"{days} days"
-    if days < 60:
-        return f"{days // 7} weeks"
-    if days < 365 * 2:
-        return f"{days // 30} months"
-    return f"{days // 365} years"
+    if hours < 24 * 7 * 2:
+        return f"{hours // 24} days"
+    if hours < 24 * 30 * 2:
+        return f"{hours // 24 // 7} weeks"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24 // 30} months"
+    return f"{int(_go_units(duration, _HOUR_NS)) // 24 // 365} years"
 
 
 def ago(unix: int, now: float | None = None) -> str:

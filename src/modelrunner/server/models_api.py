@@ -43,7 +43,8 @@ class PackageRequest(BaseModel):
     mmproj: str | None = None
     chat_template: str | None = None
     context_size: int | None = Field(default=None, gt=0, le=2**31 - 1)
-    format: Literal["docker", "cncf"] = "docker"
+    # None: Docker format for new files, the base model's format for `from` (DMR's builder.FromModel).
+    format: Literal["docker", "cncf"] | None = None
 
 
 def _absolute(raw: str | None, what: str) -> Path | None:
@@ -94,11 +95,6 @@ def build_models_router(store: ModelStore) -> APIRouter:
         request: Request, body: PackageRequest = Depends(json_body(PackageRequest))
     ) -> dict[str, Any]:
         _check_caller_may_read_files(request, token)
-        if body.format == "cncf":
-            raise BadRequest(
-                "packaging in the CNCF ModelPack format is not supported yet (models in that format can be "
-                "pulled and run); package with --format docker"
-            )
         tags = [full_tag(body.target)] if body.target else []  # a bad tag fails before any work
         spec = PackageSpec(
             gguf=_absolute(body.gguf, "gguf"),
@@ -108,6 +104,7 @@ def build_models_router(store: ModelStore) -> APIRouter:
             mmproj=_absolute(body.mmproj, "mmproj"),
             chat_template=_absolute(body.chat_template, "chat_template"),
             context_size=body.context_size,
+            format=body.format,
         )
         sink = StoreSink(store)
         try:

@@ -288,7 +288,11 @@ class ModelStore:
         cached = self._cache.get(model_id)
         if cached is None:
             manifest = parse_manifest(self.read_manifest(model_id))
-            config = parse_config_blob(self.read_blob(manifest.config.digest), manifest.config.media_type)
+            config = parse_config_blob(
+                self.read_blob(manifest.config.digest),
+                manifest.config.media_type,
+                [(layer.media_type, layer.filepath) for layer in manifest.layers],
+            )
             cached = (manifest, config)
             self._cache[model_id] = cached
         return cached
@@ -591,7 +595,7 @@ class ModelStore:
 
     def bundle_of(self, model: StoredModel) -> Path:
         """The model's bundle folder (built if missing), for a model already looked up."""
-        return build_bundle(self.layout, model.id, model.manifest, model.config.config)
+        return build_bundle(self.layout, model.id, model.manifest, model.config.config, model.config.format)
 
     def purge(self) -> None:
         """Delete every model and blob; refuses on a folder that is not a store."""
