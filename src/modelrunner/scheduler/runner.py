@@ -95,6 +95,8 @@ class Runner:
     async def start(self) -> None:
         """Spawn the engine and wait until its health route answers 200; LoadError if it exits first."""
         started = time.monotonic()
+        if self.spec.preflight is not None:  # remote parts first: a clear error beats a dying engine
+            await asyncio.to_thread(self.spec.preflight)
         self.socket.unlink(missing_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
