@@ -262,6 +262,8 @@ class LlamaCppEngine(Engine):
         return LaunchSpec(
             argv=argv,
             socket=socket,
+            # a lost worker aborts llama-server: say why at once, without a debugger's backtrace first
+            env={"GGML_NO_BACKTRACE": "1"},
             preflight=functools.partial(rpc_workers.check_workers, workers),
             layout={"rpc_workers": workers},
         )
