@@ -46,6 +46,7 @@ PRE_PULL = 'for model in "$@"; do model pull "$model"; done; model stop-runner'
 @dataclass(frozen=True)
 class DeployOptions:
     name: str = "modelrunner"
+    namespace: str = "modelrunner"
     image: str | None = None  # None: the image deploy/image/build makes for the variant
     replicas: int = 1
     gpu: str | None = None  # "nvidia" | "amd"
@@ -61,6 +62,8 @@ class DeployOptions:
     def validate(self) -> None:
         if not _NAME.fullmatch(self.name):
             raise BadRequest("--name must be a DNS label: lowercase letters, digits and '-', at most 52")
+        if not _NAME.fullmatch(self.namespace):
+            raise BadRequest("--namespace must be a DNS label: lowercase letters, digits and '-', at most 52")
         if not _NAME.fullmatch(self.api_key_secret):
             raise BadRequest("--api-key-secret must name a Secret: lowercase letters, digits and '-'")
         if not 1 <= self.replicas <= 100:
@@ -85,6 +88,32 @@ class DeployOptions:
             if not model or any(c.isspace() or c in "\"'`$\\;" for c in model):
                 raise BadRequest(f"--pre-pull {model[:80]!r} is not a model reference")
 
+    def command(self, target: str) -> str:
+        """The `model generate` command line that prints these manifests (in the header, so that an
+        example says how it was made and a test can make it again)."""
+        words = ["model", "generate", target]
+        defaults = DeployOptions()
+        for name, flag in (
+            ("name", "--name"),
+            ("namespace", "--namespace"),
+            ("image", "--image"),
+            ("replicas", "--replicas"),
+            ("gpu", "--gpu"),
+            ("storage", "--storage"),
+            ("api_key_secret", "--api-key-secret"),
+            ("node_port", "--node-port"),
+            ("cpus", "--cpus"),
+            ("ray_workers", "--ray-workers"),
+        ):
+            value = getattr(self, name)
+            if value != getattr(defaults, name):
+                words += [flag, str(value)]
+        if self.memory_bytes is not None:
+            words += ["--memory", mebibytes(self.memory_bytes).replace("Mi", "MiB")]
+        if self.pre_pull:
+            words += ["--pre-pull", *self.pre_pull]
+        return " ".join(words)
+
     @property
     def image_ref(self) -> str:
         variant = IMAGE_VARIANTS[self.gpu] + ("-vllm" if self.ray_workers else "")
@@ -103,6 +132,10 @@ class DeployOptions:
     @property
     def labels(self) -> dict[str, str]:
         return {"app.kubernetes.io/name": "modelrunner", "app.kubernetes.io/instance": self.name}
+
+
+def _metadata(options: DeployOptions, name: str) -> dict[str, Any]:
+    return {"name": name, "namespace": options.namespace, "labels": options.labels}
 
 
 def mebibytes(n_bytes: int) -> str:
@@ -257,8 +290,24 @@ def _service(options: DeployOptions, selector: dict[str, str], node_port: bool) 
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": options.name + ("-nodeport" if node_port else ""), "labels": options.labels},
+        "metadata": _metadata(options, options.name + ("-nodeport" if node_port else "")),
         "spec": {"type": "NodePort" if node_port else "ClusterIP", "selector": selector, "ports": [port]},
+    }
+
+
+def _network_policy(
+    options: DeployOptions, selector: dict[str, str], ports: list[int], peers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Only the API port is open to clients (the API key guards it); with Ray, the cluster's pods may reach
+    each other on any port (Ray's own, chosen at start). Egress stays open: pulls reach registries."""
+    ingress: list[dict[str, Any]] = [{"ports": [{"protocol": "TCP", "port": port} for port in ports]}]
+    if peers:
+        ingress.append({"from": [{"podSelector": {"matchLabels": peers}}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(options, options.name),
+        "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 
@@ -286,7 +335,7 @@ def kube_objects(options: DeployOptions) -> list[dict[str, Any]]:
     stateful_set = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {"name": options.name, "labels": options.labels},
+        "metadata": _metadata(options, options.name),
         "spec": {
             "replicas": options.replicas,
             "serviceName": options.name,
@@ -296,7 +345,7 @@ def kube_objects(options: DeployOptions) -> list[dict[str, Any]]:
             "volumeClaimTemplates": [claim],
         },
     }
-    return [stateful_set, *_services(options, selector)]
+    return [stateful_set, *_services(options, selector), _network_policy(options, selector, [PORT])]
 
 
 def _ray_container(options: DeployOptions, name: str) -> dict[str, Any]:
@@ -338,7 +387,7 @@ def _ray_objects(options: DeployOptions) -> list[dict[str, Any]]:
     cluster = {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
-        "metadata": {"name": options.name, "labels": options.labels},
+        "metadata": _metadata(options, options.name),
         "spec": {
             "rayVersion": _ray_version(),
             "headGroupSpec": {
@@ -360,11 +409,13 @@ def _ray_objects(options: DeployOptions) -> list[dict[str, Any]]:
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": f"{options.name}-data", "labels": options.labels},
+        "metadata": _metadata(options, f"{options.name}-data"),
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": options.storage}}},
     }
     head = {"ray.io/cluster": options.name, "ray.io/node-type": "head"}
-    return [claim, cluster, *_services(options, head)]
+    # the head pod: the API from anywhere, Ray's ports from the cluster's own pods only
+    ray_pods = {"ray.io/cluster": options.name}
+    return [claim, cluster, *_services(options, head), _network_policy(options, head, [PORT], ray_pods)]
 
 
 def _ray_version() -> str:
@@ -381,13 +432,15 @@ def kube(options: DeployOptions) -> str:
 def _header(options: DeployOptions, apply: str) -> str:
     if "kubectl" in apply:
         key = (
-            f"# The API key: kubectl create secret generic {options.api_key_secret} "
+            f"# First: kubectl create namespace {options.namespace}; the API key: kubectl -n "
+            f"{options.namespace} create secret generic {options.api_key_secret} "
             "--from-literal=api-key=$(openssl rand -hex 32)"
         )
     else:
         key = "# The API key: set MODEL_RUNNER_API_KEY in the environment or an .env file beside this file."
     lines = [
-        f"# modelrunner {__version__}: generated by `model generate` ({apply}).",
+        f"# {options.command('kube' if 'kubectl' in apply else 'compose')}",
+        f"# modelrunner {__version__}: generated by the command above ({apply}).",
         key,
         f"# Image: {options.image_ref} (deploy/image/build, pushed where the cluster can pull it).",
     ]
@@ -428,7 +481,8 @@ def compose(options: DeployOptions) -> str:
         },
         "deploy": {
             "replicas": options.replicas,
-            "resources": {"limits": {"cpus": str(options.cpus), "memory": mebibytes(memory)}},
+            # Compose's units: m = MiB
+            "resources": {"limits": {"cpus": str(options.cpus), "memory": f"{math.ceil(memory / MiB)}m"}},
         },
     }
     if options.gpu == "nvidia":

@@ -35,6 +35,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
             estimates[model] = int(daemon.estimate(model)["memory_bytes"])
     options = manifests.DeployOptions(
         name=args.name,
+        namespace=args.namespace,
         image=args.image,
         replicas=args.replicas,
         gpu=args.gpu,
@@ -63,6 +64,9 @@ def add_commands(commands: Any) -> None:
     )
     generate.add_argument("target", choices=["kube", "compose"])
     generate.add_argument("--name", default="modelrunner", help="name of the objects (default modelrunner)")
+    generate.add_argument(
+        "--namespace", default="modelrunner", help="Kubernetes namespace (default modelrunner)"
+    )
     generate.add_argument("--image", help="the image (default: what deploy/image/build tags)")
     generate.add_argument("--replicas", type=int, default=1, metavar="N", help="model runners (default 1)")
     generate.add_argument("--gpu", choices=["nvidia", "amd"], help="one GPU per model runner")
