@@ -5,6 +5,7 @@ real workers)."""
 from __future__ import annotations
 
 import io
+import os
 import socket
 import tarfile
 from pathlib import Path
@@ -224,3 +225,37 @@ def test_source_extraction_without_tarfile_filters(tmp_path: Path, monkeypatch: 
     with pytest.raises(EngineInstallError, match="unsafe entry"):
         build.extract_llama_cpp(archive("c.tar.gz", link), tmp_path / "o3")
     assert not (tmp_path / "o3" / "pkg").exists()
+
+
+def test_model_worker_warns_beyond_loopback_and_caps_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import resource
+
+    from modelrunner.cli import main
+
+    server = tmp_path / "bin" / "llama-server"
+    server.parent.mkdir()
+    server.write_text("")
+    (server.parent / "ggml-rpc-server").write_text("")
+    monkeypatch.setenv("LLAMA_SERVER_PATH", str(server))
+    started: list[list[str]] = []
+    limits: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: started.append(argv))
+    monkeypatch.setattr(resource, "setrlimit", lambda kind, value: limits.append(value))
+    with pytest.raises(SystemExit) as done:
+        main(["worker", "--host", "10.0.0.2", "--port", "50053", "--mem", "512", "--threads", "2"])
+    assert done.value.code == 0
+    assert started == [[str(server.parent / "ggml-rpc-server"), "--host", "10.0.0.2", "--port", "50053",
+                        "--threads", "2"]]  # fmt: skip
+    assert limits == [(rpc_workers.data_limit(512, 2),) * 2]
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "no authentication" in err and "--rpc 10.0.0.2:50053" in err
+    started.clear()
+    with pytest.raises(SystemExit):
+        main(["worker"])
+    assert started[0][1:5] == ["--host", "127.0.0.1", "--port", str(rpc_workers.DEFAULT_PORT)]
+    assert "WARNING" not in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main(["worker", "--port", "0"])
+    assert refused.value.code == 2
