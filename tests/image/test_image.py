@@ -78,7 +78,10 @@ def test_the_daemon_runs_in_the_image_and_answers_a_chat(container: str, tmp_pat
     log = tmp_path / "daemon.log"
     with open(log, "wb") as out:
         daemon = subprocess.Popen(
-            run_in(container, "model", "serve", "--port", str(port)), stdout=out, stderr=subprocess.STDOUT
+            # the model file is read by the daemon (`model package` sends its path): mounted read-only
+            run_in(container, "model", "serve", "--port", str(port), volume=f"{models}:/models:ro"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         deadline = time.monotonic() + 120
@@ -102,7 +105,6 @@ def test_the_daemon_runs_in_the_image_and_answers_a_chat(container: str, tmp_pat
                 "--gguf",
                 "/models/tiny.gguf",
                 "ai/tiny",
-                volume=f"{models}:/models:ro",
             ),
             capture_output=True,
             text=True,
@@ -117,10 +119,27 @@ def test_the_daemon_runs_in_the_image_and_answers_a_chat(container: str, tmp_pat
         engine_pid = runner["pid"]
         assert Path(f"/proc/{engine_pid}/cmdline").read_bytes().startswith(b"/opt/llama.cpp/bin/llama-server")
     finally:
-        daemon.send_signal(signal.SIGTERM)
+        # chroot isolation has no PID namespace of its own: stop the daemon itself, as a container runtime
+        # would (buildah does not pass signals on), and it stops its engines
+        for pid in serving(port):
+            os.kill(pid, signal.SIGTERM)
         try:
             daemon.wait(60)
         except subprocess.TimeoutExpired:
             daemon.kill()
             daemon.wait()
+    assert not serving(port), "the daemon is still running"
     assert not os.path.exists(f"/proc/{engine_pid}"), "the engine outlived the daemon"
+
+
+def serving(port: int) -> list[int]:
+    """The daemon processes started in the container for this port (their command line names it)."""
+    wanted = f"serve\0--port\0{port}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and wanted in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return [pid for pid in found if b"buildah" not in (Path(f"/proc/{pid}/cmdline").read_bytes()[:64])]

