@@ -228,9 +228,7 @@ def cmd_configure(args: argparse.Namespace) -> None:
     if speculative:
         request["speculative"] = speculative
     if len(request) == 1:
-        raise UsageError(
-            "nothing to configure: give --context-size, --keep-alive, --think, --mode, ... or flags"
-        )
+        raise UsageError("nothing to configure: give --context-size, --keep-alive, --think, --mode or flags")
     daemon.configure(request, args.backend)
     print(f'Model "{args.model}" configured')
 
