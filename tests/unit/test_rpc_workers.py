@@ -1,5 +1,5 @@
 """llama.cpp RPC workers without a worker: settings, the command line, the local share of memory, the probe's
-errors, the worker's command line, and the build's second executable (tests/e2e/test_rpc_workers.py runs
+errors, the worker's command line, and the build's second executable (tests/e2e/test_rpc_gemma.py runs
 real workers)."""
 
 from __future__ import annotations
