@@ -401,6 +401,16 @@ class Client:
         result: dict[str, Any] = self.call("GET", "/engines/info", timeout=30.0)
         return result
 
+    def estimate(self, model: str) -> dict[str, Any]:
+        """The memory one runner of the model needs on the daemon's machine (our route)."""
+        result: dict[str, Any] = self.call("GET", "/engines/estimate", params={"model": model})
+        return result
+
+    def cluster(self) -> dict[str, list[dict[str, Any]]]:
+        """What the engines use beyond this machine (Ray clusters), probed by the daemon (our route)."""
+        result: dict[str, list[dict[str, Any]]] = self.call("GET", "/engines/cluster", timeout=300.0)
+        return result
+
     def install_backend(
         self, backend: str, gpu: str = "auto", version: str | None = None, force: bool = False
     ) -> Iterator[dict[str, Any]]:

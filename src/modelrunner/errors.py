@@ -93,3 +93,10 @@ class EngineNotInstalled(ModelRunnerError):
 
 class EngineInstallError(ModelRunnerError):
     """Fetching, building or placing an engine failed."""
+
+
+class EngineUnavailable(ModelRunnerError):
+    """Something an engine needs beyond this machine (an RPC worker, a Ray cluster) does not answer or
+    cannot hold the model now; the message names it."""
+
+    status_code = 503

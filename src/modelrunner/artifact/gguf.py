@@ -92,6 +92,10 @@ class GGUFInfo:
     value_length: int | None
     sliding_window: int | None
     tensor_data_bytes: int
+    # Where the bytes are, for the share of a model that stays on this machine when llama.cpp offloads layers
+    # (to a GPU or RPC workers): bytes of each block `blk.N.*`, and of the output layer (`output*`).
+    block_tensor_bytes: tuple[int, ...] = ()
+    output_tensor_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -427,6 +431,8 @@ def read_gguf(paths: Sequence[Path]) -> GGUFInfo:
         value_length=_count(kv, f"{architecture}.attention.value_length"),
         sliding_window=_count(kv, f"{architecture}.attention.sliding_window"),
         tensor_data_bytes=sum(t.n_bytes for t in tensors),
+        block_tensor_bytes=_block_bytes(tensors),
+        output_tensor_bytes=sum(t.n_bytes for t in tensors if t.name.split(".", 1)[0] in _OUTPUT_TENSORS),
     )
 
 
@@ -444,6 +450,20 @@ def _model_size(files: Sequence[_File]) -> int:
         data_start = parsed.header_end + alignment - parsed.header_end % alignment
         total += (parsed.size - data_start) % 2**64
     return total
+
+
+_OUTPUT_TENSORS = ("output", "output_norm")
+_BLOCK_TENSOR = re.compile(r"blk\.(\d{1,5})\.")
+
+
+def _block_bytes(tensors: Sequence[_Tensor]) -> tuple[int, ...]:
+    sizes: dict[int, int] = {}
+    for tensor in tensors:
+        match = _BLOCK_TENSOR.match(tensor.name)
+        if match:
+            block = int(match.group(1))
+            sizes[block] = sizes.get(block, 0) + tensor.n_bytes
+    return tuple(sizes.get(i, 0) for i in range(max(sizes) + 1)) if sizes else ()
 
 
 def complete_shard_set(path: Path, extension: str) -> list[Path]:

@@ -10,7 +10,19 @@ import argparse
 import sys
 
 from modelrunner import __version__
-from modelrunner.cli import bench, compose, context, distribution, engines, inference, models, plugin, runner
+from modelrunner.cli import (
+    bench,
+    compose,
+    context,
+    distribution,
+    engines,
+    generate,
+    inference,
+    models,
+    plugin,
+    runner,
+    worker,
+)
 from modelrunner.cli.common import UsageError
 
 
@@ -30,6 +42,8 @@ def build_parser(prog: str = "model") -> argparse.ArgumentParser:
     context.add_commands(commands)
     compose.add_commands(commands)
     plugin.add_commands(commands)
+    worker.add_commands(commands)
+    generate.add_commands(commands)
     return parser
 
 

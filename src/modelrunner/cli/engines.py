@@ -115,13 +115,16 @@ def cmd_status(args: argparse.Namespace) -> int:
             with contextlib.suppress(DaemonError):
                 info = daemon.engines_info()
         kind, endpoint, endpoint_host = endpoints(daemon, target.explicit, info)
-        document = {
+        document: dict[str, Any] = {
             "running": running,
             "backends": dict(sorted(backends.items())) if running else None,
             "kind": kind,
             "endpoint": endpoint,
             "endpointHost": endpoint_host,
         }
+        clusters = daemon.cluster() if running else {}
+        if clusters:  # ours, only when some model is spread over a Ray cluster (DMR's reader skips it)
+            document["clusters"] = clusters
         print(go_json(document))
         return 0
     if not running:
@@ -130,7 +133,38 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     print("Docker Model Runner is running\n")
     sys.stdout.write(backend_status_table(backends))
+    for line in cluster_lines(daemon.cluster()):  # ours: engines spread over a Ray cluster
+        print(line)
     return 0
+
+
+def cluster_lines(clusters: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """`ray cluster 10.0.0.1:6379: 2 nodes, 16 CPUs, 2 GPUs (…free)` and a line per node."""
+    lines = []
+    for engine, found in clusters.items():
+        for cluster in found:
+            head = f"{engine}: ray cluster {cluster.get('address')}"
+            if cluster.get("error"):
+                lines.append(f"{head}: error: {cluster['error']}")
+                continue
+            nodes = cluster.get("nodes", [])
+            total = cluster.get("resources", {}).get("total", {})
+            free = cluster.get("resources", {}).get("available", {})
+            alive = [n for n in nodes if n.get("alive")]
+            amounts = ", ".join(
+                f"{free.get(kind, 0):g}/{total[kind]:g} {kind}s free"
+                for kind in ("CPU", "GPU")
+                if kind in total
+            )
+            lines.append(f"{head}: {len(alive)} node(s) alive of {len(nodes)}, {amounts}")
+            for node in nodes:
+                state = "alive" if node.get("alive") else "dead"
+                resources = node.get("resources", {})
+                devices = ", ".join(f"{resources[k]:g} {k}" for k in ("CPU", "GPU") if k in resources)
+                here = " (this machine's driver)" if node.get("driver") else ""
+                name = f"{str(node.get('node_id', ''))[:12]} {node.get('address')}"
+                lines.append(f"  node {name}: {state}, {devices}{here}")
+    return lines
 
 
 def add_commands(commands: Any) -> None:

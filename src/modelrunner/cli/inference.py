@@ -204,15 +204,31 @@ def ps_name(model_name: str) -> str:
     return model_name[7:19] if model_name.startswith("sha256:") else display(model_name.lower())
 
 
+def layout_text(layout: dict[str, Any]) -> str:
+    """A runner spread beyond its process: `rpc 10.0.0.2:50052,10.0.0.3:50052`, `tp 2 x pp 1 on ray ...`."""
+    if layout.get("rpc_workers"):
+        return "rpc " + ",".join(layout["rpc_workers"])
+    text = f"tp {layout.get('tensor_parallel_size', 1)} x pp {layout.get('pipeline_parallel_size', 1)}"
+    if layout.get("ray_address"):
+        text += f" on ray {layout['ray_address']} ({layout.get('local_workers', 1)} here)"
+    return text
+
+
 def cmd_ps(_: argparse.Namespace) -> None:
     from modelrunner.cli.dmrformat import go_table
 
     now = time.time()
+    runners = client().ps()
     rows = [
         [ps_name(r.get("model_name", "")), r.get("backend_name", ""), r.get("mode", ""), until(r, now)]
-        for r in client().ps()
+        for r in runners
     ]
-    sys.stdout.write(go_table(["MODEL NAME", "BACKEND", "MODE", "UNTIL"], rows))
+    headers = ["MODEL NAME", "BACKEND", "MODE", "UNTIL"]
+    if any(r.get("layout") for r in runners):  # ours: a column only when some model is spread out
+        headers.append("LAYOUT")
+        for row, runner in zip(rows, runners, strict=True):
+            row.append(layout_text(runner["layout"]) if runner.get("layout") else "")
+    sys.stdout.write(go_table(headers, rows))
 
 
 def cmd_unload(args: argparse.Namespace) -> None:
@@ -257,8 +273,13 @@ def cmd_configure(args: argparse.Namespace) -> None:
         request["keep_alive"] = args.keep_alive
     if args.mode:
         request["mode"] = args.mode
+    llamacpp: dict[str, Any] = {}
     if args.think is not None:
-        request["llamacpp"] = {"reasoning-budget": -1 if args.think else 0}
+        llamacpp["reasoning-budget"] = -1 if args.think else 0
+    if args.rpc is not None:  # "" turns the workers off
+        llamacpp["rpc"] = [worker.strip() for worker in args.rpc.split(",") if worker.strip()]
+    if llamacpp:
+        request["llamacpp"] = llamacpp
     vllm: dict[str, Any] = {}
     if args.hf_overrides is not None:
         try:
@@ -267,6 +288,10 @@ def cmd_configure(args: argparse.Namespace) -> None:
             raise UsageError("--hf_overrides must be a JSON object") from None
     if args.gpu_memory_utilization is not None:
         vllm["gpu-memory-utilization"] = args.gpu_memory_utilization
+    for key in ("tensor-parallel-size", "pipeline-parallel-size", "ray-address"):
+        value = getattr(args, key.replace("-", "_"))
+        if value is not None:
+            vllm[key] = value
     if vllm:
         request["vllm"] = vllm
     speculative = {
@@ -351,6 +376,22 @@ def add_commands(commands: Any) -> None:
         type=float,
         metavar="F",
         help="minimum draft probability (0-1) for a drafted token to be proposed",
+    )
+    configure.add_argument(
+        "--tensor-parallel-size", type=int, metavar="N", help="vLLM: split each layer over N workers"
+    )
+    configure.add_argument(
+        "--pipeline-parallel-size", type=int, metavar="M", help="vLLM: split the layers into M stages"
+    )
+    configure.add_argument(
+        "--ray-address",
+        metavar="HOST:PORT",
+        help='vLLM: run the workers on this Ray cluster (its head; "" = MODEL_RUNNER_RAY_ADDRESS or none)',
+    )
+    configure.add_argument(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        help='llama.cpp: spread the layers over these RPC workers (`model worker`); "" turns them off',
     )
     configure.add_argument("--backend", help="engine the settings are for")
     configure.set_defaults(handler=cmd_configure, accepts_passthrough=True)

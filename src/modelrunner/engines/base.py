@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +55,11 @@ class RunnerSettings:
     draft_bundle: Path | None = None
     draft_tokens: int | None = None
     draft_min_probability: float | None = None
+    # beyond this machine: llama.cpp RPC workers (HOST:PORT); vLLM parallel sizes and its Ray cluster
+    rpc_workers: tuple[str, ...] = ()
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    ray_address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,12 @@ class LaunchSpec:
     socket: Path
     env: dict[str, str] = field(default_factory=dict)
     health_path: str = "/health"
+    # Run in a thread before the process starts: checks what the engine needs beyond this machine (RPC
+    # workers, a Ray cluster) and raises a ModelRunnerError naming what is missing, instead of an engine
+    # that dies or waits for ever.
+    preflight: Callable[[], object] | None = None
+    # How the model is spread beyond this process (parallel sizes, workers, cluster): shown by `model ps`.
+    layout: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,11 @@ class Engine(ABC):
 
     def disk_usage(self) -> int:
         return 0
+
+    def cluster_status(self, settings: Sequence[RunnerSettings]) -> list[dict[str, object]]:
+        """What this engine's runners use beyond this machine as configured in `settings` (e.g. a Ray
+        cluster: its nodes and resources), probed now, for `model status`; [] when nothing is."""
+        return []
 
     # -- helpers with defaults (added for install routes and the scheduler) --------------------------
 

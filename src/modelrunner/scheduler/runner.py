@@ -201,6 +201,8 @@ class Runner:
             self.gone.set()
             raise LoadError("the model runner is shutting down")
         started = time.monotonic()
+        if self.spec.preflight is not None:  # remote parts first: a clear error beats a dying engine
+            await asyncio.to_thread(self.spec.preflight)
         self.socket.unlink(missing_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         rotate_if_large(self.log_path)

@@ -505,6 +505,7 @@ class Scheduler:
                 "keep_alive": format_keep_alive(r.keep_alive),
                 "memory_estimate": r.memory,
                 "pid": r.process.pid if r.process else None,
+                **({"layout": r.spec.layout} if r.spec.layout else {}),
             }
             for r in self.runners.values()
         ]

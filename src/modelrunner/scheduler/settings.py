@@ -31,6 +31,10 @@ class ModelSettings:
     speculative_draft_model: str | None = None  # a model ID
     speculative_num_tokens: int | None = None
     speculative_min_acceptance_rate: float | None = None
+    rpc_workers: list[str] = field(default_factory=list)  # llama.cpp RPC workers, HOST:PORT
+    tensor_parallel_size: int | None = None  # vLLM
+    pipeline_parallel_size: int | None = None  # vLLM
+    ray_address: str | None = None  # vLLM: the Ray cluster (else MODEL_RUNNER_RAY_ADDRESS)
 
     def runner_settings(self, draft_bundle: Path | None = None) -> RunnerSettings:
         return RunnerSettings(
@@ -42,6 +46,10 @@ class ModelSettings:
             draft_bundle=draft_bundle,
             draft_tokens=self.speculative_num_tokens,
             draft_min_probability=self.speculative_min_acceptance_rate,
+            rpc_workers=tuple(self.rpc_workers),
+            tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            ray_address=self.ray_address,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.compat.bodies import json_body
+from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
 from modelrunner.errors import BadRequest, Conflict, ModelNotFound
 from modelrunner.scheduler.durations import NEVER, format_keep_alive, parse_keep_alive
@@ -136,6 +137,10 @@ def settings_from_request(
         settings.runtime_flags = flags
     if body.keep_alive is not None:
         settings.keep_alive = configured_keep_alive(body.keep_alive)
+    if body.llamacpp and "rpc" in body.llamacpp:  # RPC workers: [] or "" turns them off
+        if engine.name != "llama.cpp":
+            raise BadRequest("rpc workers are a llama.cpp setting, and this model runs on " + engine.name)
+        settings.rpc_workers = rpc_workers.parse_workers(body.llamacpp["rpc"])
     if body.llamacpp and "reasoning-budget" in body.llamacpp:
         budget = body.llamacpp["reasoning-budget"]
         if not (_is_number(budget, int) and -1 <= budget <= 2**31 - 1):
@@ -153,9 +158,28 @@ def settings_from_request(
             if not (_is_number(utilisation, int | float) and 0 < utilisation <= 1):
                 raise BadRequest("gpu-memory-utilization must be a number in (0, 1]")
             settings.gpu_memory_utilization = float(utilisation)
+        distributed_vllm_settings(body.vllm, engine, settings)
     if body.speculative is not None:
         speculative_settings(body.speculative, engine, store, settings)
     return settings
+
+
+def distributed_vllm_settings(vllm: dict[str, Any], engine: Engine, settings: ModelSettings) -> None:
+    """`vllm: {tensor-parallel-size, pipeline-parallel-size, ray-address}`; 1, 1 and "" are the defaults."""
+    keys = [key for key in ("tensor-parallel-size", "pipeline-parallel-size", "ray-address") if key in vllm]
+    if keys and engine.name != "vllm":
+        raise BadRequest(f"{keys[0]} is a vLLM setting, and this model runs on {engine.name}")
+    for key in ("tensor-parallel-size", "pipeline-parallel-size"):
+        if key in vllm:
+            size = vllm[key]
+            if not (_is_number(size, int) and 1 <= size <= 1024):
+                raise BadRequest(f"{key} must be a number of workers from 1 to 1024")
+            setattr(settings, key.replace("-", "_"), None if size == 1 else size)
+    if "ray-address" in vllm:
+        address = vllm["ray-address"]
+        if not isinstance(address, str):
+            raise BadRequest("ray-address must be HOST:PORT of the Ray cluster's head")
+        settings.ray_address = ray_cluster.parse_address(address) if address.strip() else None
 
 
 def _is_number(value: Any, kind: Any) -> bool:
@@ -348,6 +372,35 @@ def build_admin_router(
                     "Config": backend_configuration(settings, store),
                 }
             )
+        return out
+
+    @router.get("/engines/estimate")
+    def estimate(model: str, backend: str | None = None) -> dict[str, Any]:
+        """Ours: the memory one runner of the model needs on this machine, with its stored settings (what
+        `model generate` requests for a pod)."""
+        if backend is not None and backend not in KNOWN_BACKENDS:
+            raise ModelNotFound(f"unknown backend {backend[:40]!r}")
+        stored = store.get(model)
+        engine = engines.get(select_engine_name(backend, stored.config.format))
+        if engine is None:
+            raise ModelNotFound(f"no engine serves {stored.config.format} models in this build")
+        settings = scheduler.settings.get(engine.name, stored.id, Mode.COMPLETION) or ModelSettings()
+        target = model_for_engine(store, stored, model)
+        memory = engine.estimate_memory(target, settings.runner_settings())
+        return {"model": model, "model_id": stored.id, "backend": engine.name, "memory_bytes": memory}
+
+    @router.get("/engines/cluster")
+    async def cluster() -> dict[str, list[dict[str, object]]]:
+        """Ours: what the engines use beyond this machine (Ray clusters: nodes, resources), probed now."""
+        stored = scheduler.settings.all()
+        out = {}
+        for engine in engines.values():
+            mine = [
+                settings.runner_settings() for backend, _, _, settings in stored if backend == engine.name
+            ]
+            found = await asyncio.to_thread(engine.cluster_status, mine)
+            if found:
+                out[engine.name] = found
         return out
 
     @router.get("/logs")
