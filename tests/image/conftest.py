@@ -4,6 +4,7 @@ MODELRUNNER_IMAGE_TEST=1 (`deploy/image/test` does; `.ci/run` runs it when the i
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,3 +15,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/image" in str(item.path):
             item.add_marker(pytest.mark.image)
+
+
+@pytest.fixture(autouse=True)
+def _docker_config_for_buildah() -> None:
+    """buildah takes `$DOCKER_CONFIG/config.json` as its auth file and fails when it is missing: the test
+    session's own Docker config folder (tests/conftest.py) gets an empty one."""
+    folder = Path(os.environ["DOCKER_CONFIG"])
+    folder.mkdir(parents=True, exist_ok=True)
+    auth = folder / "config.json"
+    if not auth.exists():
+        auth.write_text("{}\n")
