@@ -155,7 +155,11 @@ def _swap_bundle_dduf(daemon: Daemon, tag: str, hostile: Path) -> Path:
     model_id = daemon.http("GET", f"/models/{tag}").json()["id"]
     bundle = daemon.store_root / "bundles" / "sha256" / model_id.removeprefix("sha256:")
     if not bundle.is_dir():  # the bundle is built on first use; a chat request is refused after building it
-        daemon.http("POST", "/v1/chat/completions", json={"model": tag, "messages": []})
+        daemon.http(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": tag, "messages": [{"role": "user", "content": "hi"}]},
+        )
     [target] = list((bundle / "model").glob("*.dduf"))
     target.unlink()  # break the link: the blob keeps the good bytes
     target.write_bytes(hostile.read_bytes())

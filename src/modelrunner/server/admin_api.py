@@ -21,7 +21,7 @@ from modelrunner.scheduler.durations import format_keep_alive, parse_keep_alive
 from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings
-from modelrunner.server.inference import KNOWN_BACKENDS, model_for_engine, select_engine_name
+from modelrunner.server.lifecycle import KNOWN_BACKENDS, model_for_engine, select_engine_name
 from modelrunner.store.store import ModelStore
 
 _HF_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -1,17 +1,26 @@
-"""The one place errors become HTTP responses: OpenAI-style JSON bodies saying what to do."""
+"""The one place errors become HTTP responses, in the shape of the API the request came to.
+
+OpenAI-style `{"error": {"message", "type", "code"}}` for the OpenAI, Responses and DMR routes, Ollama's
+`{"error": "..."}` under `/api/`, Anthropic's `{"type": "error", "error": {...}}` for Messages: whether
+the error comes from a handler, from routing (404, 405 with `Allow`), from validation or from the
+middleware (Host, API key, body limit).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import re
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
+from modelrunner.compat import anthropic
 from modelrunner.errors import ModelRunnerError
+
+OPENAI, OLLAMA, ANTHROPIC, RESPONSES, DMR = "openai", "ollama", "anthropic", "responses", "dmr"
 
 _TYPES = {
     400: "invalid_request_error",
@@ -19,39 +28,51 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     409: "conflict_error",
     412: "precondition_failed",
     413: "request_too_large",
     422: "unsupported_media_type",
     503: "service_unavailable",
 }
+_ANTHROPIC = re.compile(r"(?:/anthropic|/engines(?:/[^/]+)?)?/v1/messages(?:/count_tokens)?")
+_RESPONSES = re.compile(r"(?:/engines(?:/[^/]+)?(?:/v1)?|/v1)?/responses(?:/.*)?")
+_OPENAI = re.compile(
+    r"(?:/engines(?:/[^/]+)?)?/(?:v1/(?:chat/completions|completions|embeddings|rerank|score|images/"
+    r"generations|models.*)|rerank|score)"
+)
+
+
+def api_family(path: str) -> str:
+    """Which API a path belongs to, for its error shape, the access log and the recorder."""
+    if path.startswith("/api/"):
+        return OLLAMA
+    if _ANTHROPIC.fullmatch(path):
+        return ANTHROPIC
+    if _RESPONSES.fullmatch(path):
+        return RESPONSES
+    if _OPENAI.fullmatch(path):
+        return OPENAI
+    return DMR
 
 
 def error_body(status: int, message: str) -> dict[str, object]:
     return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "code": status}}
 
 
-def error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse(error_body(status, message), status_code=status)
+def error_payload(family: str, status: int, message: str) -> dict[str, Any]:
+    """The JSON body of an error in `family`'s shape."""
+    if family == OLLAMA:
+        return {"error": message}
+    if family == ANTHROPIC:
+        return anthropic.error_body(status, message)
+    return error_body(status, message)
 
 
-def error_route_class(render: Callable[[int, str], Response]) -> type[APIRoute]:
-    """A route class whose routes answer a ModelRunnerError with `render(status, message)`: the error
-    shape of a compatible API (Ollama's, Anthropic's) instead of the OpenAI-style one."""
-
-    class ErrorShapedRoute(APIRoute):
-        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-            handler = super().get_route_handler()
-
-            async def guarded(request: Request) -> Response:
-                try:
-                    return await handler(request)
-                except ModelRunnerError as exc:
-                    return render(exc.status_code, exc.message)
-
-            return guarded
-
-    return ErrorShapedRoute
+def error_response(
+    status: int, message: str, family: str = DMR, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_payload(family, status, message), status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -62,18 +83,36 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+def allowed_methods(app: FastAPI, request: Request) -> str:
+    """Every method some route of `app` takes for this path (HEAD wherever GET is: the middleware serves
+    it), for the `Allow` header of a 405."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    if "GET" in methods:
+        methods.add("HEAD")
+    order = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+    return ", ".join(sorted(methods, key=lambda m: order.index(m) if m in order else len(order)))
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_model_runner_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_model_runner_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ModelRunnerError)
-        return error_response(exc.status_code, exc.message)
+        headers = {"Retry-After": str(exc.retry_after)} if hasattr(exc, "retry_after") else None
+        return error_response(exc.status_code, exc.message, api_family(request.url.path), headers)
 
-    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(400, _validation_message(exc))
+        return error_response(400, _validation_message(exc), api_family(request.url.path))
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        return error_response(exc.status_code, str(exc.detail))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(app, request)
+        return error_response(exc.status_code, str(exc.detail), api_family(request.url.path), headers or None)
 
     app.add_exception_handler(ModelRunnerError, on_model_runner_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
