@@ -74,10 +74,22 @@ def _declares_pooling(bundle: Path) -> bool:
     return any(key.endswith(".pooling_type") for key in metadata)
 
 
+_BATCH_FLAGS = ("-b", "--batch-size", "-ub", "--ubatch-size")
+
+
 def command_line(
-    server: Path, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
+    server: Path,
+    model: ModelForEngine,
+    mode: Mode,
+    settings: RunnerSettings,
+    socket: Path,
+    trained_context: int | None = None,
 ) -> list[str]:
-    """llama-server's argv, in DMR's order (contract 5.3), plus `--no-webui` (the daemon serves no UI)."""
+    """llama-server's argv, in DMR's order (contract 5.3), plus `--no-webui` (the daemon serves no UI).
+
+    Embedding and reranking runners get a physical batch as large as their context: llama-server embeds
+    an input in one batch, so with its default (512) any longer input fails with a 500 (DMR's too).
+    `trained_context` is the model's own, what llama-server uses when no context size is set."""
     if mode not in LlamaCppEngine.modes:
         raise BadRequest(f"llama.cpp cannot serve {mode.value} requests; use a diffusers model for images")
     if model.format not in LlamaCppEngine.formats:
@@ -102,6 +114,9 @@ def command_line(
     context = settings.context_size if settings.context_size is not None else model.context_size
     if context is not None:
         argv += ["--ctx-size", str(context)]
+    batch = context if context is not None and context > 0 else trained_context
+    if mode is not Mode.COMPLETION and batch and not any(f in settings.runtime_flags for f in _BATCH_FLAGS):
+        argv += ["--batch-size", str(batch), "--ubatch-size", str(batch)]
     argv += list(settings.runtime_flags)
     mmproj = folder / "model.mmproj"
     argv += ["--mmproj", str(mmproj)] if mmproj.is_file() else ["--jinja"]
@@ -244,7 +259,9 @@ class LlamaCppEngine(Engine):
     def launch_spec(
         self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
     ) -> LaunchSpec:
-        return LaunchSpec(argv=command_line(self.server_path(), model, mode, settings, socket), socket=socket)
+        trained = self.gguf_info(model).context_size if mode is not Mode.COMPLETION else None
+        argv = command_line(self.server_path(), model, mode, settings, socket, trained)
+        return LaunchSpec(argv=argv, socket=socket)
 
     def gguf_info(self, model: ModelForEngine) -> GGUFInfo:
         return self._bundle_info(model.bundle)
