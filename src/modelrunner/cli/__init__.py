@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from modelrunner import __version__
-from modelrunner.cli import bench, distribution, engines, inference, models, runner
+from modelrunner.cli import bench, distribution, engines, inference, models, requests, runner
 from modelrunner.cli.common import UsageError
 
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_commands(commands)
     distribution.add_commands(commands)
     engines.add_commands(commands)
+    requests.add_commands(commands)
     return parser
 
 

@@ -84,17 +84,19 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 def allowed_methods(app: FastAPI, request: Request) -> str:
-    """Every method some route of `app` takes for this path (HEAD wherever GET is: the middleware serves
-    it), for the `Allow` header of a 405."""
-    methods: set[str] = set()
-    for route in app.router.routes:
-        match, _ = route.matches({**request.scope, "method": "GET"})
-        if match is not Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
-    if "GET" in methods:
-        methods.add("HEAD")
-    order = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-    return ", ".join(sorted(methods, key=lambda m: order.index(m) if m in order else len(order)))
+    """Every method some route of `app` takes for this path, for the `Allow` header of a 405 (HEAD
+    wherever GET is: the lifecycle middleware serves it). Each method is tried against the routes, as
+    routing would, whatever kind of route (included routers too) holds it."""
+    # a fresh scope: the request's own holds what routing chose for it (FastAPI keeps that there)
+    base = {key: request.scope[key] for key in ("type", "path", "root_path", "headers", "query_string")}
+    allowed = [
+        method
+        for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+        if any(route.matches({**base, "method": method})[0] is Match.FULL for route in app.router.routes)
+    ]
+    if "GET" in allowed and "HEAD" not in allowed:
+        allowed.insert(1, "HEAD")
+    return ", ".join(allowed)
 
 
 def install_error_handlers(app: FastAPI) -> None:

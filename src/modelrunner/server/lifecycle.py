@@ -363,7 +363,7 @@ class Inference:
 
 class LifecycleMiddleware:
     """The outermost ASGI layer: an exchange per request (id, access line, recorder), the
-    `X-Request-Id` header on every answer, and HEAD served wherever GET is (the server drops the body)."""
+    `X-Request-Id` header on every answer, and HEAD served wherever GET is (liveness probes use it)."""
 
     def __init__(self, app: App, lifecycle: Lifecycle) -> None:
         self.app = app
@@ -375,8 +375,6 @@ class LifecycleMiddleware:
             return
         exchange = self.lifecycle.begin(scope["method"], scope["path"], scope["headers"])
         exchange.receive = receive
-        if scope["method"] == "HEAD":
-            scope = {**scope, "method": "GET"}
         request_id = exchange.id.encode()
 
         async def tracked_send(message: Message) -> None:
@@ -389,6 +387,24 @@ class LifecycleMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, tracked_send)
+            if scope["method"] == "HEAD":
+                await self._head(scope, receive, tracked_send)
+            else:
+                await self.app(scope, receive, tracked_send)
         finally:
             await self.lifecycle.finish(exchange)
+
+    async def _head(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """HEAD where a route takes it, else as GET: the server sends the head of the GET answer only."""
+        refused = False
+
+        async def unless_refused(message: Message) -> None:
+            nonlocal refused
+            if message["type"] == "http.response.start" and message["status"] == 405:
+                refused = True
+            if not refused:
+                await send(message)
+
+        await self.app(scope, receive, unless_refused)
+        if refused:
+            await self.app({**scope, "method": "GET"}, receive, send)
