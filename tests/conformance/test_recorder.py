@@ -138,7 +138,8 @@ def recorded(
     recorder: rec.Recorder, path: str, status: int, content_type: bytes, *chunks: bytes, **kw: Any
 ) -> dict[str, Any]:
     ex = exchange(recorder, path, kw.get("body", b'{"model": "ai/m"}'))
-    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, kw.get("settings"))
+    config = rec.backend_configuration(kw.get("settings"))
+    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, config)
     finish(recorder, ex, status, content_type, *chunks)
     [entry] = recorder.listing("sha256:" + "1" * 64)
     return entry["records"][-1]  # type: ignore[no-any-return]
@@ -322,7 +323,7 @@ def test_a_body_relayed_in_chunks_is_recorded_unframed() -> None:
     """The HTTP front keeps the bytes it relays, chunk framing included: they are unframed when read."""
     recorder = rec.Recorder()
     ex = exchange(recorder)
-    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, None)
+    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, {})
     assert ex.record is not None
     ex.started_answer(200, [(b"content-type", b"text/event-stream")])
     ex.record.framed_by_chunks = True
@@ -338,7 +339,7 @@ def test_a_body_relayed_in_chunks_is_recorded_unframed() -> None:
 def test_bodies_are_bounded() -> None:
     recorder = rec.Recorder()
     ex = exchange(recorder, body=b"x" * (rec.REQUEST_LIMIT + 10))
-    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, None)
+    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, {})
     assert ex.record is not None and len(ex.record.request) < rec.REQUEST_LIMIT + 100
     assert ex.record.request.endswith(b"...[truncated 10 bytes]")
     ex.started_answer(200, [(b"content-type", b"application/json")])

@@ -6,6 +6,7 @@ import contextlib
 import ipaddress
 import os
 import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,9 +86,7 @@ def uvicorn_config(daemon: Daemon, host: str, port: int, front: bool | None = No
         lifespan="on",
         log_config=None,
         access_log=False,
-        # our own drain (daemon_server) has given requests their grace already: what is left after it
-        # ended them gets a moment to write its last bytes
-        timeout_graceful_shutdown=3,
+        timeout_graceful_shutdown=round(shutdown_grace()),  # what our drain (daemon_server) leaves
     )
 
 
@@ -101,11 +100,14 @@ def daemon_server(daemon: Daemon, config: uvicorn.Config, grace: float | None = 
 
     class DaemonServer(uvicorn.Server):
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            started = time.monotonic()
             for server in self.servers:
                 server.close()
             for connection in list(self.server_state.connections):
                 connection.shutdown()  # idle connections close now, busy ones after their answer
             await daemon.lifecycle.drain(seconds)
+            # the rest of the grace (and a moment for the requests just ended) for uvicorn's own wait
+            self.config.timeout_graceful_shutdown = max(2, round(seconds - (time.monotonic() - started)))
             await super().shutdown(sockets)
 
     return DaemonServer(config)

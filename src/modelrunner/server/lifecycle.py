@@ -225,6 +225,11 @@ class Exchange:
         if last:
             self.complete = True
 
+    @property
+    def busy(self) -> bool:
+        """Holding or waiting for a runner, or talking to an engine."""
+        return bool(self.runners or self._closers or self._waiting)
+
     def outcome(self) -> str:
         if self.aborted:
             return "aborted"
@@ -274,7 +279,8 @@ class Lifecycle:
     async def finish(self, exchange: Exchange) -> None:
         """Everything the exchange holds goes back, even when its task is being cancelled."""
         try:
-            await asyncio.shield(self.spawn(exchange.finish()))
+            if exchange.busy or exchange._watcher is not None:
+                await asyncio.shield(self.spawn(exchange.finish()))
         finally:
             self.open.discard(exchange)
             if self.recorder is not None and exchange.record is not None:
@@ -292,20 +298,22 @@ class Lifecycle:
         return task
 
     async def drain(self, grace: float, reason: str = "the model runner is shutting down") -> None:
-        """Shutdown: let requests finish for `grace` seconds, then end those still running (their relays
-        close each stream with an error event and its proper end), and wait for them to do so."""
+        """Shutdown: let inference requests finish for `grace` seconds, then end those still running (their
+        relays close each stream with an error event and its proper end), and wait for them to do so.
+        Other requests are uvicorn's to wait for."""
         if self.recorder is not None:
             self.recorder.close()  # followers of /engines/requests would never end by themselves
         deadline = time.monotonic() + grace
-        while self.open and time.monotonic() < deadline:
+        while any(e.busy for e in self.open) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if not self.open:
+        running = [e for e in self.open if e.busy]
+        if not running:
             return
-        log.warning("ending %d request(s) still running after %.0f s", len(self.open), grace)
-        for exchange in list(self.open):
+        eventlog.event(log, "shutdown_ends_requests", logging.WARNING, requests=len(running), grace_s=grace)
+        for exchange in running:
             exchange.abort(reason)
         deadline = time.monotonic() + 2.0
-        while any(e.runners for e in self.open) and time.monotonic() < deadline:
+        while any(e.busy for e in self.open) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
 
@@ -352,9 +360,12 @@ class Inference:
                 engine, model_for_engine(self.store, model, name), mode, keep_alive
             )
         exchange.hold(runner)
-        if record and self.lifecycle.recorder is not None and exchange.record is None:
-            settings = self.scheduler.settings.get(engine.name, model.id, mode)
-            exchange.record = self.lifecycle.recorder.start(exchange, name, model.id, settings)
+        recorder = self.lifecycle.recorder
+        if record and recorder is not None and exchange.record is None:
+            config = recorder.runner_config(
+                runner, lambda: self.scheduler.settings.get(engine.name, model.id, mode)
+            )
+            exchange.record = recorder.start(exchange, name, model.id, config)
         return runner
 
     async def release(self, runner: Runner) -> None:

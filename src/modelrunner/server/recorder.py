@@ -20,8 +20,9 @@ import dataclasses
 import json
 import os
 import time
+import weakref
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from modelrunner.compat import assemble
 from modelrunner.compat.sse import sse_events
 from modelrunner.errors import ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import go_duration
+from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.settings import ModelSettings
 from modelrunner.server.errors import ANTHROPIC, OLLAMA, RESPONSES
 from modelrunner.store.store import ModelStore
@@ -395,14 +397,20 @@ class Recorder:
         self.models: OrderedDict[str, deque[Record]] = OrderedDict()
         self.configs: dict[str, dict[str, Any]] = {}
         self._followers: set[_Follower] = set()
+        self._runner_configs: weakref.WeakKeyDictionary[Runner, dict[str, Any]] = weakref.WeakKeyDictionary()
 
-    def start(
-        self, exchange: Exchange, model: str, model_id: str, settings: ModelSettings | None
-    ) -> Record | None:
+    def runner_config(self, runner: Runner, settings: Callable[[], ModelSettings | None]) -> dict[str, Any]:
+        """The configuration a runner was started with, read once per runner (as DMR sets it at start)."""
+        config = self._runner_configs.get(runner)
+        if config is None:
+            config = self._runner_configs[runner] = backend_configuration(settings())
+        return config
+
+    def start(self, exchange: Exchange, model: str, model_id: str, config: dict[str, Any]) -> Record:
         request = exchange.request_body
         if exchange.request_size > len(request):
             request += f"...[truncated {exchange.request_size - len(request)} bytes]".encode()
-        record = Record(exchange, model, model_id, backend_configuration(settings), request)
+        record = Record(exchange, model, model_id, config, request)
         records = self.models.get(model_id)
         if records is None:
             records = self.models[model_id] = deque(maxlen=RECORDS_PER_MODEL)
