@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -142,13 +142,17 @@ def test_the_official_openai_client(daemon: Daemon) -> None:
         client.chat.completions.create(model="absent", messages=[{"role": "user", "content": "hi"}])
 
 
-def _vllm_metric(daemon: Daemon, name: str) -> float:
-    """A counter or gauge of the vLLM engine, summed over its labels, read on the engine's own socket."""
+def _vllm_metrics(daemon: Daemon) -> Callable[[str], float]:
+    """Reads a counter or gauge of the running vLLM engine, summed over its labels, on its own socket."""
     [runner] = engine_runners(daemon)
     argv = cmdline(runner["pid"])
-    with httpx.Client(transport=httpx.HTTPTransport(uds=argv[argv.index("--uds") + 1]), timeout=30) as engine:
+    engine = httpx.Client(transport=httpx.HTTPTransport(uds=argv[argv.index("--uds") + 1]), timeout=30)
+
+    def metric(name: str) -> float:
         text = engine.get("http://engine/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+    return metric
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -156,9 +160,10 @@ def test_a_client_that_leaves_aborts_the_generation(daemon: Daemon, stream: bool
     """vLLM cancels a request whose connection closes, streamed or not (its handlers are wrapped in
     `with_cancellation`), so the daemon relays its unstreamed answers as they are and only closes the
     connection when the client leaves (llama.cpp's are assembled from a stream: server/upstream.py)."""
-    generated = _vllm_metric(daemon, "vllm:generation_tokens_total")
-    # 16 sequences of 480 tokens: seconds of work for the tiny model (512 positions at most)
-    sequences, max_tokens = 16, 480
+    metric = _vllm_metrics(daemon)
+    generated = metric("vllm:generation_tokens_total")
+    # 64 sequences of 480 tokens (the tiny model has 512 positions): seconds of work
+    sequences, max_tokens = 64, 480
     body = json.dumps(
         {
             "model": "tiny-vllm",
@@ -175,18 +180,19 @@ def test_a_client_that_leaves_aborts_the_generation(daemon: Daemon, stream: bool
             + b"Content-Length: %d\r\n\r\n" % len(body)
             + body
         )
-        deadline = time.monotonic() + 60
-        while _vllm_metric(daemon, "vllm:generation_tokens_total") <= generated:
-            assert time.monotonic() < deadline, "vLLM did not start generating"
-            time.sleep(0.01)
+        if stream:
+            assert b"data: " in sock.recv(65536) or b"data: " in sock.recv(65536)  # generating: leave
+        else:
+            deadline = time.monotonic() + 60
+            while not metric("vllm:num_requests_running"):  # nothing comes before the end: watch vLLM
+                assert time.monotonic() < deadline, "vLLM did not start generating"
+                time.sleep(0.01)
     deadline = time.monotonic() + 60
-    while _vllm_metric(daemon, "vllm:num_requests_running") or any(
-        r["in_use"] for r in engine_runners(daemon)
-    ):
+    while metric("vllm:num_requests_running") or any(r["in_use"] for r in engine_runners(daemon)):
         assert time.monotonic() < deadline, "the generation did not stop, or the runner was not released"
         time.sleep(0.05)
     # it stopped before the end (vLLM does not count these among its aborted requests)
-    assert _vllm_metric(daemon, "vllm:generation_tokens_total") - generated < sequences * max_tokens
+    assert metric("vllm:generation_tokens_total") - generated < sequences * max_tokens
 
 
 def test_model_run_answers_from_the_cli(daemon: Daemon) -> None:
