@@ -5,9 +5,10 @@ tested separately). Run as a script it serves a small OpenAI-compatible API on a
 
 Behaviour comes from FAKE_* environment variables: FAKE_START_DELAY (seconds before /health says 200),
 FAKE_EXIT_AT_START (exit code, before serving), FAKE_CHUNKS / FAKE_CHUNK_DELAY (streamed answer),
-FAKE_CRASH_AFTER (exit after that many streamed chunks), FAKE_EVENTS (a file it appends events to),
-FAKE_CHILD (start a child process, as vLLM starts its workers; its pid is in the `child` event),
-FAKE_STOP_DELAY (seconds between SIGTERM and exiting, logged as the `exiting` event).
+FAKE_CRASH_AFTER (exit after that many streamed chunks), FAKE_EVENTS (a file it appends events to: started,
+request, token, completed, cancelled), FAKE_CHILD (start a child process, as vLLM starts its workers; its
+pid is in the `child` event), FAKE_STOP_DELAY (seconds between SIGTERM and exiting, logged as `exiting`).
+Streams end as llama-server's do (finish reason, usage if asked).
 """
 
 from __future__ import annotations
@@ -143,19 +144,27 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         chunks = int(os.environ.get("FAKE_CHUNKS", "5"))
         crash_after = int(os.environ.get("FAKE_CRASH_AFTER", "-1"))
+        top = {
+            "id": "chatcmpl-fake",
+            "created": 1,
+            "model": request.get("model"),
+            "object": "chat.completion.chunk",
+        }
         try:
             for i in range(chunks):
                 if i == crash_after:
                     _event("crash")
                     os._exit(3)
-                data = json.dumps(
-                    {
-                        "object": "chat.completion.chunk",
-                        "choices": [{"index": 0, "delta": {"content": f"t{i} "}}],
-                    }
-                )
+                data = json.dumps({**top, "choices": [{"index": 0, "delta": {"content": f"t{i} "}}]})
                 self._chunk(f"data: {data}\n\n".encode())
+                _event("token", index=i)
                 time.sleep(float(os.environ.get("FAKE_CHUNK_DELAY", "0")))
+            # as llama-server ends a stream: the finish reason, then the usage when asked for
+            end = {**top, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            self._chunk(f"data: {json.dumps(end)}\n\n".encode())
+            if (request.get("stream_options") or {}).get("include_usage"):
+                usage = {"prompt_tokens": 3, "completion_tokens": chunks, "total_tokens": 3 + chunks}
+                self._chunk(f"data: {json.dumps({**top, 'choices': [], 'usage': usage})}\n\n".encode())
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
             _event("completed")

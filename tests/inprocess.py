@@ -15,13 +15,15 @@ import uvicorn
 
 from modelrunner.engines.base import Engine
 from modelrunner.server.app import Daemon, build_daemon
-from modelrunner.server.daemon import uvicorn_config
+from modelrunner.server.daemon import daemon_server, uvicorn_config
 from modelrunner.store.store import ModelStore
 from tests.daemon import free_port
 
 
 class InProcessDaemon:
-    def __init__(self, home: Path, engines: Mapping[str, Engine], front: bool = True, **limits: Any) -> None:
+    def __init__(
+        self, home: Path, engines: Mapping[str, Engine], front: bool | None = True, **limits: Any
+    ) -> None:
         self.home = home
         self.front = front
         self.engines = engines
@@ -39,7 +41,8 @@ class InProcessDaemon:
         self.daemon = build_daemon(ModelStore(self.home / "models"), self.engines)
         for name, value in self.limits.items():
             setattr(self.daemon.scheduler.limits, name, value)
-        self._server = uvicorn.Server(uvicorn_config(self.daemon, "127.0.0.1", self.port, self.front))
+        config = uvicorn_config(self.daemon, "127.0.0.1", self.port, self.front)
+        self._server = daemon_server(self.daemon, config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 20

@@ -389,6 +389,25 @@ class Client:
             while chunk := response.read1(64 * 1024):
                 yield chunk
 
+    def requests(self, model: str | None, follow: bool, include_existing: bool) -> Iterator[bytes]:
+        """The request recorder (`GET /engines/requests`): its JSON, or with `follow` its event stream, as
+        the bytes come (DMR's desktop.go Requests)."""
+        params = {"model": model} if model else {}
+        if follow and include_existing:
+            params["include_existing"] = "true"
+        accept = "text/event-stream" if follow else "application/json"
+        headers = {"Accept": accept, "Cache-Control": "no-cache"} if follow else {"Accept": accept}
+        response = self.open(
+            "GET",
+            "/engines/requests",
+            params=params or None,
+            headers=headers,
+            timeout=1e9 if follow else None,
+        )
+        with response:
+            while chunk := response.read1(64 * 1024):
+                yield chunk
+
     # -- engines ------------------------------------------------------------------------------------
 
     def engines_status(self) -> dict[str, str]:

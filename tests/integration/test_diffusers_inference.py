@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import struct
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -155,7 +157,11 @@ def _swap_bundle_dduf(daemon: Daemon, tag: str, hostile: Path) -> Path:
     model_id = daemon.http("GET", f"/models/{tag}").json()["id"]
     bundle = daemon.store_root / "bundles" / "sha256" / model_id.removeprefix("sha256:")
     if not bundle.is_dir():  # the bundle is built on first use; a chat request is refused after building it
-        daemon.http("POST", "/v1/chat/completions", json={"model": tag, "messages": []})
+        daemon.http(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": tag, "messages": [{"role": "user", "content": "hi"}]},
+        )
     [target] = list((bundle / "model").glob("*.dduf"))
     target.unlink()  # break the link: the blob keeps the good bytes
     target.write_bytes(hostile.read_bytes())
@@ -232,3 +238,33 @@ def test_install_status_reinstall_uninstall(tmp_path: Path, diffusers_python: Pa
         assert bad.returncode != 0 and "no Vulkan build" in bad.stderr
     finally:
         home.stop()
+
+
+def test_a_client_that_leaves_stops_the_generation(daemon: Daemon) -> None:
+    """The daemon closes the engine connection of a client that left; our diffusers server then stops at
+    the next denoising step (10 images of 150 steps would take minutes) and the runner is free."""
+    body = json.dumps(
+        {"model": "tiny-sd", "prompt": "a cat", "size": "64x64", "num_inference_steps": 150, "n": 10}
+    )
+    data = body.encode()
+    log = daemon.home / "logs" / "engine-diffusers.log"
+    stopped = "image generation stopped: the client left"
+    before = log.read_text().count(stopped) if log.exists() else 0
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=120) as sock:
+        sock.sendall(
+            f"POST {ROUTE} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n".encode()
+            + b"Content-Length: %d\r\n\r\n" % len(data)
+            + data
+        )
+        deadline = time.monotonic() + 120
+        while not any(r["in_use"] and not r["loading"] for r in daemon.http("GET", "/engines/ps").json()):
+            assert time.monotonic() < deadline, "the generation did not start"
+            time.sleep(0.05)
+        time.sleep(0.5)  # into the denoising steps
+    deadline = time.monotonic() + 120
+    while log.read_text().count(stopped) <= before:
+        assert time.monotonic() < deadline, "the engine did not stop generating"
+        time.sleep(0.1)
+    assert not any(r["in_use"] for r in daemon.http("GET", "/engines/ps").json())
+    [png] = images(generate(daemon))  # the pipeline is free for the next request
+    assert png_size(png) == (64, 64)

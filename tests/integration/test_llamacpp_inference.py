@@ -117,7 +117,11 @@ def test_completions(daemon: Daemon) -> None:
 
 def test_embeddings_run_in_their_own_embedding_mode_runner(daemon: Daemon) -> None:
     # The tiny model is generative, without a pooling type of its own: the engine adds mean pooling.
-    daemon.http("POST", "/v1/chat/completions", json={"model": "tiny", "messages": [], "max_tokens": 1})
+    daemon.http(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    )
     answer = daemon.http("POST", "/v1/embeddings", json={"model": "tiny", "input": ["hello", "world"]}).json()
     assert [item["index"] for item in answer["data"]] == [0, 1]
     assert len(answer["data"][0]["embedding"]) == 64  # n_embd of the tiny model
@@ -167,7 +171,11 @@ def test_killing_the_engine_mid_stream_errors_then_the_next_request_reloads(
 
 
 def test_daemon_sigterm_stops_its_engines(daemon: Daemon) -> None:
-    daemon.http("POST", "/v1/chat/completions", json={"model": "tiny", "messages": [], "max_tokens": 1})
+    daemon.http(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    )
     [pid] = engine_pids(daemon)
     assert daemon.process is not None
     daemon.process.send_signal(signal.SIGTERM)
@@ -179,7 +187,11 @@ def test_configured_context_size_reaches_the_engine_and_survives_restart(daemon:
     assert daemon.cli("configure", "tiny", "--context-size", "256").returncode == 0
     daemon.stop()
     daemon.start()
-    daemon.http("POST", "/v1/chat/completions", json={"model": "tiny", "messages": [], "max_tokens": 1})
+    daemon.http(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    )
     [pid] = engine_pids(daemon)
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     assert argv[argv.index(b"--ctx-size") + 1] == b"256"

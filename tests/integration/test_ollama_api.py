@@ -46,7 +46,8 @@ EXACT = {"num_predict": 4, "ignore_eos": True, "temperature": 0}  # exact token 
 def test_version_tags_show(client: ollama.Client, daemon: Daemon) -> None:
     assert daemon.http("GET", "/api/version").json() == {"version": "0.1.0"}
     [model] = client.list().models
-    assert model.model == "ai/tiny:latest" and model.size and model.digest and len(model.digest) == 64
+    # Ollama leaves its default namespace out: `ai/tiny:latest` is listed as `tiny:latest`
+    assert model.model == "tiny:latest" and model.size and model.digest and len(model.digest) == 64
     assert model.details is not None and model.details.format == "gguf" and model.details.family == "llama"
     shown = client.show("tiny")
     assert shown.details is not None and shown.details.quantization_level == "MOSTLY_F32"
@@ -79,7 +80,7 @@ def test_chat_streamed_matches_the_golden_transcript(client: ollama.Client) -> N
 def test_ps_lists_the_loaded_model(client: ollama.Client) -> None:
     client.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 1})
     running = client.ps().models
-    assert [m.model for m in running] == ["tiny"]
+    assert [m.model for m in running] == ["tiny:latest"]  # as Ollama names it
     assert running[0].expires_at is not None and running[0].context_length == 512
 
 
@@ -168,9 +169,9 @@ def test_tools_are_accepted(client: ollama.Client) -> None:
 
 def test_copy_and_delete(client: ollama.Client) -> None:
     assert client.copy("tiny", "tiny-copy").status == "success"
-    assert sorted(m.model or "" for m in client.list().models) == ["ai/tiny-copy:latest", "ai/tiny:latest"]
+    assert sorted(m.model or "" for m in client.list().models) == ["tiny-copy:latest", "tiny:latest"]
     assert client.delete("tiny-copy").status == "success"
-    assert [m.model for m in client.list().models] == ["ai/tiny:latest"]
+    assert [m.model for m in client.list().models] == ["tiny:latest"]
     with pytest.raises(ollama.ResponseError) as missing:
         client.delete("tiny-copy")
     assert missing.value.status_code == 404

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
+import socket
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +140,59 @@ def test_the_official_openai_client(daemon: Daemon) -> None:
     assert completion.usage is not None and completion.usage.completion_tokens <= 3
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="absent", messages=[{"role": "user", "content": "hi"}])
+
+
+def _vllm_metrics(daemon: Daemon) -> Callable[[str], float]:
+    """Reads a counter or gauge of the running vLLM engine, summed over its labels, on its own socket."""
+    [runner] = engine_runners(daemon)
+    argv = cmdline(runner["pid"])
+    engine = httpx.Client(transport=httpx.HTTPTransport(uds=argv[argv.index("--uds") + 1]), timeout=30)
+
+    def metric(name: str) -> float:
+        text = engine.get("http://engine/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+    return metric
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_aborts_the_generation(daemon: Daemon, stream: bool) -> None:
+    """vLLM cancels a request whose connection closes, streamed or not (its handlers are wrapped in
+    `with_cancellation`), so the daemon relays its unstreamed answers as they are and only closes the
+    connection when the client leaves (llama.cpp's are assembled from a stream: server/upstream.py)."""
+    metric = _vllm_metrics(daemon)
+    generated = metric("vllm:generation_tokens_total")
+    # 64 sequences of 480 tokens (the tiny model has 512 positions): seconds of work
+    sequences, max_tokens = 64, 480
+    body = json.dumps(
+        {
+            "model": "tiny-vllm",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": max_tokens,
+            "n": sequences,
+            "ignore_eos": True,
+            "stream": stream,
+        }
+    ).encode()
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=LOAD) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + b"Content-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        if stream:
+            assert b"data: " in sock.recv(65536) or b"data: " in sock.recv(65536)  # generating: leave
+        else:
+            deadline = time.monotonic() + 60
+            while not metric("vllm:num_requests_running"):  # nothing comes before the end: watch vLLM
+                assert time.monotonic() < deadline, "vLLM did not start generating"
+                time.sleep(0.01)
+    deadline = time.monotonic() + 60
+    while metric("vllm:num_requests_running") or any(r["in_use"] for r in engine_runners(daemon)):
+        assert time.monotonic() < deadline, "the generation did not stop, or the runner was not released"
+        time.sleep(0.05)
+    # it stopped before the end (vLLM does not count these among its aborted requests)
+    assert metric("vllm:generation_tokens_total") - generated < sequences * max_tokens
 
 
 def test_model_run_answers_from_the_cli(daemon: Daemon) -> None:

@@ -7,6 +7,7 @@ tests/integration/test_diffusers_inference.py.
 from __future__ import annotations
 
 import base64
+import threading
 import zipfile
 from pathlib import Path
 
@@ -186,7 +187,7 @@ class FakePipeline:
     def __init__(self) -> None:
         self.requests: list[ImageRequest] = []
 
-    def generate(self, request: ImageRequest) -> list[bytes]:
+    def generate(self, request: ImageRequest, cancelled: threading.Event) -> list[bytes]:
         self.requests.append(request)
         return [b"\x89PNG\r\n\x1a\n" + bytes([i]) for i in range(request.n)]
 
@@ -226,7 +227,7 @@ def test_generations_answer_b64_pngs_and_map_errors() -> None:
 
 def test_a_pipeline_failure_is_a_500_and_the_server_stays_up() -> None:
     class Broken:
-        def generate(self, request: ImageRequest) -> list[bytes]:
+        def generate(self, request: ImageRequest, cancelled: threading.Event) -> list[bytes]:
             raise RuntimeError("out of memory")
 
     client = TestClient(build_app(ServerState(served_names=("tiny",), pipeline=Broken())))

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import importlib.metadata
+import inspect
+import tomllib
+from pathlib import Path
 
-from modelrunner.server.front import Chunked, FastPath, Sized, UntilClose, framing_of
+import pytest
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from modelrunner.server.front import UVICORN_TESTED, Chunked, FastPath, Sized, UntilClose, framing_of
 from modelrunner.server.inference import InferenceHandler
+from modelrunner.server.lifecycle import Lifecycle
 from modelrunner.server.security import SecurityPolicy
 
 PLAIN = (
@@ -15,9 +23,9 @@ PLAIN = (
 
 
 def fast(policy: SecurityPolicy | None = None) -> FastPath:
-    # accept() looks at the head only; the handler is not called
+    # accept() looks at the head only; the handler and the lifecycle are not called
     handler = InferenceHandler.__new__(InferenceHandler)
-    return FastPath(handler, policy or SecurityPolicy())
+    return FastPath(handler, policy or SecurityPolicy(), Lifecycle.__new__(Lifecycle))
 
 
 def test_a_plain_inference_request_is_taken() -> None:
@@ -59,6 +67,8 @@ def test_every_inference_route_is_taken(path: bytes) -> None:
         PLAIN + b"\r\nAccept: a\nX-Injected: 1",  # a bare LF would be a header line to the engine
         PLAIN + b"\r\nAccept: a\x00b",
         PLAIN.replace(b"127.0.0.1:12434", b"evil.example.com"),  # refused there with 403
+        PLAIN.replace(b"Host: 127.0.0.1:12434", b"Host: "),  # HTTP/1.1 without a Host: 400 there
+        PLAIN.replace(b"Host: 127.0.0.1:12434\r\n", b""),
         b"POST  /v1/chat/completions HTTP/1.1\r\nContent-Length: 1",
         b"\x00\xff garbage",
     ],
@@ -113,3 +123,19 @@ def test_framing_is_chosen_from_the_headers() -> None:
     assert isinstance(framing_of([]), UntilClose) and framing_of([]).until_close
     with pytest.raises(ValueError):
         framing_of([(b"content-length", b"4, 4")])
+
+
+def test_uvicorn_is_a_release_the_front_was_tested_with() -> None:
+    """front.py builds uvicorn's protocol classes itself: an upgrade nobody tested fails here (and the pin
+    in pyproject.toml keeps installs to the tested releases)."""
+    version = importlib.metadata.version("uvicorn")
+    assert version.startswith(UVICORN_TESTED), f"uvicorn {version} is not one the front was tested with"
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    [pin] = [d for d in pyproject["project"]["dependencies"] if d.startswith("uvicorn")]
+    assert pin.replace(" ", "") == "uvicorn[standard]>=0.54.0,<0.55", pin
+    # what the front uses of uvicorn's internals
+    server_state = ServerState()
+    assert isinstance(server_state.connections, set) and isinstance(server_state.tasks, set)
+    assert isinstance(server_state.default_headers, list)
+    parameters = list(inspect.signature(HttpToolsProtocol.__init__).parameters)
+    assert parameters[:5] == ["self", "config", "server_state", "app_state", "_loop"]

@@ -487,3 +487,28 @@ def test_adopting_a_build_checks_its_recipe(tmp_path: Path) -> None:
     (tmp_path / "CMakeCache.txt").write_text("BUILD_SHARED_LIBS:BOOL=ON\nCMAKE_GENERATOR:INTERNAL=Ninja\n")
     wrong = build.recipe_mismatches(tmp_path, build.BuildSpec("none"))
     assert "-DBUILD_SHARED_LIBS=OFF" in wrong and "-DLLAMA_BUILD_NUMBER=11434" in wrong
+
+
+def test_embedding_runners_embed_inputs_as_long_as_their_context(tmp_path: Path) -> None:
+    """llama-server embeds an input in one physical batch (512 tokens by default): embedding and reranking
+    runners get one as large as their context, configured or the model's own."""
+    model = make_bundle(tmp_path)
+
+    def batch_flags(mode: Mode, trained: int | None = None, **settings: object) -> list[str]:
+        line = command_line(SERVER, model, mode, RunnerSettings(**settings), SOCKET, trained)  # type: ignore[arg-type]
+        return [
+            f
+            for i, f in enumerate(line)
+            if f in ("--batch-size", "--ubatch-size") or line[i - 1] in ("--batch-size", "--ubatch-size")
+        ]
+
+    assert batch_flags(Mode.EMBEDDING, context_size=2048) == ["--batch-size", "2048", "--ubatch-size", "2048"]
+    assert batch_flags(Mode.RERANKING, 8192) == ["--batch-size", "8192", "--ubatch-size", "8192"]
+    assert batch_flags(Mode.EMBEDDING, 8192, context_size=-1) == [
+        "--batch-size",
+        "8192",
+        "--ubatch-size",
+        "8192",
+    ]
+    assert batch_flags(Mode.COMPLETION, 8192, context_size=2048) == []
+    assert batch_flags(Mode.EMBEDDING, 8192, runtime_flags=("-ub", "1024")) == []  # the user's choice

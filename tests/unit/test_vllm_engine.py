@@ -13,7 +13,7 @@ from modelrunner.engines.gpu import Accelerator
 from modelrunner.engines.registry import default_registry
 from modelrunner.engines.vllm_flags import validate_runtime_flags
 from modelrunner.errors import BadRequest, EngineNotInstalled
-from modelrunner.server.inference import select_engine_name
+from modelrunner.server.lifecycle import select_engine_name
 
 SOCKET = Path("/run/x/inference-runner-0.sock")
 ID = "sha256:" + "a" * 64

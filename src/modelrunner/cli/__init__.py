@@ -20,6 +20,7 @@ from modelrunner.cli import (
     inference,
     models,
     plugin,
+    requests,
     runner,
     worker,
 )
@@ -44,6 +45,7 @@ def build_parser(prog: str = "model") -> argparse.ArgumentParser:
     plugin.add_commands(commands)
     worker.add_commands(commands)
     generate.add_commands(commands)
+    requests.add_commands(commands)
     return parser
 
 

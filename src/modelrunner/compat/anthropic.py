@@ -81,7 +81,8 @@ class CountTokensRequest(BaseModel):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int | None = Field(default=None, ge=1)
+    messages: list[Message] = Field(min_length=1, max_length=100_000)
+    max_tokens: int = Field(ge=1)  # required, as Anthropic's API has it: the engine would fill its context
     stream: bool = False
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = None

@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from modelrunner.errors import BadRequest
+from modelrunner.errors import BadRequest, InvalidReference
+from modelrunner.reference import DEFAULT_NAMESPACE, DOCKER_HUB, parse_reference
 from modelrunner.store.store import StoredModel
 
 # Ollama option -> the OpenAI (or llama-server extension) field it becomes.
@@ -357,10 +358,29 @@ def final_fields(
 # -- models --------------------------------------------------------------------------------------
 
 
+def ollama_name(reference: str) -> str:
+    """A stored name as Ollama clients write it: Ollama's default registry and namespace (`library/`) are
+    left out, and so are ours (Docker Hub, `ai/`), so `ai/gemma3:270m` is listed as `gemma3:270m`, the
+    name clients such as LangChain look for. Derived from the parsed reference, whichever form the store
+    keeps (`index.docker.io/ai/x:t`, `docker.io/ai/x:t`); other registries and namespaces stay."""
+    try:
+        ref = parse_reference(reference)
+    except InvalidReference:
+        return reference
+    name = ref.original_repository if ref.is_huggingface else ref.repository
+    if ref.registry == DOCKER_HUB:
+        name = name.removeprefix(f"{DEFAULT_NAMESPACE}/")
+    else:
+        name = f"{'hf.co' if ref.is_huggingface else ref.registry}/{name}"  # Ollama's spelling of HF
+    if ref.tag is not None:
+        name += f":{ref.tag}"
+    if ref.digest is not None:
+        name += f"@{ref.digest}"
+    return name
+
+
 def model_name(model: StoredModel) -> str:
-    if not model.tags:
-        return model.id
-    return model.tags[0].removeprefix("docker.io/")
+    return ollama_name(model.tags[0]) if model.tags else model.id
 
 
 def model_details(model: StoredModel) -> dict[str, Any]:

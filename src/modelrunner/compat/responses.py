@@ -69,7 +69,10 @@ def check_request(doc: dict[str, Any]) -> ResponsesRequest:
         raise BadRequest(f"the parameter {name!r} is not supported")
     if doc.get("truncation") not in (None, "disabled"):
         raise BadRequest("only truncation 'disabled' is supported")
-    return validated(ResponsesRequest, doc)
+    checked = validated(ResponsesRequest, doc)
+    if not checked.input and not checked.previous_response_id:
+        raise BadRequest("input: must not be empty")  # the engine would answer an empty conversation
+    return checked
 
 
 # -- input -------------------------------------------------------------------------------------------

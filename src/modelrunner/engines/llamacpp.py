@@ -81,10 +81,22 @@ def _declares_pooling(bundle: Path) -> bool:
     return any(key.endswith(".pooling_type") for key in metadata)
 
 
+_BATCH_FLAGS = ("-b", "--batch-size", "-ub", "--ubatch-size")
+
+
 def command_line(
-    server: Path, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
+    server: Path,
+    model: ModelForEngine,
+    mode: Mode,
+    settings: RunnerSettings,
+    socket: Path,
+    trained_context: int | None = None,
 ) -> list[str]:
-    """llama-server's argv, in DMR's order (contract 5.3), plus `--no-webui` (the daemon serves no UI)."""
+    """llama-server's argv, in DMR's order (contract 5.3), plus `--no-webui` (the daemon serves no UI).
+
+    Embedding and reranking runners get a physical batch as large as their context: llama-server embeds
+    an input in one batch, so with its default (512) any longer input fails with a 500 (DMR's too).
+    `trained_context` is the model's own, what llama-server uses when no context size is set."""
     if mode not in LlamaCppEngine.modes:
         raise BadRequest(f"llama.cpp cannot serve {mode.value} requests; use a diffusers model for images")
     if model.format not in LlamaCppEngine.formats:
@@ -111,6 +123,9 @@ def command_line(
         argv += ["--ctx-size", str(context)]
     if settings.rpc_workers:  # layers spread over llama.cpp RPC workers (engines/rpc_workers.py)
         argv += ["--rpc", ",".join(settings.rpc_workers)]
+    batch = context if context is not None and context > 0 else trained_context
+    if mode is not Mode.COMPLETION and batch and not any(f in settings.runtime_flags for f in _BATCH_FLAGS):
+        argv += ["--batch-size", str(batch), "--ubatch-size", str(batch)]
     argv += list(settings.runtime_flags)
     mmproj = folder / "model.mmproj"
     argv += ["--mmproj", str(mmproj)] if mmproj.is_file() else ["--jinja"]
@@ -255,7 +270,8 @@ class LlamaCppEngine(Engine):
     def launch_spec(
         self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
     ) -> LaunchSpec:
-        argv = command_line(self.server_path(), model, mode, settings, socket)
+        trained = self.gguf_info(model).context_size if mode is not Mode.COMPLETION else None
+        argv = command_line(self.server_path(), model, mode, settings, socket, trained)
         if not settings.rpc_workers:
             return LaunchSpec(argv=argv, socket=socket)
         workers = list(settings.rpc_workers)

@@ -16,6 +16,7 @@ from typing import Any
 from modelrunner.engines.base import Mode, RunnerSettings
 from modelrunner.fileio import write_file_atomic
 from modelrunner.reference import validate_digest
+from modelrunner.scheduler.durations import format_keep_alive
 
 
 @dataclass
@@ -65,6 +66,48 @@ class ModelSettings:
         if settings.keep_alive is not None and settings.keep_alive < 0:
             settings.keep_alive = float("inf")
         return settings
+
+
+def backend_configuration(settings: ModelSettings, draft_name: str | None = None) -> dict[str, Any]:
+    """Settings as DMR's BackendConfiguration (pkg/inference/backend.go): its keys, its order, unset fields
+    left out (`omitempty`), keep_alive in Go's duration format; then ours (RPC workers, vLLM's parallel
+    layout and Ray address) in the objects where DMR keeps each engine's settings. `draft_name`: how to name
+    the speculative draft model (its ID otherwise)."""
+    out: dict[str, Any] = {}
+    if settings.context_size is not None:
+        out["context-size"] = settings.context_size
+    if settings.runtime_flags:
+        out["runtime-flags"] = list(settings.runtime_flags)
+    if settings.speculative_draft_model:
+        speculative: dict[str, Any] = {"draft_model": draft_name or settings.speculative_draft_model}
+        if settings.speculative_num_tokens:
+            speculative["num_tokens"] = settings.speculative_num_tokens
+        if settings.speculative_min_acceptance_rate:
+            speculative["min_acceptance_rate"] = settings.speculative_min_acceptance_rate
+        out["speculative"] = speculative
+    if settings.keep_alive is not None:
+        out["keep_alive"] = format_keep_alive(settings.keep_alive)
+    vllm: dict[str, Any] = {}
+    if settings.hf_overrides:
+        vllm["hf-overrides"] = settings.hf_overrides
+    if settings.gpu_memory_utilization is not None:
+        vllm["gpu-memory-utilization"] = settings.gpu_memory_utilization
+    if settings.tensor_parallel_size is not None:
+        vllm["tensor-parallel-size"] = settings.tensor_parallel_size
+    if settings.pipeline_parallel_size is not None:
+        vllm["pipeline-parallel-size"] = settings.pipeline_parallel_size
+    if settings.ray_address:
+        vllm["ray-address"] = settings.ray_address
+    if vllm:
+        out["vllm"] = vllm
+    llamacpp: dict[str, Any] = {}
+    if settings.reasoning_budget is not None:
+        llamacpp["reasoning-budget"] = settings.reasoning_budget
+    if settings.rpc_workers:
+        llamacpp["rpc"] = ",".join(settings.rpc_workers)
+    if llamacpp:
+        out["llamacpp"] = llamacpp
+    return out
 
 
 class SettingsStore:

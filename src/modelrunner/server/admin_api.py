@@ -25,11 +25,11 @@ from modelrunner.compat.bodies import json_body
 from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
 from modelrunner.errors import BadRequest, Conflict, ModelNotFound
-from modelrunner.scheduler.durations import NEVER, format_keep_alive, parse_keep_alive
+from modelrunner.scheduler.durations import NEVER, parse_keep_alive
 from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
-from modelrunner.scheduler.settings import ModelSettings
-from modelrunner.server.inference import KNOWN_BACKENDS, model_for_engine, select_engine_name
+from modelrunner.scheduler.settings import ModelSettings, backend_configuration
+from modelrunner.server.lifecycle import KNOWN_BACKENDS, model_for_engine, select_engine_name
 from modelrunner.server.log_files import LogStreamer, ModelFilter
 from modelrunner.store.store import ModelStore
 
@@ -225,33 +225,8 @@ def speculative_settings(
     settings.speculative_min_acceptance_rate = None if rate is None else float(rate)
 
 
-def backend_configuration(settings: ModelSettings, store: ModelStore) -> dict[str, Any]:
-    """Stored settings as DMR's BackendConfiguration: its keys, its order, unset fields left out
-    (`omitempty`), keep_alive in Go's duration format."""
-    out: dict[str, Any] = {}
-    if settings.context_size is not None:
-        out["context-size"] = settings.context_size
-    if settings.runtime_flags:
-        out["runtime-flags"] = list(settings.runtime_flags)
-    if settings.speculative_draft_model:
-        speculative: dict[str, Any] = {"draft_model": _model_name(store, settings.speculative_draft_model)}
-        if settings.speculative_num_tokens:
-            speculative["num_tokens"] = settings.speculative_num_tokens
-        if settings.speculative_min_acceptance_rate:
-            speculative["min_acceptance_rate"] = settings.speculative_min_acceptance_rate
-        out["speculative"] = speculative
-    if settings.keep_alive is not None:
-        out["keep_alive"] = format_keep_alive(settings.keep_alive)
-    vllm: dict[str, Any] = {}
-    if settings.hf_overrides:
-        vllm["hf-overrides"] = settings.hf_overrides
-    if settings.gpu_memory_utilization is not None:
-        vllm["gpu-memory-utilization"] = settings.gpu_memory_utilization
-    if vllm:
-        out["vllm"] = vllm
-    if settings.reasoning_budget is not None:
-        out["llamacpp"] = {"reasoning-budget": settings.reasoning_budget}
-    return out
+def _draft_name(store: ModelStore, settings: ModelSettings) -> str | None:
+    return _model_name(store, settings.speculative_draft_model) if settings.speculative_draft_model else None
 
 
 def _model_name(store: ModelStore, model_id: str) -> str:
@@ -369,7 +344,7 @@ def build_admin_router(
                     "Model": tags[0] if tags else "",
                     "ModelID": model_id,
                     "Mode": mode.value,
-                    "Config": backend_configuration(settings, store),
+                    "Config": backend_configuration(settings, _draft_name(store, settings)),
                 }
             )
         return out

@@ -5,36 +5,28 @@ llama-server (b11434) serves `/v1/messages` and `/v1/messages/count_tokens` nati
 events itself (message_start, content_block_*, message_delta with usage, message_stop), tool use included.
 So these routes check the request and the model here, then relay the engine's bytes unchanged: one
 translation fewer, and the engine's tracks Anthropic's format as clients change. What we add is Anthropic's
-error shape everywhere: for an unknown model (404 not_found_error), a malformed body (400
-invalid_request_error), an engine error status, and an engine that dies mid-stream (an `error` event).
+error shape everywhere (server/errors.py shapes errors by path): for an unknown model (404
+not_found_error), a malformed body (400 invalid_request_error, `max_tokens` included: Anthropic requires
+it), an engine error status, and an engine that dies mid-stream (an `error` event). A non-streamed request
+is asked for as a stream and assembled (server/upstream.py), so that a client that leaves stops it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from modelrunner.compat import anthropic as shapes
 from modelrunner.compat.bodies import parse_json_object
-from modelrunner.compat.upstream import EngineCall, EngineContext
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelNotFound
-from modelrunner.http1 import UpstreamError
 from modelrunner.scheduler.durations import parse_keep_alive
-from modelrunner.server.errors import error_route_class
-
-
-def anthropic_error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(shapes.error_body(status, message), status_code=status)
-
-
-AnthropicRoute = error_route_class(anthropic_error)
-
+from modelrunner.server.lifecycle import Inference
+from modelrunner.server.upstream import READ_ERRORS, EngineCall, call_engine
 
 _MESSAGE_START = b"event: message_start"
 
@@ -43,7 +35,7 @@ async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
     """The engine's event stream, as it comes, with two repairs: a stream that does not open with
     `message_start` gets one (llama-server b11434 skips it when the first tokens are an incomplete UTF-8
     sequence it holds back, and Anthropic's clients cannot build the message without it), and an engine
-    that dies mid-stream ends it with an `error` event."""
+    that dies mid-stream (or a daemon that stops) ends it with an `error` event."""
     tail = b"\n\n"
     opening: bytes | None = b""  # the first bytes, until it is clear how the stream opens
     try:
@@ -59,16 +51,16 @@ async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
             tail = (tail + chunk)[-2:]
         if opening:  # a stream shorter than the event name
             yield opening
-    except (UpstreamError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
-        event = shapes.error_body(500, f"the engine stopped while answering: {exc}")
+    except READ_ERRORS as exc:
+        event = shapes.error_body(500, call.exchange.failure(exc))
         boundary = b"" if tail == b"\n\n" else b"\n\n"  # end a half-sent event first
         yield boundary + b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
     finally:
         await call.close()
 
 
-def build_anthropic_router(ctx: EngineContext) -> APIRouter:
-    router = APIRouter(route_class=AnthropicRoute)
+def build_anthropic_router(ctx: Inference) -> APIRouter:
+    router = APIRouter()
 
     async def handle(request: Request, backend: str | None, count_tokens: bool) -> Response:
         doc = parse_json_object(await request.body())
@@ -79,7 +71,7 @@ def build_anthropic_router(ctx: EngineContext) -> APIRouter:
             raise ModelNotFound(f"model: {checked.model[:200]} not found") from None
         keep_alive = parse_keep_alive(doc.pop("keep_alive")) if "keep_alive" in doc else None
         path = "/v1/messages/count_tokens" if count_tokens else "/v1/messages"
-        call = await ctx.call(checked.model, path, doc, Mode.COMPLETION, keep_alive, backend)
+        call = await call_engine(ctx, checked.model, path, doc, Mode.COMPLETION, keep_alive, backend)
         if doc.get("stream") and not count_tokens:
             return StreamingResponse(
                 relay_events(call, checked.model),
@@ -87,10 +79,10 @@ def build_anthropic_router(ctx: EngineContext) -> APIRouter:
                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
             )
         try:
-            body = await call.read()
+            status, body = await call.answer()
         finally:
             await call.close()
-        return Response(body, media_type="application/json")
+        return Response(body, status_code=status, media_type="application/json")
 
     for prefix in ("/anthropic/v1", "/engines/v1"):
         router.add_api_route(

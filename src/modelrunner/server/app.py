@@ -1,8 +1,11 @@
 """The daemon's application: raw ASGI inference relay and FastAPI routers, behind the security middleware.
 
 HTTP front (server/front.py): plain inference requests relayed byte for byte; all others:
-SecurityMiddleware -> Dispatcher -> inference routes (InferenceHandler: scheduler + proxy)
-                                 -> everything else (FastAPI: models, openai listing, admin, engines)
+LifecycleMiddleware -> SecurityMiddleware -> Dispatcher -> inference routes (InferenceHandler)
+                                                        -> everything else (FastAPI: models, openai listing,
+                                                           admin, engines, Ollama, Anthropic, Responses)
+Both paths share one request lifecycle (server/lifecycle.py): the exchange of each request, the runners it
+holds, the request recorder.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from modelrunner import __version__, config
-from modelrunner.compat.upstream import EngineContext
 from modelrunner.distribution.jobs import TransferManager
 from modelrunner.engines.base import Engine
 from modelrunner.scheduler.memory import memory_budget
@@ -34,11 +36,13 @@ from modelrunner.server.engines_api import build_engines_router
 from modelrunner.server.errors import install_error_handlers
 from modelrunner.server.front import FastPath
 from modelrunner.server.inference import InferenceHandler, match_route
+from modelrunner.server.lifecycle import Inference, Lifecycle, LifecycleMiddleware
 from modelrunner.server.models_api import build_models_router
 from modelrunner.server.ollama_api import build_ollama_router
 from modelrunner.server.ollama_create import build_ollama_create_router
 from modelrunner.server.openai_api import build_openai_router
 from modelrunner.server.proxy import App, Receive, Scope, Send
+from modelrunner.server.recorder import Recorder, build_recorder_router, recording_enabled
 from modelrunner.server.responses_api import build_responses_router
 from modelrunner.server.security import SecurityMiddleware, SecurityPolicy
 from modelrunner.store.store import ModelStore
@@ -77,6 +81,7 @@ class Daemon:
     engines: Mapping[str, Engine]
     asgi: App
     fast: FastPath  # what the HTTP front answers without the ASGI stack (server/front.py)
+    lifecycle: Lifecycle
 
 
 class Dispatcher:
@@ -125,7 +130,7 @@ def build_daemon(
     api = FastAPI(title="modelrunner", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan)
     install_error_handlers(api)
 
-    @api.get("/", response_class=PlainTextResponse)
+    @api.get("/", response_class=PlainTextResponse)  # HEAD too, as every GET route (server/lifecycle.py)
     def root() -> str:
         return "Docker Model Runner is running"
 
@@ -141,6 +146,9 @@ def build_daemon(
             "default_backend_disk_usage": default.disk_usage() if default else 0,
         }
 
+    recorder = Recorder() if recording_enabled() else None
+    lifecycle = Lifecycle(scheduler, recorder)
+    inference = Inference(store, scheduler, engines, lifecycle)  # every API gets its runners here
     transfers = TransferManager(store)  # one for every API: shared downloads, one limit on concurrent pulls
     api.include_router(build_distribution_router(store, transfers))
     api.include_router(build_models_router(store))
@@ -148,13 +156,13 @@ def build_daemon(
     api.include_router(build_admin_router(store, scheduler, engines, logs_dir))
     reach = [str(address) for address in extra_listen]  # where containers reach us (`status --json`)
     api.include_router(build_engines_router(engines, lambda name: scheduler.unload(None, name), reach))
-    compat = EngineContext(store, scheduler, engines)  # Ollama, Anthropic, Responses: translated APIs
-    api.include_router(build_ollama_router(compat, transfers))
+    api.include_router(build_recorder_router(recorder, store))
+    api.include_router(build_ollama_router(inference, transfers))
     api.include_router(build_ollama_create_router(store))
-    api.include_router(build_anthropic_router(compat))
-    api.include_router(build_responses_router(compat))
+    api.include_router(build_anthropic_router(inference))
+    api.include_router(build_responses_router(inference))
     api.include_router(build_dashboard_router(store, scheduler))
-    inference = InferenceHandler(store, scheduler, engines)
+    handler = InferenceHandler(inference)
     policy = SecurityPolicy.from_env(bind_host, [address.host for address in extra_listen])
-    asgi = SecurityMiddleware(Dispatcher(api, inference), policy)
-    return Daemon(store, scheduler, engines, asgi, FastPath(inference, policy))
+    asgi = LifecycleMiddleware(SecurityMiddleware(Dispatcher(api, handler), policy), lifecycle)
+    return Daemon(store, scheduler, engines, asgi, FastPath(handler, policy, lifecycle), lifecycle)

@@ -19,6 +19,7 @@ import os
 import socket
 import stat
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -108,13 +109,32 @@ def setup_logging() -> None:
     eventlog.setup(config.logs_dir() / "daemon.log")
 
 
-def uvicorn_config(daemon: Daemon, host: str, port: int, front: bool = True) -> uvicorn.Config:
+def fast_path_enabled() -> bool:
+    """`MODEL_RUNNER_FAST_PATH=0` sends every request through the ASGI stack (no HTTP front)."""
+    return os.environ.get("MODEL_RUNNER_FAST_PATH", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def shutdown_grace() -> float:
+    """Seconds requests in progress get to finish at shutdown (`MODEL_RUNNER_SHUTDOWN_GRACE`, 10)."""
+    raw = os.environ.get("MODEL_RUNNER_SHUTDOWN_GRACE", "").strip()
+    try:
+        grace = float(raw) if raw else 10.0
+    except ValueError:
+        raise SystemExit(f"MODEL_RUNNER_SHUTDOWN_GRACE must be a number of seconds, got {raw!r}") from None
+    if not 0 <= grace <= 3600:
+        raise SystemExit("MODEL_RUNNER_SHUTDOWN_GRACE must be between 0 and 3600 seconds")
+    return grace
+
+
+def uvicorn_config(daemon: Daemon, host: str, port: int, front: bool | None = None) -> uvicorn.Config:
     """How the daemon is served: uvicorn with the HTTP front (server/front.py) taking plain inference
-    requests; `front=False` leaves every request to the ASGI stack (tests of that path)."""
+    requests; `front=False` (or MODEL_RUNNER_FAST_PATH=0) leaves every request to the ASGI stack."""
     import uvicorn
 
     from modelrunner.server.front import protocol_class
 
+    if front is None:
+        front = fast_path_enabled()
     return uvicorn.Config(
         daemon.asgi,
         host=host,
@@ -123,7 +143,7 @@ def uvicorn_config(daemon: Daemon, host: str, port: int, front: bool = True) -> 
         lifespan="on",
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=round(shutdown_grace()),  # what our drain (DaemonServer) leaves
     )
 
 
@@ -131,12 +151,23 @@ class DaemonServer:
     """Serves the daemon on every listener: uvicorn with the HTTP front on the main TCP address and the
     extra ones (`--listen`, MODEL_RUNNER_EXTRA_LISTEN), and companion uvicorn servers with uvicorn's plain
     HTTP protocol for the Unix socket and the TLS port. The companions start after the main server's
-    startup (which runs the application's lifespan) and stop before its shutdown; they share its signals."""
+    startup (which runs the application's lifespan) and stop with it; they share its signals.
 
-    def __init__(self, main: uvicorn.Config, companions: list[tuple[uvicorn.Config, socket.socket]]) -> None:
+    Shutdown first stops listening everywhere, then lets requests in progress finish for `grace` seconds
+    and ends those still running the way their API ends a stream with an error (server/lifecycle.py:
+    Lifecycle.drain), before uvicorn's own shutdown and the engines'."""
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        main: uvicorn.Config,
+        companions: list[tuple[uvicorn.Config, socket.socket]],
+        grace: float | None = None,
+    ) -> None:
         import uvicorn
 
         daemon_server = self
+        seconds = shutdown_grace() if grace is None else grace
         self.companions = [(uvicorn.Server(config), sock) for config, sock in companions]
 
         class Main(uvicorn.Server):
@@ -153,6 +184,18 @@ class DaemonServer:
                 return await super().on_tick(counter)
 
             async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+                started = time.monotonic()
+                running = [self, *(server for server, _ in daemon_server.companions if server.started)]
+                for server in running:
+                    for listener in server.servers:
+                        listener.close()
+                    for connection in list(server.server_state.connections):
+                        connection.shutdown()  # idle connections close now, busy ones after their answer
+                await daemon.lifecycle.drain(seconds)
+                # the rest of the grace (and a moment for the requests just ended) for uvicorn's own wait
+                left = max(2, round(seconds - (time.monotonic() - started)))
+                for server in running:
+                    server.config.timeout_graceful_shutdown = left
                 for server, sock in daemon_server.companions:
                     if server.started:
                         await server.shutdown([sock])
@@ -228,7 +271,7 @@ def companion_config(daemon: Daemon, tls: tuple[Path, Path] | None = None) -> uv
         lifespan="off",
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=round(shutdown_grace()),
         ssl_certfile=str(tls[0]) if tls else None,
         ssl_keyfile=str(tls[1]) if tls else None,
     )
@@ -283,7 +326,7 @@ def serve(
     path = pid_file()
     path.write_text(str(os.getpid()))
     try:
-        DaemonServer(uvicorn_config(daemon, host, port), companions).run(sockets)
+        DaemonServer(daemon, uvicorn_config(daemon, host, port), companions).run(sockets)
     finally:
         with contextlib.suppress(OSError, ValueError):
             if int(path.read_text()) == os.getpid():

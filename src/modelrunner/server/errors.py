@@ -1,4 +1,9 @@
-"""The one place errors become HTTP responses: OpenAI-style JSON bodies saying what to do.
+"""The one place errors become HTTP responses, in the shape of the API the request came to.
+
+OpenAI-style `{"error": {"message", "type", "code"}}` for the OpenAI, Responses and DMR routes, Ollama's
+`{"error": "..."}` under `/api/`, Anthropic's `{"type": "error", "error": {...}}` for Messages: whether
+the error comes from a handler, from routing (404, 405 with `Allow`), from validation or from the
+middleware (Host, API key, body limit).
 
 Failures that are not a ModelRunnerError are answered in the same shape, never as a bare text 500: a full
 disk is a 507 "no space left on device"; anything else a 500 whose traceback goes to the daemon log only.
@@ -8,15 +13,16 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Callable, Coroutine
+import re
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
+from modelrunner.compat import anthropic
 from modelrunner.errors import ModelRunnerError, StorageFull
 from modelrunner.eventlog import event
 from modelrunner.server.proxy import App, Message, Receive, Scope, Send
@@ -24,12 +30,15 @@ from modelrunner.server.proxy import App, Message, Receive, Scope, Send
 log = logging.getLogger(__name__)
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
+OPENAI, OLLAMA, ANTHROPIC, RESPONSES, DMR = "openai", "ollama", "anthropic", "responses", "dmr"
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     409: "conflict_error",
     412: "precondition_failed",
     413: "request_too_large",
@@ -37,6 +46,25 @@ _TYPES = {
     503: "service_unavailable",
     507: "insufficient_storage",
 }
+_ANTHROPIC = re.compile(r"(?:/anthropic|/engines(?:/[^/]+)?)?/v1/messages(?:/count_tokens)?")
+_RESPONSES = re.compile(r"(?:/engines(?:/[^/]+)?(?:/v1)?|/v1)?/responses(?:/.*)?")
+_OPENAI = re.compile(
+    r"(?:/engines(?:/[^/]+)?)?/(?:v1/(?:chat/completions|completions|embeddings|rerank|score|images/"
+    r"generations|models.*)|rerank|score)"
+)
+
+
+def api_family(path: str) -> str:
+    """Which API a path belongs to, for its error shape, the access log and the recorder."""
+    if path.startswith("/api/"):
+        return OLLAMA
+    if _ANTHROPIC.fullmatch(path):
+        return ANTHROPIC
+    if _RESPONSES.fullmatch(path):
+        return RESPONSES
+    if _OPENAI.fullmatch(path):
+        return OPENAI
+    return DMR
 
 
 class InternalError(ModelRunnerError):
@@ -63,30 +91,19 @@ def error_body(status: int, message: str) -> dict[str, object]:
     return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "code": status}}
 
 
-def error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse(error_body(status, message), status_code=status)
+def error_payload(family: str, status: int, message: str) -> dict[str, Any]:
+    """The JSON body of an error in `family`'s shape."""
+    if family == OLLAMA:
+        return {"error": message}
+    if family == ANTHROPIC:
+        return anthropic.error_body(status, message)
+    return error_body(status, message)
 
 
-def error_route_class(render: Callable[[int, str], Response]) -> type[APIRoute]:
-    """A route class whose routes answer a ModelRunnerError with `render(status, message)`: the error
-    shape of a compatible API (Ollama's, Anthropic's) instead of the OpenAI-style one."""
-
-    class ErrorShapedRoute(APIRoute):
-        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-            handler = super().get_route_handler()
-
-            async def guarded(request: Request) -> Response:
-                try:
-                    return await handler(request)
-                except (StarletteHTTPException, RequestValidationError):
-                    raise  # the app's handlers answer these
-                except Exception as exc:
-                    error = unexpected_error(exc, request.method, request.url.path)
-                    return render(error.status_code, error.message)
-
-            return guarded
-
-    return ErrorShapedRoute
+def error_response(
+    status: int, message: str, family: str = DMR, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_payload(family, status, message), status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -97,18 +114,38 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+def allowed_methods(app: FastAPI, request: Request) -> str:
+    """Every method some route of `app` takes for this path, for the `Allow` header of a 405 (HEAD
+    wherever GET is: the lifecycle middleware serves it). Each method is tried against the routes, as
+    routing would, whatever kind of route (included routers too) holds it."""
+    # a fresh scope: the request's own holds what routing chose for it (FastAPI keeps that there)
+    base = {key: request.scope[key] for key in ("type", "path", "root_path", "headers", "query_string")}
+    allowed = [
+        method
+        for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+        if any(route.matches({**base, "method": method})[0] is Match.FULL for route in app.router.routes)
+    ]
+    if "GET" in allowed and "HEAD" not in allowed:
+        allowed.insert(1, "HEAD")
+    return ", ".join(allowed)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_model_runner_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_model_runner_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ModelRunnerError)
-        return error_response(exc.status_code, exc.message)
+        headers = {"Retry-After": str(exc.retry_after)} if hasattr(exc, "retry_after") else None
+        return error_response(exc.status_code, exc.message, api_family(request.url.path), headers)
 
-    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(400, _validation_message(exc))
+        return error_response(400, _validation_message(exc), api_family(request.url.path))
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        return error_response(exc.status_code, str(exc.detail))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(app, request)
+        return error_response(exc.status_code, str(exc.detail), api_family(request.url.path), headers or None)
 
     app.add_exception_handler(ModelRunnerError, on_model_runner_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
@@ -139,4 +176,5 @@ class UnexpectedErrors:
         except Exception as exc:
             error = unexpected_error(exc, scope.get("method", ""), scope.get("path", ""))
             if not started:
-                await error_response(error.status_code, error.message)(scope, receive, send)
+                family = api_family(scope.get("path", ""))
+                await error_response(error.status_code, error.message, family)(scope, receive, send)

@@ -7,6 +7,15 @@ the engine's answer comes back with only its head rewritten, its body (chunked o
 arrives, without de-chunking or an ASGI hand-over per chunk. Any other request hands the connection to
 uvicorn's own protocol and the full ASGI stack (security middleware, FastAPI, the same inference handler),
 so refusals, CORS and every other route keep one implementation.
+
+Each request the front answers is an exchange of the request lifecycle (server/lifecycle.py), as on the
+ASGI path: its id in the `X-Request-Id` header, its runner released when it ends, its engine connection
+closed when the client leaves, its access line and its record. Answers that must be read whole (a
+non-streamed llama.cpp generation, assembled from the stream asked for; embeddings, whose errors may be
+reworded) go through the engine call of server/upstream.py; all others are relayed byte for byte.
+
+The protocol is built on uvicorn's (it hands connections over to `HttpToolsProtocol`): the uvicorn
+releases it was tested with are pinned in pyproject.toml, and a test fails on any other.
 """
 
 from __future__ import annotations
@@ -23,16 +32,26 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from modelrunner import eventlog
 from modelrunner.errors import ModelRunnerError
 from modelrunner.http1 import MAX_HEAD
-from modelrunner.scheduler.runner import Runner
 from modelrunner.server.errors import error_body
-from modelrunner.server.inference import MAX_BODY, InferenceHandler, Route, error_parts, match_route
-from modelrunner.server.proxy import engine_died_body, request_bytes, retry_full_backlog
+from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, Route, error_parts, match_route
+from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
+from modelrunner.server.proxy import (
+    EVENT_STREAM_HEADERS,
+    engine_died_body,
+    request_bytes,
+    retry_full_backlog,
+    stream_end_event,
+)
 from modelrunner.server.security import SecurityPolicy
+from modelrunner.server.upstream import EngineCall, EngineUnreachable
 
 log = logging.getLogger(__name__)
 
+UVICORN_TESTED = ("0.54.",)  # the uvicorn releases this protocol was tested with (pyproject pins them)
+REQUEST_STALL_SECONDS = 60.0  # a request whose bytes stop coming for this long is answered 408
 # Response headers the engine must not decide: hop-by-hop ones, ours (server, date) and CORS.
 _DROPPED = {b"connection", b"keep-alive", b"access-control-allow-origin", b"server", b"date"}
 _ALNUM = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -44,6 +63,7 @@ _PAUSE_AT = 1024 * 1024  # bytes a client may send ahead while its previous requ
 
 @dataclass(frozen=True)
 class Request:
+    path: str
     route: Route
     headers: list[tuple[bytes, bytes]]  # names in lower case
     content_length: int
@@ -56,6 +76,7 @@ class FastPath:
 
     handler: InferenceHandler
     policy: SecurityPolicy
+    lifecycle: Lifecycle
 
     def accept(self, head: bytes) -> Request | None:
         """The request, if it is a plain inference request; None hands it to the full ASGI stack."""
@@ -66,7 +87,8 @@ class FastPath:
         target = parts[1]
         if not target.startswith(b"/") or not _SAFE_TARGET.issuperset(target):
             return None  # percent-escapes and the like: uvicorn decodes them
-        route = match_route(target.partition(b"?")[0].decode("ascii"))
+        path = target.partition(b"?")[0].decode("ascii")
+        route = match_route(path)
         if route is None:
             return None
         headers: list[tuple[bytes, bytes]] = []
@@ -85,10 +107,11 @@ class FastPath:
             headers.append((name, value))
             by_name[name] = value
         length = by_name.get(b"content-length", b"")
-        host = by_name[b"host"].decode("latin-1") if b"host" in by_name else None
+        host = by_name.get(b"host", b"").decode("latin-1")
         connection = by_name.get(b"connection", b"keep-alive").lower()
         if (
-            not length.isdigit()
+            not host.strip()  # an HTTP/1.1 request needs one: the ASGI stack answers 400
+            or not length.isdigit()
             or int(length) > MAX_BODY
             or connection not in (b"keep-alive", b"close")
             or by_name.keys() & {b"transfer-encoding", b"expect", b"origin", b"upgrade", b"x-preload-only"}
@@ -96,7 +119,7 @@ class FastPath:
             or not self.policy.key_valid(by_name)
         ):
             return None
-        return Request(route, headers, int(length), connection == b"close")
+        return Request(path, route, headers, int(length), connection == b"close")
 
 
 class FrontProtocol(asyncio.Protocol):
@@ -123,18 +146,22 @@ class FrontProtocol(asyncio.Protocol):
         self.write_paused = False
         self.read_paused = False
         self.upstream: Upstream | None = None
-        self.idle_timer: asyncio.TimerHandle | None = None
+        self.exchange: Exchange | None = None  # of the request being answered
+        self.timer: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
         self.server_state.connections.add(self)  # type: ignore[arg-type]  # uvicorn calls shutdown() only
-        self._arm_idle_timer()
+        self._arm_timer(self.config.timeout_keep_alive)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         if not self.busy:
+            # A request is arriving: it may take its time, as long as its bytes keep coming (uvicorn, too,
+            # stops its keep-alive timer at a request's first byte).
+            self._arm_timer(REQUEST_STALL_SECONDS)
             self._next_request()
         elif len(self.buffer) > _PAUSE_AT and not self.read_paused and self.transport is not None:
             self.read_paused = True
@@ -142,9 +169,9 @@ class FrontProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server_state.connections.discard(self)
-        self._cancel_idle_timer()
-        if self.upstream is not None and self.upstream.transport is not None:
-            self.upstream.transport.close()  # the engine sees the socket close and stops generating
+        self._cancel_timer()
+        if self.exchange is not None:
+            self.exchange.client_left()  # its engine connection closes: the engine stops generating
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -184,7 +211,7 @@ class FrontProtocol(asyncio.Protocol):
         del self.buffer[:body_end]
         self.busy = True
         self.closing = self.closing or request.close
-        self._cancel_idle_timer()
+        self._cancel_timer()
         task = self.loop.create_task(self._answer(request, body))
         self.server_state.tasks.add(task)
         task.add_done_callback(self.server_state.tasks.discard)
@@ -192,7 +219,7 @@ class FrontProtocol(asyncio.Protocol):
     def _hand_over(self) -> None:
         """From here on uvicorn serves this connection, starting with the bytes already read."""
         assert self.transport is not None
-        self._cancel_idle_timer()
+        self._cancel_timer()
         self.server_state.connections.discard(self)
         protocol = HttpToolsProtocol(self.config, self.server_state, self.app_state, _loop=self.loop)
         self.transport.set_protocol(protocol)
@@ -206,8 +233,11 @@ class FrontProtocol(asyncio.Protocol):
     async def _answer(self, request: Request, body: bytes) -> None:
         assert self.transport is not None
         self.head_sent = False
+        lifecycle = self.fast.lifecycle
+        exchange = self.exchange = lifecycle.begin("POST", request.path, request.headers)
+        exchange.keep_request(body)
         try:
-            await self._relay(request, body)
+            await self._relay(request, body, exchange)
         except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out of time
             self.transport.close()
             raise
@@ -216,6 +246,9 @@ class FrontProtocol(asyncio.Protocol):
             if not self.head_sent:
                 self._write_json(500, json.dumps(error_body(500, "internal error")).encode())
             self.closing = True
+        finally:
+            self.exchange = None
+            await lifecycle.finish(exchange)
         self.busy = False
         if self.closing or self.transport.is_closing():
             self.transport.close()
@@ -223,62 +256,93 @@ class FrontProtocol(asyncio.Protocol):
         if self.read_paused:
             self.read_paused = False
             self.transport.resume_reading()
-        self._arm_idle_timer()
+        self._arm_timer(self.config.timeout_keep_alive)
         if self.buffer:
+            self._arm_timer(REQUEST_STALL_SECONDS)
             self._next_request()
 
-    async def _relay(self, request: Request, body: bytes) -> None:
+    async def _relay(self, request: Request, body: bytes, exchange: Exchange) -> None:
         try:
-            runner, body = await self.fast.handler.prepare(request.route, body)
+            prepared = await self.fast.handler.prepare(request.route, body)
+            if prepared.whole:
+                await self._whole(prepared, request, exchange)
+            else:
+                await self._stream(prepared, request, exchange)
         except ModelRunnerError as exc:
+            if self.head_sent or exchange.client_gone or isinstance(exc, ClientGone):
+                return
             status, payload, headers = error_parts(exc)
             self._write_json(status, json.dumps(payload).encode(), headers)
-            return
-        try:
-            await self._stream(runner, request, body)
-        finally:
-            await self.fast.handler.scheduler.release(runner)
 
-    async def _stream(self, runner: Runner, request: Request, body: bytes) -> None:
+    async def _whole(self, prepared: Prepared, request: Request, exchange: Exchange) -> None:
+        """An answer read whole from the engine (server/upstream.py), then written with its length."""
+        call = EngineCall(exchange, prepared.runner)
+        call.assembling = prepared.assembling
+        try:
+            await call.send(request.route.upstream_path, prepared.body, request.headers)
+            status, answer = await call.answer()
+        except EngineUnreachable as exc:
+            self._write_json(502, json.dumps(error_body(502, exc.message)).encode())
+            return
+        except ModelRunnerError as exc:
+            if not exchange.client_gone:
+                self._write_json(500, engine_died_body(exc.message))
+            return
+        finally:
+            await call.close()
+        if not exchange.client_gone and self.transport is not None and not self.transport.is_closing():
+            self._write_json(status, answer, content_type=b"application/json; charset=utf-8")
+
+    async def _stream(self, prepared: Prepared, request: Request, exchange: Exchange) -> None:
         assert self.transport is not None
         if self.transport.is_closing():
             return  # the client left while its model loaded
-        upstream = Upstream(self, request_bytes("POST", request.route.upstream_path, request.headers, body))
+        message = request_bytes("POST", request.route.upstream_path, request.headers, prepared.body)
+        upstream = Upstream(self, exchange, message)
         try:
             await retry_full_backlog(
-                lambda: self.loop.create_unix_connection(lambda: upstream, str(runner.socket))
+                lambda: self.loop.create_unix_connection(lambda: upstream, str(prepared.runner.socket))
             )
         except OSError:
             self._write_json(502, json.dumps(error_body(502, "the engine is not reachable")).encode())
             return
+        assert upstream.transport is not None
+        try:
+            forget = exchange.opened(upstream.transport.close)  # a client that leaves closes it
+        except ModelRunnerError:
+            upstream.transport.close()
+            raise
         try:
             await upstream.finished
         finally:
+            forget()
             self.upstream = None
             if upstream.transport is not None:
                 upstream.transport.close()  # already closed, unless this task was cancelled
-        self._finish(upstream)
+        self._finish(upstream, exchange)
+        await exchange.release(prepared.runner)
 
-    def _finish(self, upstream: Upstream) -> None:
+    def _finish(self, upstream: Upstream, exchange: Exchange) -> None:
         """After the engine closed its side: end the client's answer, as well as it can be ended."""
         assert self.transport is not None
         framing = upstream.framing
         if self.transport.is_closing():
             return  # the client left
         if framing is None:
-            message = f"the engine stopped while answering: {upstream.failure or 'no response'}"
+            message = exchange.failure(upstream.failure or "no response")
             self._write_json(500, engine_died_body(message))
         elif framing.until_close:
             self.closing = True  # the only end of such a body is the end of the connection
         elif not framing.complete:
-            message = f"the engine stopped while answering: {upstream.failure or 'connection closed'}"
+            message = exchange.failure(upstream.failure or "connection closed")
             if upstream.event_stream and isinstance(framing, Chunked) and framing.at_boundary:
                 # the status is sent: say it in the stream (ending a half-sent event first), then end it
-                boundary = b"" if framing.tail == b"\n\n" else b"\n\n"
-                event = boundary + b"data: " + engine_died_body(message) + b"\n\n"
+                event = stream_end_event(framing.tail, message)
                 self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(event), event))
             else:
                 self.closing = True  # the body cannot be completed: closing tells the client
+        else:
+            exchange.complete = True
 
     def write_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         assert self.transport is not None
@@ -289,36 +353,56 @@ class FrontProtocol(asyncio.Protocol):
         lines = [b"HTTP/1.1 %d %b" % (status, reason)]
         lines += [name + b": " + value for name, value in self.server_state.default_headers]
         lines += [name + b": " + value for name, value in headers]
+        if self.exchange is not None:
+            lines.append(eventlog.REQUEST_ID_HEADER + b": " + self.exchange.id.encode())
+            self.exchange.started_answer(status, headers)
         if self.closing:
             lines.append(b"connection: close")
         self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n")
         self.head_sent = True
 
-    def _write_json(self, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    def _write_json(
+        self,
+        status: int,
+        body: bytes,
+        extra: list[tuple[bytes, bytes]] | None = None,
+        content_type: bytes = b"application/json",
+    ) -> None:
+        headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
         self.write_head(status, headers + (extra or []))
         assert self.transport is not None
         self.transport.write(body)
+        if self.exchange is not None:
+            self.exchange.answered(body, True)
 
-    def _arm_idle_timer(self) -> None:
-        self._cancel_idle_timer()
-        self.idle_timer = self.loop.call_later(self.config.timeout_keep_alive, self._close_if_idle)
+    def _arm_timer(self, seconds: float) -> None:
+        self._cancel_timer()
+        self.timer = self.loop.call_later(seconds, self._timed_out)
 
-    def _cancel_idle_timer(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
-    def _close_if_idle(self) -> None:
-        if not self.busy and self.transport is not None:
-            self.transport.close()
+    def _timed_out(self) -> None:
+        """Idle between requests (keep-alive expired), or a request whose bytes stopped coming."""
+        self.timer = None
+        if self.busy or self.transport is None:
+            return
+        if self.buffer:
+            self.closing = True
+            message = b"the request was not received in full: its bytes stopped coming"
+            self._write_json(408, json.dumps(error_body(408, message.decode())).encode())
+        self.transport.close()
 
 
 class Upstream(asyncio.Protocol):
     """The connection to the engine for one request: its answer goes to the client as it arrives."""
 
-    def __init__(self, front: FrontProtocol, request: bytes) -> None:
+    def __init__(self, front: FrontProtocol, exchange: Exchange, request: bytes) -> None:
         self.front = front
+        self.exchange = exchange
+        self.record = exchange.record
         self.request = request
         self.transport: asyncio.Transport | None = None
         self.head = bytearray()
@@ -329,7 +413,7 @@ class Upstream(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self.front.upstream = self  # from now on a client that leaves closes this connection
+        self.front.upstream = self  # for flow control: a client that reads slowly pauses the engine
         self.transport.write(self.request)
         if self.front.write_paused:
             self.transport.pause_reading()
@@ -347,6 +431,9 @@ class Upstream(asyncio.Protocol):
             if data:
                 self.front.transport.write(data)
                 framing.feed(data)
+                self.exchange.bytes_out += len(data)
+                if self.record is not None:
+                    self.record.tee(data)  # framed as sent: the recorder unframes it when read
         except ValueError as exc:
             self.failure = f"the engine sent an invalid response ({exc})"
             self.transport.abort()
@@ -382,10 +469,12 @@ class Upstream(asyncio.Protocol):
         kept = [(k, v) for k, v in headers if k not in _DROPPED]
         self.event_stream = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in kept)
         if self.event_stream:
-            kept += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+            kept += EVENT_STREAM_HEADERS
         if framing.until_close:
             self.front.closing = True
         self.front.write_head(int(parts[1]), kept)
+        if self.record is not None:
+            self.record.framed_by_chunks = isinstance(framing, Chunked)
         return framing, rest
 
 

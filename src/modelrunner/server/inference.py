@@ -2,34 +2,39 @@
 
 `/engines[/{backend}]/v1/{chat/completions,completions,embeddings,images/generations}`,
 `/engines[/{backend}]/{rerank,score}` and the `/v1/...`, `/rerank`, `/score` aliases: read the body once,
-take only its `model` field, get a runner from the scheduler and relay the bytes (server/proxy.py).
+take only its `model` field (and check what engines would answer wrongly), get a runner through the
+request's lifecycle and relay the bytes. The HTTP front (server/front.py) answers most of these requests
+itself with the same `prepare`; this handler serves those it hands over.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from modelrunner.engines.base import Engine, Mode, ModelForEngine
-from modelrunner.errors import (
-    BadRequest,
-    EngineNotInstalled,
-    MethodNotAllowed,
-    ModelNotFound,
-    ModelRunnerError,
-)
+from modelrunner.compat import assemble
+from modelrunner.engines.base import Mode
+from modelrunner.errors import BadRequest, MethodNotAllowed, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import Runner
-from modelrunner.scheduler.scheduler import Busy, Scheduler
+from modelrunner.scheduler.scheduler import Busy
+from modelrunner.server import lifecycle
 from modelrunner.server.errors import error_body
-from modelrunner.server.proxy import Receive, Scope, Send, relay, send_json
-from modelrunner.store.store import ModelStore, StoredModel
+from modelrunner.server.lifecycle import Inference
+from modelrunner.server.proxy import (
+    Receive,
+    Scope,
+    Send,
+    client_headers,
+    engine_died_body,
+    send_json,
+    stream_end_event,
+)
+from modelrunner.server.security import MAX_BODY, BodyTooLarge
+from modelrunner.server.upstream import READ_ERRORS, EngineCall, EngineUnreachable, assembles
 
-MAX_BODY = 10 * 1024 * 1024
-KNOWN_BACKENDS = ("llama.cpp", "vllm", "mlx", "sglang", "diffusers")
-DEFAULT_BACKEND = "llama.cpp"
 _OPERATIONS = (
     # Anthropic `v1/messages` is served by server/anthropic_api.py (its own error shape)
     r"v1/(?:chat/completions|completions|embeddings|rerank|score|images/generations)|rerank|score"
@@ -41,10 +46,7 @@ _MODES = {
     "score": Mode.RERANKING,
     "generations": Mode.IMAGE_GENERATION,
 }
-
-
-class BodyTooLarge(ModelRunnerError):
-    status_code = 413
+__all__ = ["MAX_BODY", "InferenceHandler", "Prepared", "Route", "error_parts", "match_route"]
 
 
 @dataclass(frozen=True)
@@ -64,101 +66,126 @@ def match_route(path: str) -> Route | None:
     return Route(backend, "/" + op, _MODES.get(op.rsplit("/", 1)[-1], Mode.COMPLETION))
 
 
-def select_engine_name(requested: str | None, model_format: str) -> str:
-    """The model's format decides, whatever the URL says (DMR's selectBackendForModel)."""
-    if model_format == "safetensors":
-        return "vllm"
-    if model_format in ("dduf", "diffusers"):
-        return "diffusers"
-    return requested if requested and requested not in ("vllm", "diffusers") else DEFAULT_BACKEND
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready for its engine: the runner it holds, the bytes to send, and how to answer."""
+
+    runner: Runner
+    body: bytes
+    assembling: str | None  # the path whose unstreamed answer is assembled from the stream asked for
+    whole: bool  # the answer is read whole: assembled, or an embedding whose error may be reworded
 
 
-def model_for_engine(store: ModelStore, model: StoredModel, requested_as: str) -> ModelForEngine:
-    return ModelForEngine(
-        id=model.id,
-        reference=requested_as,
-        bundle=store.bundle_of(model),
-        format=model.config.format,
-        context_size=model.config.context_size,
-        size_bytes=sum(layer.size for layer in model.manifest.layers),
-    )
-
-
-async def read_body(receive: Receive, limit: int) -> bytes:
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise BadRequest("the client disconnected")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body is larger than {limit // (1024 * 1024)} MiB")
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(parts)
+def check_request(route: Route, doc: dict[str, Any]) -> None:
+    """What engines would answer wrongly: llama-server generates from an empty conversation (OpenAI's API
+    refuses it)."""
+    if route.upstream_path == assemble.CHAT:
+        messages = doc.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages: must be a non-empty list of messages")
 
 
 class InferenceHandler:
-    def __init__(self, store: ModelStore, scheduler: Scheduler, engines: Mapping[str, Engine]) -> None:
-        self.store = store
-        self.scheduler = scheduler
-        self.engines = engines
+    def __init__(self, inference: Inference) -> None:
+        self.inference = inference
 
-    def _engine(self, route: Route, model: StoredModel) -> Engine:
-        if route.backend is not None and route.backend not in KNOWN_BACKENDS:
-            raise ModelNotFound(f"unknown backend {route.backend[:40]!r}; known: {', '.join(KNOWN_BACKENDS)}")
-        name = select_engine_name(route.backend, model.config.format)
-        engine = self.engines.get(name)
-        if engine is None:
-            raise EngineNotInstalled(f"the {name} engine is not available in this build of modelrunner")
-        return engine
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
-        try:
-            await self._handle(scope, receive, send, route)
-        except ModelRunnerError as exc:
-            status, body, headers = error_parts(exc)
-            await send_json(send, status, body, headers)
-
-    async def prepare(self, route: Route, body: bytes) -> tuple[Runner, bytes]:
-        """A runner for the request's model, acquired (the caller releases it), and the body to send it."""
+    async def prepare(self, route: Route, body: bytes, preload: bool = False) -> Prepared:
+        """A runner for the request's model, held by the request's exchange, and the body to send it."""
         try:
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply
             raise BadRequest("the request body is not valid JSON") from None
         name = doc.get("model") if isinstance(doc, dict) else None
-        if not isinstance(name, str) or not name.strip():
+        if not isinstance(doc, dict) or not isinstance(name, str) or not name.strip():
             raise BadRequest("the request has no model field")
         keep_alive = parse_keep_alive(doc["keep_alive"]) if "keep_alive" in doc else None
-        model = self.store.get(name)
-        engine = self._engine(route, model)
-        if not self.scheduler.has_runner(engine.name, model.id, route.mode):
-            engine.require_installed()
-        runner = await self.scheduler.acquire(
-            engine, model_for_engine(self.store, model, name), route.mode, keep_alive
-        )
+        if not preload:
+            check_request(route, doc)
+        runner = await self.inference.acquire(name, route.mode, keep_alive, route.backend, record=not preload)
+        changed = False
         if runner.model.reference != name:
             # Engines such as vLLM answer only to the names they were started with: another name of the
             # same model (a tag, the short form) is sent as the runner's.
-            body = json.dumps({**doc, "model": runner.model.reference}).encode()
-        return runner, body
+            doc, changed = {**doc, "model": runner.model.reference}, True
+        assembling = route.upstream_path if assembles(runner.key.engine, route.upstream_path, doc) else None
+        if assembling:
+            doc, changed = assemble.streamed_request(assembling, doc), True
+        whole = assembling is not None or route.mode in (Mode.EMBEDDING, Mode.RERANKING)
+        return Prepared(runner, json.dumps(doc).encode() if changed else body, assembling, whole)
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
-        if scope["method"] != "POST":
-            raise MethodNotAllowed("use POST for this route")
-        runner, body = await self.prepare(route, await read_body(receive, MAX_BODY))
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         try:
-            if _header(scope, b"x-preload-only") == b"true":
+            if scope["method"] != "POST":
+                raise MethodNotAllowed("use POST for this route")
+            preload = _header(scope, b"x-preload-only") == b"true"
+            prepared = await self.prepare(route, await read_body(receive), preload)
+            if preload:
                 await send(
                     {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]}
                 )
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            await self._relay(prepared, route, scope["headers"], send)
+        except ModelRunnerError as exc:
+            status, body, headers = error_parts(exc)
+            await send_json(send, status, body, headers)
+        except BodyTooLarge as exc:
+            await send_json(send, 413, error_body(413, str(exc.detail)), [(b"connection", b"close")])
+
+    async def _relay(
+        self, prepared: Prepared, route: Route, headers: list[tuple[bytes, bytes]], send: Send
+    ) -> None:
+        exchange = lifecycle.current()
+        call = EngineCall(exchange, prepared.runner)
+        call.assembling = prepared.assembling
+        started = streaming = False
+        tail = b"\n\n"  # the last two bytes sent, to know whether an SSE event was cut
+        try:
+            await call.send(route.upstream_path, prepared.body, headers)
+            if prepared.whole:
+                status, body = await call.answer()
+                await send_json(send, status, body)
+                return
+            out, streaming = client_headers(call.headers)
+            await send({"type": "http.response.start", "status": call.status, "headers": out})
+            started = True
+            async for chunk in call.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                tail = chunk[-2:] if len(chunk) >= 2 else tail[-1:] + chunk
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (ModelRunnerError, *READ_ERRORS) as exc:
+            if exchange.client_gone:
+                return  # nothing to tell it
+            message = exc.message if isinstance(exc, ModelRunnerError) else exchange.failure(exc)
+            if not started:
+                if isinstance(exc, EngineUnreachable):
+                    await send_json(send, 502, error_body(502, message))
+                else:
+                    await send_json(send, 500, engine_died_body(message))
+            elif streaming:  # the status is sent: say it in the stream and end it
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": stream_end_event(tail, message),
+                        "more_body": False,
+                    }
+                )
             else:
-                await relay(scope, receive, send, runner.socket, route.upstream_path, body)
+                raise  # a cut body that is not a stream: only closing the connection says so
         finally:
-            await self.scheduler.release(runner)
+            await call.close()
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The request body (its size is bounded as it arrives, by the security middleware)."""
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise lifecycle.ClientGone("the client disconnected")
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
 
 
 def error_parts(exc: ModelRunnerError) -> tuple[int, dict[str, object], list[tuple[bytes, bytes]]]:

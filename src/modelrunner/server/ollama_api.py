@@ -21,14 +21,14 @@ from pydantic import BaseModel
 
 from modelrunner.compat import ollama as shapes
 from modelrunner.compat.bodies import parse_json_object, validated
-from modelrunner.compat.upstream import EngineCall, EngineContext
 from modelrunner.distribution.jobs import TransferJob, TransferManager
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import NEVER, parse_keep_alive
 from modelrunner.scheduler.settings import ModelSettings
 from modelrunner.server.distribution_api import wait_started
-from modelrunner.server.errors import error_route_class
+from modelrunner.server.lifecycle import Inference
+from modelrunner.server.upstream import EngineCall, call_engine
 from modelrunner.store.store import StoredModel
 
 OLLAMA_VERSION = "0.1.0"  # what DMR answers
@@ -42,9 +42,6 @@ def ollama_error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-OllamaRoute = error_route_class(ollama_error)  # errors in Ollama's shape for every route of the router
-
-
 async def parse(request: Request, shape: type[Shape]) -> Shape:
     return validated(shape, parse_json_object(await request.body()))
 
@@ -53,8 +50,9 @@ def _line(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc).encode() + b"\n"
 
 
-def build_ollama_router(ctx: EngineContext, transfers: TransferManager) -> APIRouter:
-    router = APIRouter(prefix="/api", route_class=OllamaRoute)
+def build_ollama_router(ctx: Inference, transfers: TransferManager) -> APIRouter:
+    """Errors are Ollama's `{"error": "..."}`: server/errors.py shapes them by path."""
+    router = APIRouter(prefix="/api")
 
     def lookup(name: str) -> StoredModel:
         try:
@@ -82,8 +80,8 @@ def build_ollama_router(ctx: EngineContext, transfers: TransferManager) -> APIRo
             await ctx.scheduler.unload({model.id})
             reason = "unload"
         else:
-            runner = await ctx.acquire(name, Mode.COMPLETION, keep_alive)
-            await ctx.scheduler.release(runner)
+            runner = await ctx.acquire(name, Mode.COMPLETION, keep_alive, record=False)
+            await ctx.release(runner)
             reason = "load"
         answer: dict[str, Any] = {"model": name, "created_at": shapes.now_text()}
         if kind == "chat":
@@ -96,7 +94,7 @@ def build_ollama_router(ctx: EngineContext, transfers: TransferManager) -> APIRo
         kind: str, name: str, path: str, body: dict[str, Any], keep_alive: float | None, stream: bool
     ) -> Response:
         started = time.monotonic()
-        call = await ctx.call(name, path, body, Mode.COMPLETION, keep_alive)
+        call = await call_engine(ctx, name, path, body, Mode.COMPLETION, keep_alive)
         if stream:
             return StreamingResponse(_stream(kind, name, call, started), media_type=NDJSON)
         try:
@@ -177,7 +175,7 @@ def build_ollama_router(ctx: EngineContext, transfers: TransferManager) -> APIRo
     def tags() -> dict[str, Any]:
         return {
             "models": [
-                shapes.tags_entry(m, tag.removeprefix("docker.io/"))
+                shapes.tags_entry(m, shapes.ollama_name(tag) if m.tags else tag)
                 for m in ctx.store.list_models()
                 for tag in (m.tags or [m.id])
             ]
@@ -200,7 +198,7 @@ def build_ollama_router(ctx: EngineContext, transfers: TransferManager) -> APIRo
             else:
                 expires = shapes.timestamp_text((now if runner["in_use"] else runner["last_used"]) + keep)
             out.append(
-                shapes.tags_entry(model, runner["model_name"])
+                shapes.tags_entry(model, shapes.ollama_name(runner["model_name"]))
                 | {
                     "expires_at": expires,
                     "size": runner["memory_estimate"],
@@ -241,8 +239,8 @@ def build_ollama_router(ctx: EngineContext, transfers: TransferManager) -> APIRo
     ) -> tuple[list[list[float]], dict[str, Any], float, float]:
         await apply_context_size(name, shapes.context_size_option(options), Mode.EMBEDDING)
         started = time.monotonic()
-        call = await ctx.call(
-            name, "/v1/embeddings", {"model": name, "input": inputs}, Mode.EMBEDDING, keep_alive
+        call = await call_engine(
+            ctx, name, "/v1/embeddings", {"model": name, "input": inputs}, Mode.EMBEDDING, keep_alive
         )
         try:
             answer = await call.json()

@@ -34,7 +34,6 @@ from modelrunner.errors import BadRequest
 from modelrunner.fileio import link_or_copy
 from modelrunner.reference import validate_digest
 from modelrunner.server.body_stream import consume_in_thread
-from modelrunner.server.ollama_api import OllamaRoute
 from modelrunner.store.sink import AdoptingStoreSink
 from modelrunner.store.store import ModelStore, full_tag
 
@@ -168,7 +167,7 @@ def create_model(store: ModelStore, body: CreateRequest, raw: dict[str, Any]) ->
 
 
 def build_ollama_create_router(store: ModelStore) -> APIRouter:
-    router = APIRouter(prefix="/api", route_class=OllamaRoute)
+    router = APIRouter(prefix="/api")  # errors in Ollama's shape: server/errors.py shapes them by path
 
     @router.head("/blobs/{digest}")
     def blob_exists(digest: str) -> Response:

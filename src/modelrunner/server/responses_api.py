@@ -15,14 +15,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from modelrunner.compat import responses as shapes
 from modelrunner.compat.bodies import parse_json_object
-from modelrunner.compat.upstream import EngineCall, EngineContext
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelNotFound, ModelRunnerError
+from modelrunner.server.lifecycle import Inference
+from modelrunner.server.upstream import EngineCall, call_engine
 
 PREFIXES = ("/responses", "/engines/responses", "/engines/v1/responses")
 
 
-def build_responses_router(ctx: EngineContext) -> APIRouter:
+def build_responses_router(ctx: Inference) -> APIRouter:
     router = APIRouter()
     store = shapes.ResponseStore()
 
@@ -39,7 +40,8 @@ def build_responses_router(ctx: EngineContext) -> APIRouter:
             history = list(stored(checked.previous_response_id).conversation)
         items = shapes.input_items(checked.input)
         messages = history + shapes.chat_messages(items)
-        call = await ctx.call(
+        call = await call_engine(
+            ctx,
             checked.model,
             "/v1/chat/completions",
             shapes.chat_body(checked, messages),
@@ -112,7 +114,9 @@ def build_responses_router(ctx: EngineContext) -> APIRouter:
                 response_id, checked, created_at, "completed", writer.output, usage or {}, finish
             )
             remember(done)
-            yield writer.event("response.completed", response=done)
+            # cut by max_output_tokens: OpenAI ends such a stream with `response.incomplete`
+            kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
+            yield writer.event(kind, response=done)
         except ModelRunnerError as exc:
             error = {"code": "server_error", "message": exc.message}
             failed = shapes.response_object(

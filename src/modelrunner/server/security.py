@@ -1,24 +1,34 @@
 """Security defaults of the daemon, as raw ASGI middleware in front of every route.
 
 * DNS rebinding: a request whose Host is not a local name (or one listed in MODEL_RUNNER_ALLOWED_HOSTS)
-  is refused, so a web page cannot reach the daemon through a name it controls.
+  is refused, so a web page cannot reach the daemon through a name it controls; an HTTP/1.1 request
+  without a Host (or with two) is malformed (RFC 9112, 3.2): 400.
 * CORS: browsers may call only from local origins or those in MODEL_RUNNER_ORIGINS (`*` = any), and a page
   of this daemon (the dashboard) from its own origin.
 * An optional API key (MODEL_RUNNER_API_KEY), as `Authorization: Bearer` or `x-api-key`; the daemon refuses
   to listen beyond loopback without one.
-* Request bodies are bounded (10 MiB), except model archives streamed to /models/load.
+* Request bodies are bounded (10 MiB), except model archives streamed to /models/load: by the declared
+  Content-Length, and by counting the bytes as they arrive (a chunked body declares none). A refused body
+  is read and dropped for a moment before the connection closes, so that the client reads the 413 rather
+  than a connection reset.
+
+Refusals are in the shape of the API the request came to (server/errors.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from modelrunner.server.errors import error_body
-from modelrunner.server.proxy import App, Message, Receive, Scope, Send, send_json
+from starlette.exceptions import HTTPException
+
+from modelrunner.server import lifecycle
+from modelrunner.server.errors import DMR, api_family, error_payload
+from modelrunner.server.proxy import App, Message, Receive, Scope, Send, json_bytes, send_json
 
 MAX_BODY = 10 * 1024 * 1024
 UNBOUNDED_BODY_PATHS = ("/models/load", "/api/blobs/")  # model archives and files, streamed to disk
@@ -27,8 +37,18 @@ OPEN_PATHS = ("/",)  # liveness probes work without the key
 # cannot send a bearer token when it loads a page or a script.
 PUBLIC_PATHS = ("/dashboard", "/dashboard/")
 PUBLIC_PREFIX = "/dashboard/assets/"
+DRAIN_BYTES = 64 * 1024 * 1024  # of a refused body, read and dropped before closing
+DRAIN_SECONDS = 2.0
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "host.docker.internal", "model-runner.docker.internal"}
 _LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0)(:\d+)?")
+_TOO_LARGE = f"the request body is larger than {MAX_BODY // (1024 * 1024)} MiB"
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from `receive` once a body passes the limit; answered with a 413 in the API's shape."""
+
+    def __init__(self) -> None:
+        super().__init__(413, _TOO_LARGE, headers={"Connection": "close"})
 
 
 def _split_env(name: str) -> set[str]:
@@ -87,10 +107,22 @@ class SecurityPolicy:
         return any(hmac.compare_digest(c, expected) for c in candidates if c)
 
 
-async def _refuse(
-    send: Send, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    await send_json(send, status, error_body(status, message), extra)
+async def drain(receive: Receive, limit: int = DRAIN_BYTES, seconds: float = DRAIN_SECONDS) -> bool:
+    """Read and drop the rest of a refused request body, within bounds; True if it was all read."""
+    read = 0
+    try:
+        async with asyncio.timeout(seconds):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return False
+                read += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return True
+                if read > limit:
+                    return False
+    except TimeoutError:
+        return False
 
 
 class SecurityMiddleware:
@@ -102,27 +134,38 @@ class SecurityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {bytes(k).lower(): bytes(v) for k, v in scope["headers"]}
-        host = headers.get(b"host")
-        if not self.policy.host_allowed(host.decode("latin-1") if host else None):
-            await _refuse(send, 403, "this host name is not allowed; add it to MODEL_RUNNER_ALLOWED_HOSTS")
+        family = api_family(scope["path"])
+
+        async def refuse(status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+            await send_json(send, status, error_payload(family, status, message), extra)
+
+        raw_headers = [(bytes(k).lower(), bytes(v)) for k, v in scope["headers"]]
+        headers = dict(raw_headers)
+        hosts = [v for k, v in raw_headers if k == b"host"]
+        if scope.get("http_version") == "1.1" and (len(hosts) != 1 or not hosts[0].strip()):
+            await refuse(
+                400, "an HTTP/1.1 request needs exactly one Host header", [(b"connection", b"close")]
+            )
+            return
+        if not self.policy.host_allowed(hosts[0].decode("latin-1") if hosts else None):
+            await refuse(403, "this host name is not allowed; add it to MODEL_RUNNER_ALLOWED_HOSTS")
             return
         origin = headers.get(b"origin", b"").decode("latin-1")
         cors: list[tuple[bytes, bytes]] = []
         if origin:
-            request_host = host.decode("latin-1") if host else None
+            request_host = hosts[0].decode("latin-1") if hosts else None
             if not (
                 self.policy.origin_allowed(origin)
                 or self.policy.same_origin(origin, scope.get("scheme", "http"), request_host)
             ):
-                await _refuse(send, 403, "this origin is not allowed; add it to MODEL_RUNNER_ORIGINS")
+                await refuse(403, "this origin is not allowed; add it to MODEL_RUNNER_ORIGINS")
                 return
             cors = [(b"access-control-allow-origin", origin.encode()), (b"vary", b"Origin")]
             if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
                 requested = headers.get(b"access-control-request-headers", b"*")
                 preflight = [
                     *cors,
-                    (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+                    (b"access-control-allow-methods", b"GET, HEAD, POST, DELETE, OPTIONS"),
                     (b"access-control-allow-headers", requested),
                     (b"access-control-max-age", b"600"),
                 ]
@@ -132,20 +175,63 @@ class SecurityMiddleware:
         path = scope["path"]
         public = path in OPEN_PATHS or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIX)
         if not public and not self.policy.key_valid(headers):
-            await _refuse(send, 401, "missing or wrong API key", [(b"www-authenticate", b"Bearer")])
-            return
-        length = headers.get(b"content-length")
-        limited = not scope["path"].startswith(UNBOUNDED_BODY_PATHS)
-        if limited and length and length.isdigit() and int(length) > MAX_BODY:
-            await _refuse(send, 413, f"request body is larger than {MAX_BODY // (1024 * 1024)} MiB")
+            await refuse(401, "missing or wrong API key", [(b"www-authenticate", b"Bearer")])
             return
         if cors:
-            inner_send = send
+            send = _with_headers(send, cors)
+        if scope["path"].startswith(UNBOUNDED_BODY_PATHS):
+            await self.app(scope, receive, send)
+            return
+        length = headers.get(b"content-length")
+        if length and length.isdigit() and int(length) > MAX_BODY:
+            await self._refuse_declared(send, receive, family, headers.get(b"expect", b"").lower())
+            return
+        await self.app(scope, _bounded(receive, family != DMR and scope["method"] == "POST"), send)
 
-            async def send_with_cors(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    message = {**message, "headers": [*message.get("headers", []), *cors]}
-                await inner_send(message)
+    async def _refuse_declared(self, send: Send, receive: Receive, family: str, expect: bytes) -> None:
+        """A body declared too large: the 413 goes out first, then (unless the client waits for a
+        `100 Continue` before sending) the body is read and dropped for a moment, then the connection
+        closes."""
+        body = json_bytes(error_payload(family, 413, _TOO_LARGE))
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        if expect != b"100-continue":
+            await drain(receive)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-            send = send_with_cors
-        await self.app(scope, receive, send)
+
+def _bounded(receive: Receive, keep: bool) -> Receive:
+    """`receive`, counting the body's bytes as they arrive: past the limit the rest is drained and
+    BodyTooLarge raised. With `keep`, the start of the body is kept for the request recorder."""
+    received = 0
+    exchange = lifecycle.current_or_none() if keep else None
+
+    async def bounded() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > MAX_BODY:
+                if message.get("more_body", False):
+                    await drain(receive)
+                raise BodyTooLarge()
+            if exchange is not None and chunk:
+                exchange.keep_request(chunk)
+        return message
+
+    return bounded
+
+
+def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return send_with_headers

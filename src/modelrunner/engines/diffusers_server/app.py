@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -21,7 +22,9 @@ _TYPES = {400: "invalid_request_error", 421: "misdirected_request", 503: "servic
 
 
 class Generator(Protocol):
-    def generate(self, request: ImageRequest) -> list[bytes]: ...
+    def generate(self, request: ImageRequest, cancelled: threading.Event) -> list[bytes]:
+        """The images; stops early (raising) once `cancelled` is set."""
+        ...
 
 
 @dataclass
@@ -29,6 +32,13 @@ class ServerState:
     served_names: tuple[str, ...]
     pipeline: Generator | None = None  # set by the loader once the model is in memory
     created: int = field(default_factory=lambda: int(time.time()))
+
+
+async def _cancel_on_disconnect(request: Request, cancelled: threading.Event) -> None:
+    """Set `cancelled` when the client disconnects (the body has been read: only that is left to come)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    cancelled.set()
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -72,11 +82,22 @@ def build_app(state: ServerState) -> FastAPI:
         pipeline = state.pipeline
         if pipeline is None:
             return error(503, "the model is still loading; retry shortly")
-        async with busy:
-            try:
-                images = await asyncio.to_thread(pipeline.generate, parsed)
-            except Exception as exc:  # a pipeline failure answers this request; the server stays up
-                return error(500, f"image generation failed: {exc.__class__.__name__}: {str(exc)[:300]}")
+        # A client that leaves (the daemon closes this connection for it) stops the work at the next
+        # denoising step, and a request waiting its turn never starts.
+        cancelled = threading.Event()
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, cancelled))
+        try:
+            async with busy:
+                if cancelled.is_set():
+                    return error(499, "the client closed the connection")
+                images = await asyncio.to_thread(pipeline.generate, parsed, cancelled)
+        except Exception as exc:  # a pipeline failure answers this request; the server stays up
+            if cancelled.is_set():
+                print("diffusers server: image generation stopped: the client left", flush=True)
+                return error(499, "the client closed the connection")
+            return error(500, f"image generation failed: {exc.__class__.__name__}: {str(exc)[:300]}")
+        finally:
+            watcher.cancel()
         data = [{"b64_json": base64.b64encode(png).decode("ascii")} for png in images]
         return JSONResponse({"created": int(time.time()), "data": data})
 

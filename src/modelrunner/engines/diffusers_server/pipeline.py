@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import io
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,19 @@ def pick_device(requested: str) -> tuple[str, Any]:
             raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
         return "cuda", torch.float16
     return "cpu", torch.float32  # fp16 on CPU is slow and some kernels lack it
+
+
+class Cancelled(Exception):
+    """The request's client left: its image is not finished."""
+
+
+def _stop_when(cancelled: threading.Event) -> Any:
+    def on_step_end(pipe: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+        if cancelled.is_set():
+            raise Cancelled("the client left")
+        return tensors
+
+    return on_step_end
 
 
 class ImagePipeline:
@@ -38,10 +53,19 @@ class ImagePipeline:
         if self.device == "cuda" and hasattr(self.pipe, "enable_attention_slicing"):
             self.pipe.enable_attention_slicing()  # lower peak memory at large sizes
 
-    def generate(self, request: ImageRequest) -> list[bytes]:
-        """One PNG per image, made one pipeline call at a time; image i uses seed + i."""
+    def generate(self, request: ImageRequest, cancelled: threading.Event | None = None) -> list[bytes]:
+        """One PNG per image, made one pipeline call at a time; image i uses seed + i. Once `cancelled`
+        is set (the client left) the work stops at the next denoising step: Cancelled is raised."""
         images = []
+        stop_early: dict[str, Any] = {}
+        if (
+            cancelled is not None
+            and "callback_on_step_end" in inspect.signature(self.pipe.__call__).parameters
+        ):
+            stop_early["callback_on_step_end"] = _stop_when(cancelled)
         for i in range(request.n):
+            if cancelled is not None and cancelled.is_set():
+                raise Cancelled("the client left")
             generator = None
             if request.seed is not None:
                 # A CPU generator gives the same noise on every device, so a seed means one picture.
@@ -57,6 +81,7 @@ class ImagePipeline:
                     num_images_per_prompt=1,
                     generator=generator,
                     output_type="pil",
+                    **stop_early,
                 )
             buffer = io.BytesIO()
             result.images[0].save(buffer, format="PNG")

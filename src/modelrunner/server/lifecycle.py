@@ -1,0 +1,421 @@
+"""One lifecycle for every request, whichever API it came to and whichever path served it.
+
+An `Exchange` follows one HTTP request from its head to its last byte: its id (the `X-Request-Id` header
+and the `rid` of every log line written while it is served), the runners it holds, its open connections to
+engines, the client's presence, and what was answered. Whatever serves the request (the HTTP front's byte
+relay, the raw ASGI relay, the Ollama, Anthropic and Responses routers), the rules are the same:
+
+* runners are acquired through `Inference.acquire`, which records them on the exchange, and released by
+  the exchange (at once when the answer is complete, in any case when the exchange finishes);
+* a client that leaves closes every engine connection of its exchange (the engine stops generating at its
+  next token) and cancels a wait for a runner;
+* at shutdown, requests still running after the grace period are ended by the daemon: their engine
+  connections close and each relay ends its stream with an error in its API's shape;
+* one access line per request when it finishes, and the exchange goes to the request recorder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from modelrunner import eventlog
+from modelrunner.engines.base import Engine, Mode, ModelForEngine
+from modelrunner.errors import EngineNotInstalled, ModelNotFound, ModelRunnerError
+from modelrunner.scheduler.runner import Runner
+from modelrunner.scheduler.scheduler import Busy, Scheduler
+from modelrunner.server.errors import api_family
+from modelrunner.server.proxy import App, Message, Receive, Scope, Send
+from modelrunner.store.store import ModelStore, StoredModel
+
+if TYPE_CHECKING:
+    from modelrunner.server.recorder import Record, Recorder
+
+access_log = logging.getLogger("modelrunner.access")
+log = logging.getLogger(__name__)
+
+KNOWN_BACKENDS = ("llama.cpp", "vllm", "mlx", "sglang", "diffusers")
+DEFAULT_BACKEND = "llama.cpp"
+_INCOMING_ID = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
+_current: ContextVar[Exchange | None] = ContextVar("exchange", default=None)
+
+
+class ClientGone(ModelRunnerError):
+    """The client left before its answer was complete (nginx's 499: nobody reads this answer)."""
+
+    status_code = 499
+
+
+def select_engine_name(requested: str | None, model_format: str) -> str:
+    """The model's format decides, whatever the URL says (DMR's selectBackendForModel)."""
+    if model_format == "safetensors":
+        return "vllm"
+    if model_format in ("dduf", "diffusers"):
+        return "diffusers"
+    return requested if requested and requested not in ("vllm", "diffusers") else DEFAULT_BACKEND
+
+
+def model_for_engine(store: ModelStore, model: StoredModel, requested_as: str) -> ModelForEngine:
+    return ModelForEngine(
+        id=model.id,
+        reference=requested_as,
+        bundle=store.bundle_of(model),
+        format=model.config.format,
+        context_size=model.config.context_size,
+        size_bytes=sum(layer.size for layer in model.manifest.layers),
+    )
+
+
+def current_or_none() -> Exchange | None:
+    return _current.get()
+
+
+def current() -> Exchange:
+    """The exchange of the request being served (set by the ASGI middleware or the front)."""
+    exchange = _current.get()
+    if exchange is None:
+        raise RuntimeError("no request lifecycle: inference must run inside an exchange")
+    return exchange
+
+
+class Exchange:
+    """One request: what it holds, whether its client is still there, what it was answered."""
+
+    def __init__(self, lifecycle: Lifecycle, method: str, path: str, headers: Mapping[bytes, bytes]) -> None:
+        self.lifecycle = lifecycle
+        self.method = method
+        self.path = path
+        self.api = api_family(path)
+        incoming = headers.get(eventlog.REQUEST_ID_HEADER, b"")
+        self.id = incoming.decode() if _INCOMING_ID.fullmatch(incoming) else eventlog.new_request_id()
+        self.user_agent = headers.get(b"user-agent", b"").decode("latin-1")[:200]
+        self.started = time.monotonic()
+        self.first_byte: float | None = None
+        self.status = 0
+        self.bytes_out = 0
+        self.complete = False  # the whole answer was handed to the server
+        self.model: str | None = None
+        self.request_body = b""  # its start, for the recorder (server/recorder.py bounds it)
+        self.request_size = 0
+        self.record: Record | None = None
+        self.client_gone = False
+        self.aborted: str | None = None  # why the daemon ended it (shutdown)
+        self.receive: Receive | None = None  # the ASGI receive, to notice a client that leaves
+        self.runners: list[Runner] = []
+        self._closers: dict[int, Callable[[], None]] = {}
+        self._next_closer = 0
+        self._waiting: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    def keep_request(self, chunk: bytes) -> None:
+        """The request body as it arrives, kept up to the recorder's limit."""
+        self.request_size += len(chunk)
+        recorder = self.lifecycle.recorder
+        room = (recorder.request_limit if recorder is not None else 0) - len(self.request_body)
+        if room > 0:
+            self.request_body += chunk[:room]
+
+    # -- runners ---------------------------------------------------------------------------------------
+
+    def hold(self, runner: Runner) -> None:
+        self.runners.append(runner)
+
+    async def release(self, runner: Runner) -> None:
+        """Give the runner back to the scheduler (once: later calls do nothing)."""
+        if runner in self.runners:
+            self.runners.remove(runner)
+            await self.lifecycle.release(runner)
+
+    @contextlib.asynccontextmanager
+    async def waiting(self) -> AsyncIterator[None]:
+        """A wait for a runner: a client that leaves (or a shutdown) cancels it."""
+        self._stop_if_over()
+        task = asyncio.current_task()
+        self._waiting = task
+        try:
+            yield
+        except asyncio.CancelledError:
+            if task is None or not (self.client_gone or self.aborted) or task.cancelling() > 1:
+                raise
+            task.uncancel()  # our cancellation, not the server's: answered as an error
+            self._stop_if_over()
+            raise
+        finally:
+            self._waiting = None
+
+    # -- engine connections ----------------------------------------------------------------------------
+
+    def opened(self, close: Callable[[], None]) -> Callable[[], None]:
+        """Register an engine connection, closed if the client leaves; returns what unregisters it."""
+        self._stop_if_over()
+        key = self._next_closer
+        self._next_closer += 1
+        self._closers[key] = close
+        self.watch()
+
+        def forget() -> None:
+            self._closers.pop(key, None)
+
+        return forget
+
+    def _stop_if_over(self) -> None:
+        if self.aborted:
+            raise Busy(self.aborted)
+        if self.client_gone:
+            raise ClientGone("the client closed the connection")
+
+    def _close_upstreams(self) -> None:
+        closers, self._closers = list(self._closers.values()), {}
+        for close in closers:
+            close()
+
+    def client_left(self) -> None:
+        if self.complete or self.client_gone:
+            return
+        self.client_gone = True
+        self._interrupt()
+
+    def abort(self, reason: str) -> None:
+        """End the request from our side (shutdown): engine connections close, a wait is cancelled."""
+        if self.aborted is None:
+            self.aborted = reason
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        self._close_upstreams()
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    def failure(self, detail: object) -> str:
+        """What to tell a client whose answer was cut: our reason, or what the engine did."""
+        return self.aborted or f"the engine stopped while answering: {detail}"
+
+    def watch(self) -> None:
+        """On the ASGI path, notice a client that leaves while the answer is prepared (the front's
+        protocol is told by its transport instead)."""
+        if self._watcher is None and self.receive is not None:
+            self._watcher = self.lifecycle.spawn(self._watch(self.receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self.complete:
+                    self.client_left()
+                return
+
+    # -- the answer ------------------------------------------------------------------------------------
+
+    def started_answer(self, status: int, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        self.status = status
+        self.first_byte = time.monotonic()
+        if self.record is not None:
+            self.record.answer_head(status, headers)
+
+    def answered(self, data: bytes, last: bool) -> None:
+        self.bytes_out += len(data)
+        if self.record is not None and data:
+            self.record.tee(data)
+        if last:
+            self.complete = True
+
+    @property
+    def busy(self) -> bool:
+        """Holding or waiting for a runner, or talking to an engine."""
+        return bool(self.runners or self._closers or self._waiting)
+
+    def outcome(self) -> str:
+        if self.aborted:
+            return "aborted"
+        if self.client_gone:
+            return "client_left"
+        return "complete" if self.complete else "incomplete"
+
+    def access_fields(self) -> dict[str, object]:
+        ended = time.monotonic()
+        ttfb = None if self.first_byte is None else round((self.first_byte - self.started) * 1000, 1)
+        return {
+            "method": self.method,
+            "path": self.path[:200],
+            "api": self.api,
+            "model": self.model[:200] if self.model else None,
+            "status": self.status or (499 if self.client_gone else 0),
+            "bytes": self.bytes_out,
+            "ttfb_ms": ttfb,
+            "duration_ms": round((ended - self.started) * 1000, 1),
+            "outcome": self.outcome(),
+        }
+
+    async def finish(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+        self._close_upstreams()
+        for runner in list(self.runners):
+            await self.release(runner)
+
+
+class Lifecycle:
+    """The exchanges of one daemon: begun and finished here, owned background tasks, the shutdown."""
+
+    def __init__(self, scheduler: Scheduler, recorder: Recorder | None = None) -> None:
+        self.scheduler = scheduler
+        self.recorder = recorder
+        self.open: set[Exchange] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def begin(self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> Exchange:
+        exchange = Exchange(self, method, path, {bytes(k).lower(): bytes(v) for k, v in headers})
+        self.open.add(exchange)
+        eventlog.request_id.set(exchange.id)
+        _current.set(exchange)
+        return exchange
+
+    async def finish(self, exchange: Exchange) -> None:
+        """Everything the exchange holds goes back, even when its task is being cancelled."""
+        try:
+            if exchange.busy or exchange._watcher is not None:
+                await asyncio.shield(self.spawn(exchange.finish()))
+        finally:
+            self.open.discard(exchange)
+            if self.recorder is not None and exchange.record is not None:
+                self.recorder.finish(exchange)
+            eventlog.event(access_log, "request", logging.INFO, **exchange.access_fields())
+
+    async def release(self, runner: Runner) -> None:
+        await asyncio.shield(self.spawn(self.scheduler.release(runner)))
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """A task the daemon keeps a reference to until it ends (asyncio itself keeps only weak ones)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def drain(self, grace: float, reason: str = "the model runner is shutting down") -> None:
+        """Shutdown: let inference requests finish for `grace` seconds, then end those still running (their
+        relays close each stream with an error event and its proper end), and wait for them to do so.
+        Other requests are uvicorn's to wait for."""
+        if self.recorder is not None:
+            self.recorder.close()  # followers of /engines/requests would never end by themselves
+        deadline = time.monotonic() + grace
+        while any(e.busy for e in self.open) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        running = [e for e in self.open if e.busy]
+        if not running:
+            return
+        eventlog.event(log, "shutdown_ends_requests", logging.WARNING, requests=len(running), grace_s=grace)
+        for exchange in running:
+            exchange.abort(reason)
+        deadline = time.monotonic() + 2.0
+        while any(e.busy for e in self.open) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+
+class Inference:
+    """Where every API gets and gives back runners: the model from the store, its engine, the scheduler,
+    all on the current exchange."""
+
+    def __init__(
+        self, store: ModelStore, scheduler: Scheduler, engines: Mapping[str, Engine], lifecycle: Lifecycle
+    ) -> None:
+        self.store = store
+        self.scheduler = scheduler
+        self.engines = engines
+        self.lifecycle = lifecycle
+
+    def engine_for(self, model: StoredModel, backend: str | None = None) -> Engine:
+        if backend is not None and backend not in KNOWN_BACKENDS:
+            raise ModelNotFound(f"unknown backend {backend[:40]!r}; known: {', '.join(KNOWN_BACKENDS)}")
+        name = select_engine_name(backend, model.config.format)
+        engine = self.engines.get(name)
+        if engine is None:
+            raise EngineNotInstalled(f"the {name} engine is not available in this build of modelrunner")
+        return engine
+
+    async def acquire(
+        self,
+        name: str,
+        mode: Mode = Mode.COMPLETION,
+        keep_alive: float | None = None,
+        backend: str | None = None,
+        record: bool = True,
+    ) -> Runner:
+        """A ready runner for the model called `name`, held by the current exchange until it finishes
+        (or `release`); the exchange is recorded unless `record` is false (loads without inference)."""
+        exchange = current()
+        model = self.store.get(name)
+        engine = self.engine_for(model, backend)
+        exchange.model = exchange.model or name
+        if not self.scheduler.has_runner(engine.name, model.id, mode):
+            engine.require_installed()
+        exchange.watch()
+        async with exchange.waiting():
+            runner = await self.scheduler.acquire(
+                engine, model_for_engine(self.store, model, name), mode, keep_alive
+            )
+        exchange.hold(runner)
+        recorder = self.lifecycle.recorder
+        if record and recorder is not None and exchange.record is None:
+            config = recorder.runner_config(
+                runner, lambda: self.scheduler.settings.get(engine.name, model.id, mode)
+            )
+            exchange.record = recorder.start(exchange, name, model.id, config)
+        return runner
+
+    async def release(self, runner: Runner) -> None:
+        await current().release(runner)
+
+
+class LifecycleMiddleware:
+    """The outermost ASGI layer: an exchange per request (id, access line, recorder), the
+    `X-Request-Id` header on every answer, and HEAD served wherever GET is (liveness probes use it)."""
+
+    def __init__(self, app: App, lifecycle: Lifecycle) -> None:
+        self.app = app
+        self.lifecycle = lifecycle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        exchange = self.lifecycle.begin(scope["method"], scope["path"], scope["headers"])
+        exchange.receive = receive
+        request_id = exchange.id.encode()
+
+        async def tracked_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", []), (eventlog.REQUEST_ID_HEADER, request_id)]
+                message = {**message, "headers": headers}
+                exchange.started_answer(message["status"], headers)
+            elif message["type"] == "http.response.body":
+                exchange.answered(message.get("body", b""), not message.get("more_body", False))
+            await send(message)
+
+        try:
+            if scope["method"] == "HEAD":
+                await self._head(scope, receive, tracked_send)
+            else:
+                await self.app(scope, receive, tracked_send)
+        finally:
+            await self.lifecycle.finish(exchange)
+
+    async def _head(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """HEAD where a route takes it, else as GET: the server sends the head of the GET answer only."""
+        refused = False
+
+        async def unless_refused(message: Message) -> None:
+            nonlocal refused
+            if message["type"] == "http.response.start" and message["status"] == 405:
+                refused = True
+            if not refused:
+                await send(message)
+
+        await self.app(scope, receive, unless_refused)
+        if refused:
+            await self.app({**scope, "method": "GET"}, receive, send)

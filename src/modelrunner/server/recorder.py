@@ -1,0 +1,473 @@
+"""The request recorder: the last inference requests of each model and their answers, as DMR keeps them
+(`pkg/metrics/openai_recorder.go`): `GET /engines/requests` answers JSON, or follows new records as
+server-sent events (`Accept: text/event-stream`: `existing_request` events with `?include_existing=true`,
+then `connected`, then one `new_request` per finished request); `?model=` filters.
+
+Every API is recorded through the one request lifecycle (server/lifecycle.py), once a runner serves the
+request: the client's request as it was sent (base64 media cut to 100 characters, as DMR does, here also
+in Ollama, Anthropic and Responses bodies) and its answer; a streamed answer is shown whole, put back
+together when the records are read, so the relay only keeps a bounded copy of the bytes it sends.
+
+Beyond DMR: bodies are bounded (REQUEST_LIMIT, RESPONSE_LIMIT), so are the models kept (MAX_MODELS); the
+records of a model outlive its runner (DMR drops them at unload); `MODEL_RUNNER_RECORD_REQUESTS=0` turns
+the recorder off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import time
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from modelrunner.compat import assemble
+from modelrunner.compat.sse import sse_events
+from modelrunner.errors import ModelNotFound, ModelRunnerError
+from modelrunner.scheduler.runner import Runner
+from modelrunner.scheduler.settings import ModelSettings, backend_configuration
+from modelrunner.server.errors import ANTHROPIC, OLLAMA, RESPONSES
+from modelrunner.store.store import ModelStore
+
+if TYPE_CHECKING:
+    from modelrunner.server.lifecycle import Exchange
+
+RECORDS_PER_MODEL = 10  # DMR's maximumRecordsPerModel
+SUBSCRIBER_BUFFER = 100  # DMR's subscriberChannelBuffer: a follower that lags loses records
+MEDIA_KEPT = 100  # DMR's maxMediaDataLength
+STREAM_ERROR_STATUS = 400  # DMR's defaultStreamingErrorCode
+REQUEST_LIMIT = 512 * 1024
+RESPONSE_LIMIT = 1024 * 1024
+MAX_MODELS = 100
+# DMR's X-Request-Origin values, set by its Ollama and Anthropic handlers; Responses is ours.
+ORIGINS = {OLLAMA: "ollama/completion", ANTHROPIC: "anthropic/messages", RESPONSES: "openai/responses"}
+
+
+def recording_enabled() -> bool:
+    return os.environ.get("MODEL_RUNNER_RECORD_REQUESTS", "1").strip().lower() not in ("0", "false", "no")
+
+
+# -- request bodies ------------------------------------------------------------------------------------
+
+
+def truncate_base64(data: str) -> str:
+    """DMR's truncateBase64Data: a data URL keeps its header and 100 characters of payload, raw base64
+    its first 100 characters, each followed by how many were cut."""
+    if len(data) <= MEDIA_KEPT:
+        return data
+    if data.startswith("data:"):
+        header, comma, payload = data.partition(",")
+        if comma and len(payload) > MEDIA_KEPT:
+            return f"{header},{payload[:MEDIA_KEPT]}...[truncated {len(payload) - MEDIA_KEPT} chars]"
+        return data
+    return f"{data[:MEDIA_KEPT]}...[truncated {len(data) - MEDIA_KEPT} chars]"
+
+
+def go_json(value: Any) -> str:
+    """`value` as Go's encoding/json writes a decoded `interface{}`: keys sorted, no spaces, numbers as
+    float64 (1.0 is `1`), and `<`, `>`, `&`, U+2028, U+2029 escaped."""
+    text = json.dumps(_go_numbers(value), separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+        text = text.replace(char, escaped)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def _go_numbers(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _go_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_go_numbers(v) for v in value]
+    return value
+
+
+def truncate_media(body: bytes) -> str:
+    """The request as recorded. DMR's truncateMediaFields: a JSON object with a `messages` array has the
+    base64 of its `image_url.url` and `input_audio.data` parts cut and is written again the Go way;
+    anything else stays as it was. Here also: Ollama's `images` (top level and per message), Anthropic's
+    `source.data` parts and the Responses API's `input_image` parts."""
+    text = body.decode("utf-8", "replace")
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return text
+    if not isinstance(doc, dict):
+        return text
+    changed = _cut_images(doc.get("images"))
+    items = doc.get("input")
+    for item in items if isinstance(items, list) else []:
+        changed |= _cut_parts(item.get("content") if isinstance(item, dict) else None)
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            if isinstance(message, dict):
+                _cut_parts(message.get("content"))
+                _cut_images(message.get("images"))
+        return go_json(doc)
+    return go_json(doc) if changed else text
+
+
+def _cut_images(images: Any) -> bool:
+    if not isinstance(images, list):
+        return False
+    for i, image in enumerate(images):
+        if isinstance(image, str):
+            images[i] = truncate_base64(image)
+    return True
+
+
+def _cut_parts(content: Any) -> bool:
+    changed = False
+    for part in content if isinstance(content, list) else []:
+        if not isinstance(part, dict):
+            continue
+        for key, field in (("image_url", "url"), ("input_audio", "data"), ("source", "data")):
+            holder = part.get(key)
+            if isinstance(holder, dict) and isinstance(holder.get(field), str):
+                holder[field] = truncate_base64(holder[field])
+                changed = True
+        if isinstance(part.get("image_url"), str):  # the Responses API's input_image
+            part["image_url"] = truncate_base64(part["image_url"])
+            changed = True
+    return changed
+
+
+# -- answers ---------------------------------------------------------------------------------------------
+
+
+def unchunk(data: bytes) -> bytes:
+    """A body in chunked transfer encoding, decoded as far as it is whole (a recorded copy may be cut)."""
+    out = bytearray()
+    pos = 0
+    while True:
+        line_end = data.find(b"\r\n", pos)
+        if line_end < 0:
+            break
+        try:
+            size = int(data[pos:line_end].split(b";", 1)[0].strip() or b"0", 16)
+        except ValueError:
+            break
+        if size == 0:
+            break
+        out += data[line_end + 2 : line_end + 2 + size]
+        pos = line_end + 2 + size + 2
+        if pos > len(data):
+            break
+    return bytes(out)
+
+
+def normalize_error(text: str) -> str:
+    """DMR's normalizeErrorToJSON: JSON as it is, anything else as `{"error": "<text>"}`."""
+    if not text:
+        return '{"error": "unknown error"}'
+    try:
+        json.loads(text)
+    except ValueError:
+        return json.dumps({"error": text})
+    return text
+
+
+def streaming_error(message: str, details: str, kind: str | None = None, status: int | None = None) -> str:
+    """DMR's StreamingError, as it serializes it."""
+    error: dict[str, Any] = {"status_code": status or STREAM_ERROR_STATUS, "message": message}
+    if kind:
+        error["type"] = kind
+    error["details"] = details
+    return json.dumps(error)
+
+
+def _events(raw: bytes) -> list[tuple[str | None, dict[str, Any], str]]:
+    out = []
+    for event, payload in sse_events(raw):
+        try:
+            doc = json.loads(payload)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(doc, dict):
+            out.append((event, doc, payload.decode("utf-8", "replace")))
+    return out
+
+
+def _stream_error(event: str | None, doc: dict[str, Any], payload: str) -> str | None:
+    """The StreamingError of an event that reports a failure (the engine's, or ours), else None."""
+    error = doc.get("error")
+    if event == "error" or doc.get("type") == "error":
+        inner = error if isinstance(error, dict) else doc
+        return streaming_error(str(inner.get("message") or "streaming error"), payload, inner.get("type"))
+    if error is not None and "choices" not in doc:
+        if isinstance(error, dict):
+            code = error.get("code")
+            status = code if isinstance(code, int) else None
+            return streaming_error(
+                str(error.get("message") or "streaming error"), payload, error.get("type"), status
+            )
+        return streaming_error(str(error), payload)
+    return None
+
+
+def reassemble(api: str, url: str, content_type: str, raw: bytes) -> tuple[str, str]:
+    """(response, error) of a successful answer: a streamed one put back together (DMR's
+    convertStreamingResponse and convertAnthropicStreamingResponse), whole ones as they are."""
+    text = raw.decode("utf-8", "replace")
+    if api == OLLAMA and "ndjson" in content_type:
+        return _ollama(raw, text)
+    if "event-stream" not in content_type and b"data: " not in raw:
+        return text, ""
+    events = _events(raw)
+    for event, doc, payload in events:
+        error = _stream_error(event, doc, payload)
+        if error is not None:
+            return "", error
+    if api == RESPONSES:
+        finals = [doc["response"] for _, doc, _ in events if isinstance(doc.get("response"), dict)]
+        return (json.dumps(finals[-1]), "") if finals else (text, "")
+    path = url.rsplit("/v1", 1)[-1]
+    kind = assemble.MESSAGES if api == ANTHROPIC else assemble.CHAT
+    if path == "/completions":
+        kind = assemble.COMPLETIONS
+    assembler = assemble.assembler_for(kind)
+    try:
+        for event, doc, _ in events:
+            assembler.add(event, doc)
+        return json.dumps(assembler.result()), ""
+    except assemble.AssemblyError:
+        return text, ""  # cut short: the bytes as they were sent
+
+
+def _ollama(raw: bytes, text: str) -> tuple[str, str]:
+    lines = []
+    for line in raw.splitlines():
+        try:
+            doc = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(doc, dict):
+            if "error" in doc:
+                return "", streaming_error(str(doc["error"]), line.decode("utf-8", "replace"))
+            lines.append(doc)
+    if not lines:
+        return text, ""
+    merged = dict(lines[-1])
+    for key in ("response", "thinking"):
+        if any(key in doc for doc in lines):
+            merged[key] = "".join(str(doc.get(key) or "") for doc in lines)
+    messages = [doc["message"] for doc in lines if isinstance(doc.get("message"), dict)]
+    if messages:
+        message = dict(messages[-1])
+        for key in ("content", "thinking"):
+            message[key] = "".join(str(m.get(key) or "") for m in messages)
+        calls = [call for m in messages for call in m.get("tool_calls") or []]
+        if calls:
+            message["tool_calls"] = calls
+        if not message.get("thinking"):
+            message.pop("thinking", None)
+        merged["message"] = message
+    return json.dumps(merged), ""
+
+
+class Record:
+    """One request and its answer; the answer's bytes are kept as sent (bounded) and read when shown."""
+
+    def __init__(
+        self, exchange: Exchange, model: str, model_id: str, config: dict[str, Any], request: bytes
+    ) -> None:
+        self.id = f"{model_id}_{time.time_ns()}"
+        self.model = model
+        self.model_id = model_id
+        self.config = config
+        self.api = exchange.api
+        self.method = exchange.method
+        self.url = exchange.path
+        self.request = request
+        self.timestamp = int(time.time())
+        self.user_agent = exchange.user_agent
+        generation = exchange.api != OLLAMA or exchange.path in ("/api/chat", "/api/generate")
+        self.origin = ORIGINS.get(exchange.api, "") if generation else ""
+        self.status_code = 0
+        self.content_type = ""
+        self.framed_by_chunks = False  # the front keeps the bytes as it relays them
+        self.finished = False
+        self._response = bytearray()
+        self._shown: dict[str, Any] | None = None
+
+    def answer_head(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        self.status_code = status
+        for name, value in headers:
+            if name.lower() == b"content-type":
+                self.content_type = value.decode("latin-1").lower()
+
+    def tee(self, data: bytes) -> None:
+        room = RESPONSE_LIMIT - len(self._response)
+        if room > 0:
+            self._response += data[:room]
+
+    def to_json(self) -> dict[str, Any]:
+        """DMR's RequestResponsePair (empty `response`, `error`, `user_agent`, `origin` left out)."""
+        if self._shown is not None:
+            return self._shown
+        out: dict[str, Any] = {
+            "id": self.id,
+            "model": self.model,
+            "method": self.method,
+            "url": self.url,
+            "request": truncate_media(self.request),
+        }
+        if self.finished:
+            status = self.status_code or 408  # DMR: nothing was answered (the request was cancelled)
+            raw = unchunk(bytes(self._response)) if self.framed_by_chunks else bytes(self._response)
+            if status >= 400:
+                response, error = "", normalize_error(raw.decode("utf-8", "replace"))
+            else:
+                response, error = reassemble(self.api, self.url, self.content_type, raw)
+            if response:
+                out["response"] = response
+            if error:
+                out["error"] = error
+            out["timestamp"] = self.timestamp
+            out["status_code"] = status
+        else:
+            out |= {"timestamp": self.timestamp, "status_code": 0}
+        if self.user_agent:
+            out["user_agent"] = self.user_agent
+        if self.origin:
+            out["origin"] = self.origin
+        if self.finished:
+            self._shown = out
+            self._response = bytearray()  # shown once computed: the bytes are no longer needed
+        return out
+
+
+@dataclass(eq=False)
+class _Follower:
+    model_id: str | None
+    queue: asyncio.Queue[bytes | None] = dataclasses.field(
+        default_factory=lambda: asyncio.Queue(SUBSCRIBER_BUFFER)
+    )
+
+
+class Recorder:
+    """The records of every model (by model ID, the last RECORDS_PER_MODEL each) and their followers."""
+
+    request_limit = REQUEST_LIMIT
+
+    def __init__(self) -> None:
+        self.models: OrderedDict[str, deque[Record]] = OrderedDict()
+        self.configs: dict[str, dict[str, Any]] = {}
+        self._followers: set[_Follower] = set()
+        self._runner_configs: weakref.WeakKeyDictionary[Runner, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+    def runner_config(self, runner: Runner, settings: Callable[[], ModelSettings | None]) -> dict[str, Any]:
+        """The configuration a runner was started with, read once per runner (as DMR sets it at start)."""
+        config = self._runner_configs.get(runner)
+        if config is None:
+            stored = settings()
+            config = self._runner_configs[runner] = backend_configuration(stored) if stored else {}
+        return config
+
+    def start(self, exchange: Exchange, model: str, model_id: str, config: dict[str, Any]) -> Record:
+        request = exchange.request_body
+        if exchange.request_size > len(request):
+            request += f"...[truncated {exchange.request_size - len(request)} bytes]".encode()
+        record = Record(exchange, model, model_id, config, request)
+        records = self.models.get(model_id)
+        if records is None:
+            records = self.models[model_id] = deque(maxlen=RECORDS_PER_MODEL)
+            while len(self.models) > MAX_MODELS:
+                dropped, _ = self.models.popitem(last=False)
+                self.configs.pop(dropped, None)
+        self.models.move_to_end(model_id)
+        self.configs[model_id] = record.config
+        records.append(record)
+        return record
+
+    def finish(self, exchange: Exchange) -> None:
+        record = exchange.record
+        if record is None:
+            return
+        record.finished = True
+        if self._followers:
+            payload = self._payload(record.model, record.config, [record])
+            event = b"event: new_request\ndata: " + payload + b"\n\n"
+            for follower in list(self._followers):
+                if follower.model_id in (None, record.model_id) and not follower.queue.full():
+                    follower.queue.put_nowait(event)
+
+    def _payload(self, model: str, config: dict[str, Any], records: list[Record]) -> bytes:
+        """DMR's ModelRecordsResponse list (its JSON field order)."""
+        entry = {
+            "count": len(records),
+            "model": model,
+            "config": config,
+            "records": [r.to_json() for r in records],
+        }
+        return json.dumps([entry]).encode()
+
+    def listing(self, model_id: str | None) -> list[dict[str, Any]]:
+        ids = list(self.models) if model_id is None else [model_id] if model_id in self.models else []
+        out = []
+        for key in ids:
+            records = [r.to_json() for r in self.models[key]]
+            out.append(
+                {"count": len(records), "model": key, "config": self.configs.get(key, {}), "records": records}
+            )
+        return out
+
+    async def follow(self, model_id: str | None, include_existing: bool) -> AsyncIterator[bytes]:
+        follower = _Follower(model_id)
+        self._followers.add(follower)
+        try:
+            if include_existing:
+                for key in list(self.models) if model_id is None else [model_id]:
+                    for record in list(self.models.get(key, ())):
+                        payload = self._payload(key, self.configs.get(key, {}), [record])
+                        yield b"event: existing_request\ndata: " + payload + b"\n\n"
+            yield b'event: connected\ndata: {"status": "connected"}\n\n'
+            while (event := await follower.queue.get()) is not None:
+                yield event
+        finally:
+            self._followers.discard(follower)
+
+    def close(self) -> None:
+        """End every follower (the daemon is stopping)."""
+        for follower in list(self._followers):
+            while follower.queue.full():
+                follower.queue.get_nowait()
+            follower.queue.put_nowait(None)
+
+
+def build_recorder_router(recorder: Recorder | None, store: ModelStore) -> APIRouter:
+    router = APIRouter()
+
+    def resolve(model: str | None) -> str | None:
+        if not model:
+            return None
+        try:
+            return store.get(model).id
+        except (ModelNotFound, ModelRunnerError):
+            return model  # DMR's ResolveID: an unknown name is kept, and matches nothing
+
+    @router.get("/engines/requests")
+    async def requests(request: Request, model: str | None = None, include_existing: str = "") -> Response:
+        model_id = resolve(model)
+        if request.headers.get("accept", "") == "text/event-stream":
+            if recorder is None:
+                return Response(
+                    b'event: connected\ndata: {"status": "connected"}\n\n', media_type="text/event-stream"
+                )
+            return StreamingResponse(
+                recorder.follow(model_id, include_existing == "true"),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+            )
+        return JSONResponse(recorder.listing(model_id) if recorder is not None else [])
+
+    return router

@@ -1,0 +1,244 @@
+"""Calls to an engine's HTTP API over its runner's Unix socket, inside the request's exchange.
+
+The translated APIs (Ollama, Anthropic, Responses) read what the engine answers, as parsed JSON or as
+server-sent events; the OpenAI routes read whole answers when they must change them (an assembled
+non-streamed answer, an embedding error). Every call registers its connection with the exchange, so a
+client that leaves closes it, and `close()` gives the runner back.
+
+A non-streamed generation on llama.cpp is asked for as a stream and assembled (compat/assemble.py says
+why): the only way llama-server stops generating for a client that left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from modelrunner.compat import assemble
+from modelrunner.compat.sse import SSEDecoder
+from modelrunner.engines.base import Mode
+from modelrunner.errors import ModelRunnerError
+from modelrunner.http1 import MAX_HEAD, UpstreamError, body_chunks, read_head
+from modelrunner.scheduler.runner import Runner
+from modelrunner.server import lifecycle
+from modelrunner.server.lifecycle import Exchange, Inference
+from modelrunner.server.proxy import request_bytes, retry_full_backlog
+
+MAX_ERROR_BODY = 1024 * 1024
+MAX_JSON_BODY = 64 * 1024 * 1024  # embeddings of many inputs are large
+ASSEMBLING_ENGINES = frozenset({"llama.cpp"})  # vLLM aborts a generation whose client closed by itself
+_TOO_LARGE = re.compile(r"input \((\d+) tokens\) is too large to process.*current batch size: (\d+)", re.S)
+READ_ERRORS = (UpstreamError, ConnectionError, asyncio.IncompleteReadError, ValueError)
+
+
+class EngineUnreachable(ModelRunnerError):
+    status_code = 502
+
+
+class EngineFailed(ModelRunnerError):
+    """The engine answered with an error status: `status_code` and `message` are its own."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status
+
+
+def engine_error_message(status: int, body: bytes) -> str:
+    """The message of an engine's error body, whatever its shape (OpenAI, llama-server, plain text)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        doc = None
+    if isinstance(doc, dict):
+        error = doc.get("error", doc)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if isinstance(doc.get("message"), str):
+            return str(doc["message"])
+    text = body.decode(errors="replace").strip()
+    return text[:500] or f"the engine answered with status {status}"
+
+
+def input_too_long(status: int, message: str) -> str | None:
+    """llama-server refuses an embedding input longer than its physical batch (sized to the context,
+    engines/llamacpp.py) with a 500; it is the client's input that is too long: a 400 saying so."""
+    match = _TOO_LARGE.search(message) if status == 500 else None
+    if match is None:
+        return None
+    return (
+        f"the input ({match.group(1)} tokens) is longer than the model's context ({match.group(2)} tokens): "
+        "shorten it, or configure a larger context size"
+    )
+
+
+def assembles(engine: str, path: str, doc: dict[str, Any]) -> bool:
+    return engine in ASSEMBLING_ENGINES and assemble.streamable(path, doc)
+
+
+class EngineCall:
+    """One request to a runner. `close()` it: that closes the connection and releases the runner."""
+
+    def __init__(self, exchange: Exchange, runner: Runner, load_seconds: float = 0.0) -> None:
+        self.exchange = exchange
+        self.runner = runner
+        self.load_seconds = load_seconds
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.assembling: str | None = None  # the path whose unstreamed answer is assembled
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._forget: Any = None
+
+    async def send(self, path: str, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """Send the request and read the answer's head."""
+        socket = str(self.runner.socket)
+        try:
+            reader, writer = await retry_full_backlog(
+                lambda: asyncio.open_unix_connection(socket, limit=MAX_HEAD)
+            )
+        except OSError as exc:
+            raise EngineUnreachable(f"the engine is not reachable: {exc.strerror or exc}") from None
+        self._reader, self._writer = reader, writer
+        self._forget = self.exchange.opened(writer.close)
+        try:
+            writer.write(request_bytes("POST", path, headers or [], body))
+            await writer.drain()
+            self.status, self.headers = await read_head(reader)
+        except (OSError, UpstreamError) as exc:
+            raise ModelRunnerError(self.exchange.failure(exc)) from None
+
+    @property
+    def event_stream(self) -> bool:
+        return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in self.headers)
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        assert self._reader is not None
+        return body_chunks(self._reader, self.headers)
+
+    async def read(self, limit: int = MAX_JSON_BODY) -> bytes:
+        data = bytearray()
+        try:
+            async for chunk in self.chunks():
+                data += chunk
+                if len(data) > limit:
+                    raise ModelRunnerError("the engine's answer is too large")
+        except READ_ERRORS as exc:
+            raise ModelRunnerError(self.exchange.failure(exc)) from None
+        return bytes(data)
+
+    async def raise_for_status(self) -> None:
+        if self.status >= 400:
+            raise self.error(self.status, await self.read(MAX_ERROR_BODY))
+
+    def error(self, status: int, body: bytes) -> EngineFailed:
+        message = engine_error_message(status, body)
+        if self.runner.key.mode in (Mode.EMBEDDING, Mode.RERANKING):
+            clearer = input_too_long(status, message)
+            if clearer is not None:
+                return EngineFailed(400, clearer)
+        return EngineFailed(status, message)
+
+    async def answer(self) -> tuple[int, bytes]:
+        """The whole answer (status, JSON body) as the client gets it: assembled from the engine's stream
+        when the call asked for one, an embedding input that is too long as a 400."""
+        if self.assembling is None or self.status != 200 or not self.event_stream:
+            body = await self.read()
+            if self.status >= 400:
+                failed = self.error(self.status, body)
+                if failed.status_code != self.status:
+                    return failed.status_code, json.dumps(_openai_error(failed)).encode()
+            return self.status, body
+        assembler = assemble.assembler_for(self.assembling)
+        try:
+            async for chunk in self.chunks():
+                assembler.feed(chunk)
+            doc = assembler.result()
+        except READ_ERRORS as exc:
+            raise ModelRunnerError(self.exchange.failure(exc)) from None
+        except assemble.AssemblyError as exc:
+            if exc.body is None:
+                raise ModelRunnerError(self.exchange.failure(exc)) from None
+            return exc.status, json.dumps(exc.body).encode()
+        return 200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+    async def json(self) -> dict[str, Any]:
+        status, body = await self.answer()
+        if status >= 400:
+            raise self.error(status, body)
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise ModelRunnerError("the engine sent an answer that is not JSON") from None
+        if not isinstance(doc, dict):
+            raise ModelRunnerError("the engine sent an unexpected answer")
+        return doc
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """The `data:` payloads of a server-sent event stream, parsed; ends at `[DONE]` or the stream's end.
+
+        A dying engine (or a daemon that ends the request) becomes a ModelRunnerError, for the caller to
+        report in its API's shape.
+        """
+        decoder = SSEDecoder()
+        try:
+            async for chunk in self.chunks():
+                for _, payload in decoder.feed(chunk):
+                    if payload == b"[DONE]":
+                        return
+                    try:
+                        doc = json.loads(payload)
+                    except (ValueError, UnicodeDecodeError):
+                        continue
+                    if isinstance(doc, dict):
+                        if "error" in doc and "choices" not in doc:
+                            raise ModelRunnerError(engine_error_message(500, payload))
+                        yield doc
+        except READ_ERRORS as exc:
+            raise ModelRunnerError(self.exchange.failure(exc)) from None
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            if self._forget is not None:
+                self._forget()
+            self._writer.close()
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+            self._writer = None
+        await self.exchange.release(self.runner)
+
+
+def _openai_error(failed: EngineFailed) -> dict[str, Any]:
+    return {"error": {"code": failed.status_code, "message": failed.message, "type": "invalid_request_error"}}
+
+
+async def call_engine(
+    inference: Inference,
+    name: str,
+    path: str,
+    body: dict[str, Any],
+    mode: Mode = Mode.COMPLETION,
+    keep_alive: float | None = None,
+    backend: str | None = None,
+) -> EngineCall:
+    """POST `body` to `path` of the model's runner; the answer's head is read and its status checked (an
+    error status raises EngineFailed before anything is streamed), its body not yet."""
+    started = time.monotonic()
+    runner = await inference.acquire(name, mode, keep_alive, backend)
+    call = EngineCall(lifecycle.current(), runner, time.monotonic() - started)
+    if assembles(runner.key.engine, path, body):
+        call.assembling = path
+        body = assemble.streamed_request(path, body)
+    try:
+        await call.send(path, json.dumps(body).encode())
+        await call.raise_for_status()
+    except BaseException:
+        await call.close()
+        raise
+    return call

@@ -1,0 +1,123 @@
+"""Every bad input of issue 12 (and those found beside them) gets a 4xx in the shape of the API it came to
+and changes nothing: no runner loaded, no setting stored, the store as it was. One table, every API."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.daemon import snapshot
+from tests.fake_engine import FakeEngine
+from tests.inprocess import InProcessDaemon
+from tests.models import write_tiny_gguf
+
+HI = [{"role": "user", "content": "hi"}]
+CHAT = {"model": "tiny", "messages": HI}
+
+
+def raw(doc: dict[str, Any], **literals: str) -> bytes:
+    """JSON with values Python's json writes but JSON has not (NaN, Infinity): what clients send."""
+    text = json.dumps({**doc, **dict.fromkeys(literals, "@")})
+    for key, literal in literals.items():
+        text = text.replace(f'"{key}": "@"', f'"{key}": {literal}')
+    return text.encode()
+
+
+# (method, path, body: dict = JSON, bytes = as is, status, shape)
+CASES: list[tuple[str, str, Any, int, str]] = [
+    # OpenAI
+    ("POST", "/v1/chat/completions", raw(CHAT, keep_alive="NaN"), 400, "openai"),
+    ("POST", "/v1/chat/completions", raw(CHAT, keep_alive="Infinity"), 400, "openai"),
+    ("POST", "/v1/chat/completions", raw(CHAT, keep_alive="-Infinity"), 400, "openai"),
+    ("POST", "/v1/chat/completions", {**CHAT, "keep_alive": 1e300}, 400, "openai"),
+    ("POST", "/v1/chat/completions", {**CHAT, "keep_alive": "99999999999h"}, 400, "openai"),
+    ("POST", "/v1/chat/completions", {**CHAT, "keep_alive": "soon"}, 400, "openai"),
+    ("POST", "/v1/chat/completions", {**CHAT, "keep_alive": True}, 400, "openai"),
+    ("POST", "/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "openai"),
+    ("POST", "/v1/chat/completions", {"model": "tiny"}, 400, "openai"),
+    ("POST", "/v1/chat/completions", {"messages": HI}, 400, "openai"),
+    ("POST", "/v1/chat/completions", b"{not json", 400, "openai"),
+    ("POST", "/v1/chat/completions", b"[1, 2]", 400, "openai"),
+    ("POST", "/v1/chat/completions", {"model": "absent", "messages": HI}, 404, "openai"),
+    ("POST", "/engines/nope/v1/chat/completions", CHAT, 404, "openai"),
+    ("GET", "/v1/chat/completions", None, 405, "openai"),
+    ("POST", "/v1/embeddings", raw({"model": "tiny", "input": "hi"}, keep_alive="NaN"), 400, "openai"),
+    ("POST", "/v1/completions", raw({"model": "tiny", "prompt": "hi"}, keep_alive="Infinity"), 400, "openai"),
+    # Ollama
+    ("POST", "/api/chat", raw(CHAT, keep_alive="NaN"), 400, "ollama"),
+    ("POST", "/api/chat", raw(CHAT, keep_alive="-Infinity"), 400, "ollama"),
+    ("POST", "/api/generate", {"model": "tiny", "prompt": "hi", "keep_alive": "inf"}, 400, "ollama"),
+    ("POST", "/api/embed", raw({"model": "tiny", "input": "hi"}, keep_alive="Infinity"), 400, "ollama"),
+    ("POST", "/api/chat", b"{not json", 400, "ollama"),
+    ("POST", "/api/chat", {"model": "absent", "messages": HI}, 404, "ollama"),
+    ("POST", "/api/chat", {**CHAT, "options": {"num_ctx": -1}}, 400, "ollama"),
+    ("POST", "/api/chat", {"model": "tiny", "messages": "hi"}, 400, "ollama"),
+    ("POST", "/api/generate", {"prompt": "hi"}, 400, "ollama"),
+    ("GET", "/api/chat", None, 405, "ollama"),
+    # Anthropic
+    ("POST", "/anthropic/v1/messages", CHAT, 400, "anthropic"),  # no max_tokens: Anthropic requires it
+    ("POST", "/anthropic/v1/messages", {**CHAT, "max_tokens": 0}, 400, "anthropic"),
+    ("POST", "/anthropic/v1/messages", {"model": "tiny", "messages": [], "max_tokens": 5}, 400, "anthropic"),
+    ("POST", "/anthropic/v1/messages", raw({**CHAT, "max_tokens": 5}, keep_alive="NaN"), 400, "anthropic"),
+    ("POST", "/anthropic/v1/messages", b"{not json", 400, "anthropic"),
+    ("POST", "/anthropic/v1/messages", {**CHAT, "model": "absent", "max_tokens": 5}, 404, "anthropic"),
+    (
+        "POST",
+        "/v1/messages",
+        {**CHAT, "max_tokens": 5, "messages": [{"role": "bot", "content": "x"}]},
+        400,
+        "anthropic",
+    ),
+    # Responses
+    ("POST", "/v1/responses", {"model": "tiny", "input": []}, 400, "openai"),
+    ("POST", "/v1/responses", {"model": "tiny", "input": "hi", "background": True}, 400, "openai"),
+    ("POST", "/v1/responses", b"{not json", 400, "openai"),
+    ("POST", "/v1/responses", {"model": "absent", "input": "hi"}, 404, "openai"),
+    # DMR
+    ("POST", "/engines/_configure", raw({"model": "tiny"}, keep_alive="NaN"), 400, "openai"),
+    ("POST", "/engines/_configure", {"model": "tiny", "keep_alive": "1e400h"}, 400, "openai"),
+]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]:
+    home = tmp_path_factory.mktemp("bad-input") / "home"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MODEL_RUNNER_HOME", str(home))
+        running = InProcessDaemon(home, {"llama.cpp": FakeEngine()}).start()
+        gguf = write_tiny_gguf(home.parent / "tiny.gguf")
+        assert (
+            running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)}).status_code
+            == 201
+        )
+        yield running
+        running.stop()
+
+
+def assert_shape(shape: str, status: int, body: Any) -> None:
+    if shape == "ollama":
+        assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
+    elif shape == "anthropic":
+        assert body["type"] == "error" and body["error"]["type"] and body["error"]["message"], body
+    else:
+        assert body["error"]["message"] and body["error"]["code"] == status, body
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "shape"), CASES)
+def test_bad_input_is_a_4xx_in_the_apis_shape_and_changes_nothing(
+    daemon: InProcessDaemon, method: str, path: str, body: Any, status: int, shape: str
+) -> None:
+    store = daemon.home / "models"
+    before = snapshot(store)
+    if isinstance(body, bytes):
+        response = daemon.http(method, path, content=body, headers={"content-type": "application/json"})
+    else:
+        response = daemon.http(method, path, json=body)
+    assert response.status_code == status, response.text
+    assert_shape(shape, status, response.json())
+    assert daemon.ps() == []
+    assert daemon.http("GET", "/engines/_configure").json() == []
+    assert snapshot(store) == before
