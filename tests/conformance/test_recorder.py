@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from modelrunner.scheduler.settings import ModelSettings
+from modelrunner.scheduler.settings import ModelSettings, backend_configuration
 from modelrunner.server import recorder as rec
 from modelrunner.server.lifecycle import Exchange, Lifecycle
 from tests.daemon import runner_env
@@ -138,7 +138,8 @@ def recorded(
     recorder: rec.Recorder, path: str, status: int, content_type: bytes, *chunks: bytes, **kw: Any
 ) -> dict[str, Any]:
     ex = exchange(recorder, path, kw.get("body", b'{"model": "ai/m"}'))
-    config = rec.backend_configuration(kw.get("settings"))
+    settings = kw.get("settings")
+    config = backend_configuration(settings) if settings else {}
     ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, config)
     finish(recorder, ex, status, content_type, *chunks)
     [entry] = recorder.listing("sha256:" + "1" * 64)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import re
 import shlex
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ from modelrunner.compat.bodies import json_body
 from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
 from modelrunner.errors import BadRequest, Conflict, ModelNotFound
-from modelrunner.scheduler.durations import NEVER, parse_keep_alive
+from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
@@ -35,7 +34,6 @@ from modelrunner.store.store import ModelStore
 
 _HF_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"  # how Go writes an unset time.Time
-MAX_KEEP_ALIVE = (2**63 - 1) / 1e9  # Go's longest time.Duration (~292 years): what DMR's clients can read
 
 
 class UnloadRequest(BaseModel):
@@ -97,25 +95,12 @@ def requested_flags(body: ConfigureRequest) -> list[str] | None:
 
 
 def configured_keep_alive(value: object) -> float:
-    """keep_alive of `_configure`, read by the shared parser, with what a stored setting must not be:
-    NaN, infinite, negative other than -1 (-1 is "never unload"), or longer than Go can write back."""
-    if isinstance(value, str) and value.strip() == "-1":
-        return NEVER
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if value == -1:
-            return NEVER
-        if math.isnan(value) or math.isinf(value):
-            raise BadRequest("keep_alive must be a finite duration such as 5m, 1h, 0 or -1")
-        if value < 0:
-            raise BadRequest("keep_alive may not be negative; use -1 to keep the model loaded")
-    elif isinstance(value, str) and value.strip().startswith("-"):
+    """keep_alive of `_configure`: the shared parser (finite, at most Go's longest duration), and no negative
+    value but -1 ("never unload"), which is all a stored setting may say (DMR reads any negative as never)."""
+    text = str(value).strip() if isinstance(value, str | int | float) and not isinstance(value, bool) else ""
+    if text.startswith("-") and text not in ("-1", "-1.0"):
         raise BadRequest("keep_alive may not be negative; use -1 to keep the model loaded")
-    seconds = parse_keep_alive(value)
-    if math.isnan(seconds) or seconds < 0:
-        raise BadRequest("keep_alive must be a duration such as 5m, 1h, 0 or -1")
-    if seconds > MAX_KEEP_ALIVE:
-        raise BadRequest("keep_alive is too long: at most 2562047h; use -1 to keep the model loaded")
-    return seconds
+    return parse_keep_alive(value)
 
 
 def settings_from_request(

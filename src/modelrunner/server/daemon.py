@@ -20,6 +20,7 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -143,68 +144,61 @@ def uvicorn_config(daemon: Daemon, host: str, port: int, front: bool | None = No
         lifespan="on",
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=round(shutdown_grace()),  # what our drain (DaemonServer) leaves
+        timeout_graceful_shutdown=round(shutdown_grace()),  # what our drain (daemon_server) leaves
     )
 
 
-class DaemonServer:
-    """Serves the daemon on every listener: uvicorn with the HTTP front on the main TCP address and the
-    extra ones (`--listen`, MODEL_RUNNER_EXTRA_LISTEN), and companion uvicorn servers with uvicorn's plain
-    HTTP protocol for the Unix socket and the TLS port. The companions start after the main server's
-    startup (which runs the application's lifespan) and stop with it; they share its signals.
+def daemon_server(
+    daemon: Daemon,
+    main: uvicorn.Config,
+    companions: Sequence[tuple[uvicorn.Config, socket.socket]] = (),
+    grace: float | None = None,
+) -> uvicorn.Server:
+    """The daemon's uvicorn server: the HTTP front on the main TCP address and the extra ones (`--listen`,
+    MODEL_RUNNER_EXTRA_LISTEN), and companion uvicorn servers with uvicorn's plain HTTP protocol for the Unix
+    socket and the TLS port. The companions start after the main server's startup (which runs the
+    application's lifespan) and stop with it; they share its signals.
 
     Shutdown first stops listening everywhere, then lets requests in progress finish for `grace` seconds
     and ends those still running the way their API ends a stream with an error (server/lifecycle.py:
     Lifecycle.drain), before uvicorn's own shutdown and the engines'."""
+    import uvicorn
 
-    def __init__(
-        self,
-        daemon: Daemon,
-        main: uvicorn.Config,
-        companions: list[tuple[uvicorn.Config, socket.socket]],
-        grace: float | None = None,
-    ) -> None:
-        import uvicorn
+    seconds = shutdown_grace() if grace is None else grace
+    others = [(uvicorn.Server(config), sock) for config, sock in companions]
 
-        daemon_server = self
-        seconds = shutdown_grace() if grace is None else grace
-        self.companions = [(uvicorn.Server(config), sock) for config, sock in companions]
+    class DaemonServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            for server, sock in others:
+                server.config.load()
+                server.lifespan = server.config.lifespan_class(server.config)  # "off": a no-op
+                await server.startup([sock])
 
-        class Main(uvicorn.Server):
-            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-                await super().startup(sockets)
-                for server, sock in daemon_server.companions:
-                    server.config.load()
-                    server.lifespan = server.config.lifespan_class(server.config)  # "off": a no-op
-                    await server.startup([sock])
+        async def on_tick(self, counter: int) -> bool:
+            for server, _ in others:
+                await server.on_tick(counter)  # their Date headers
+            return await super().on_tick(counter)
 
-            async def on_tick(self, counter: int) -> bool:
-                for server, _ in daemon_server.companions:
-                    await server.on_tick(counter)  # their Date headers
-                return await super().on_tick(counter)
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            started = time.monotonic()
+            running = [self, *(server for server, _ in others if server.started)]
+            for server in running:
+                for listener in server.servers:
+                    listener.close()
+                for connection in list(server.server_state.connections):
+                    connection.shutdown()  # idle connections close now, busy ones after their answer
+            await daemon.lifecycle.drain(seconds)
+            # the rest of the grace (and a moment for the requests just ended) for uvicorn's own wait
+            left = max(2, round(seconds - (time.monotonic() - started)))
+            for server in running:
+                server.config.timeout_graceful_shutdown = left
+            for server, sock in others:
+                if server.started:
+                    await server.shutdown([sock])
+            await super().shutdown(sockets)
 
-            async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-                started = time.monotonic()
-                running = [self, *(server for server, _ in daemon_server.companions if server.started)]
-                for server in running:
-                    for listener in server.servers:
-                        listener.close()
-                    for connection in list(server.server_state.connections):
-                        connection.shutdown()  # idle connections close now, busy ones after their answer
-                await daemon.lifecycle.drain(seconds)
-                # the rest of the grace (and a moment for the requests just ended) for uvicorn's own wait
-                left = max(2, round(seconds - (time.monotonic() - started)))
-                for server in running:
-                    server.config.timeout_graceful_shutdown = left
-                for server, sock in daemon_server.companions:
-                    if server.started:
-                        await server.shutdown([sock])
-                await super().shutdown(sockets)
-
-        self.main = Main(main)
-
-    def run(self, sockets: list[socket.socket]) -> None:
-        self.main.run(sockets=sockets)
+    return DaemonServer(main)
 
 
 def bind_tcp(address: config.ListenAddress) -> socket.socket:
@@ -326,7 +320,7 @@ def serve(
     path = pid_file()
     path.write_text(str(os.getpid()))
     try:
-        DaemonServer(daemon, uvicorn_config(daemon, host, port), companions).run(sockets)
+        daemon_server(daemon, uvicorn_config(daemon, host, port), companions).run(sockets=sockets)
     finally:
         with contextlib.suppress(OSError, ValueError):
             if int(path.read_text()) == os.getpid():
