@@ -38,6 +38,11 @@ def snapshot(root: Path) -> dict[str, int]:
     }
 
 
+def engine_log(home: Path, engine: str) -> str:
+    """What the engine's runners of a daemon wrote: `logs/engine-<engine>-<model>-<mode>.log`, all models."""
+    return "".join(path.read_text() for path in sorted((home / "logs").glob(f"engine-{engine}-*.log")))
+
+
 @dataclass
 class Daemon:
     home: Path

@@ -152,7 +152,7 @@ def test_two_workers_give_the_same_greedy_answer(daemon: Daemon, workers: list[W
     shown = daemon.cli("ps").stdout
     assert "LAYOUT" in shown and f"rpc {spread}" in shown
     configured = json.loads(daemon.cli("configure", "show", "gemma3:270m").stdout)
-    assert configured[0]["Config"]["rpc_workers"] == [worker.endpoint for worker in workers]
+    assert configured[0]["Config"]["llamacpp"]["rpc"] == ",".join(worker.endpoint for worker in workers)
 
 
 def test_a_worker_lost_mid_stream_ends_the_stream_with_an_error_then_the_model_reloads(

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from modelrunner.engines import diffusers
-from tests.daemon import Daemon, error_message, free_port, snapshot
+from tests.daemon import Daemon, engine_log, error_message, free_port, snapshot
 from tests.diffusers_env import diffusers_python, tiny_sd_dduf
 from tests.models import write_dduf_with_compressed_entry, write_dduf_with_entry_name
 
@@ -247,9 +247,8 @@ def test_a_client_that_leaves_stops_the_generation(daemon: Daemon) -> None:
         {"model": "tiny-sd", "prompt": "a cat", "size": "64x64", "num_inference_steps": 150, "n": 10}
     )
     data = body.encode()
-    log = daemon.home / "logs" / "engine-diffusers.log"
     stopped = "image generation stopped: the client left"
-    before = log.read_text().count(stopped) if log.exists() else 0
+    before = engine_log(daemon.home, "diffusers").count(stopped)
     with socket.create_connection(("127.0.0.1", daemon.port), timeout=120) as sock:
         sock.sendall(
             f"POST {ROUTE} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n".encode()
@@ -262,7 +261,7 @@ def test_a_client_that_leaves_stops_the_generation(daemon: Daemon) -> None:
             time.sleep(0.05)
         time.sleep(0.5)  # into the denoising steps
     deadline = time.monotonic() + 120
-    while log.read_text().count(stopped) <= before:
+    while engine_log(daemon.home, "diffusers").count(stopped) <= before:
         assert time.monotonic() < deadline, "the engine did not stop generating"
         time.sleep(0.1)
     assert not any(r["in_use"] for r in daemon.http("GET", "/engines/ps").json())

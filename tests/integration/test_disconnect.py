@@ -27,7 +27,7 @@ import ollama
 import openai
 import pytest
 
-from tests.daemon import Daemon, free_port
+from tests.daemon import Daemon, engine_log, free_port
 from tests.engines import llama_server
 from tests.models import write_tiny_gguf
 
@@ -120,9 +120,8 @@ def leaves(
     wait(lambda: not slot(daemon)["is_processing"], f"{case}: the engine to stop generating")
     # the engine's own count when it stopped: its cache, prompt and generated tokens
     line = re.compile(rf"task {state['id_task']} \| stop processing: n_tokens = (\d+)")
-    log = daemon.home / "logs" / "engine-llama.cpp.log"
-    wait(lambda: line.search(log.read_text()) is not None, f"{case}: the engine's release line")
-    match = line.search(log.read_text())
+    wait(lambda: line.search(engine_log(daemon.home, "llama.cpp")) is not None, f"{case}: the release line")
+    match = line.search(engine_log(daemon.home, "llama.cpp"))
     assert match is not None
     cached = int(match.group(1))
     assert cached < MAX_TOKENS, f"{case}: the engine generated everything"

@@ -146,5 +146,9 @@ def test_a_full_disk_is_a_507_everywhere_and_the_store_stays_intact(
     tags = sorted(tag.rsplit("/", 1)[-1] for m in daemon.models() for tag in m["tags"])
     assert tags == ["copy:v1", "other:latest", "tiny:latest"]
     assert_consistent(small_store, daemon)
-    response = daemon.http("POST", "/engines/v1/chat/completions", json={"model": "absent", "messages": []})
+    response = daemon.http(
+        "POST",
+        "/engines/v1/chat/completions",
+        json={"model": "absent", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert response.status_code == 404 and json.loads(response.text)["error"]["message"]

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from modelrunner.engines import ray_cluster
-from tests.daemon import Daemon, error_message, free_port
+from tests.daemon import Daemon, engine_log, error_message, free_port
 from tests.netns import PrivateNetwork
 from tests.vllm_env import GREEDY_TRANSFORMERS, tiny_vllm_model, venv_python, vllm_venv
 
@@ -206,12 +206,10 @@ def test_pipeline_parallel_2_is_placed_across_both_nodes_then_vllm_cpu_refuses_r
     fields = dict(part.split("=", 1) for part in placement.split() if "=" in part)
     assert fields["address"] == address and fields["workers"] == "2" and fields["alive_nodes"] == "2"
     assert len(fields["nodes"].split(",")) == 2  # two different nodes
-    engine_log = (daemon.home / "logs" / "engine-vllm.log").read_text()
-    assert (
-        "--distributed-executor-backend" in engine_log or "distributed_executor_backend': 'ray'" in engine_log
-    )
-    assert "Connected to Ray cluster" in engine_log
-    assert "ValueError: current platform cpu does not support ray." in engine_log
+    vllm_log = engine_log(daemon.home, "vllm")
+    assert "--distributed-executor-backend" in vllm_log or "distributed_executor_backend': 'ray'" in vllm_log
+    assert "Connected to Ray cluster" in vllm_log
+    assert "ValueError: current platform cpu does not support ray." in vllm_log
 
 
 def test_a_layout_larger_than_the_cluster_is_a_503(
