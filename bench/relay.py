@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -66,12 +67,22 @@ http {{
 _INDEX = re.compile(rb'"content":"(\d+) "')
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0
+def cpu_times(pids: list[int]) -> dict[str, int]:
+    """CPU time so far of each thread of the processes, in nanoseconds: the scheduler's own count
+    (/proc/PID/task/TID/schedstat), not /proc/PID/stat's 10 ms ticks."""
+    times = {}
     for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread that just ended
+                times[f"{pid}/{task.name}"] = int((task / "schedstat").read_text().split()[0])
+    return times
+
+
+def cpu_seconds_since(before: dict[str, int], pids: list[int]) -> float:
+    """CPU time of the processes' threads since `before` (a thread that ended meanwhile, such as an idle
+    worker thread, is left out: counting per process would subtract its whole life)."""
+    after = cpu_times(pids)
+    return sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e9
 
 
 def children(pid: int) -> list[int]:
@@ -117,11 +128,11 @@ def measure(
     port: int, path: str, pids: list[int], body: bytes, concurrency: int, tokens: int
 ) -> dict[str, float]:
     requests = max(16, 2 * concurrency)
-    before = cpu_seconds(pids)
+    before = cpu_times(pids)
     started = time.perf_counter()
     chunks = asyncio.run(drive(port, path, body, concurrency, requests, tokens))
     seconds = time.perf_counter() - started
-    cpu = cpu_seconds(pids) - before
+    cpu = cpu_seconds_since(before, pids)
     return {"chunks": chunks, "seconds": seconds, "cpu_s": cpu}
 
 
