@@ -365,7 +365,14 @@ class FrontProtocol(asyncio.Protocol):
             exchange.complete = True
 
     def write_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.write(self.answer_head(status, headers))
+
+    def write(self, data: bytes) -> None:
         assert self.transport is not None
+        self.transport.write(data)
+
+    def answer_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
+        """The head of the answer, with ours and the request id; from here on the answer has begun."""
         try:
             reason = HTTPStatus(status).phrase.encode()
         except ValueError:
@@ -378,8 +385,8 @@ class FrontProtocol(asyncio.Protocol):
             self.exchange.started_answer(status, headers)
         if self.closing:
             lines.append(b"connection: close")
-        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n")
         self.head_sent = True
+        return b"\r\n".join(lines) + b"\r\n\r\n"
 
     def _write_json(
         self,
@@ -565,30 +572,36 @@ class Upstream(asyncio.Protocol):
             self.keep_alive = False
             self.close()
             return
+        head = b""
         if framing is None:
             try:
-                head = self._pass_head(data)
+                parsed = self._read_head(data)
             except ValueError as exc:
                 self._invalid(exc)
                 return
-            if head is None:
+            if parsed is None:
                 return
-            framing, data = head
+            status, headers, framing, data = parsed
             self.framing = framing
+            assert self.front is not None
+            head = self.front.answer_head(status, headers)
             if not data:
+                self.front.write(head)
                 if framing.complete:
                     self._answered()
                 return
         try:
             framing.feed(data)
         except ValueError as exc:
+            if head and self.front is not None:
+                self.front.write(head)
             self._invalid(exc)
             return
         if framing.excess:  # bytes after the answer: not the client's, and the connection is spoilt
             self.keep_alive = False
             data = data[: len(data) - framing.excess]
         assert self.client is not None
-        self.client.write(data)
+        self.client.write(head + data if head else data)  # the head and the first bytes: one write
         self.sent += len(data)
         if self.record is not None:
             self.record.tee(data)  # framed as sent: the recorder unframes it when read
@@ -615,9 +628,9 @@ class Upstream(asyncio.Protocol):
         assert self.transport is not None
         self.transport.abort()
 
-    def _pass_head(self, data: bytes) -> tuple[Framing, bytes] | None:
-        """Collect the engine's head; once whole, send the client ours and return the body's framing and
-        the body bytes that came with the head."""
+    def _read_head(self, data: bytes) -> tuple[int, list[tuple[bytes, bytes]], Framing, bytes] | None:
+        """Collect the engine's head; once whole, return the status and headers the client gets, the body's
+        framing and the body bytes that came with the head."""
         assert self.front is not None
         self.head += data
         end = self.head.find(b"\r\n\r\n")
@@ -643,10 +656,9 @@ class Upstream(asyncio.Protocol):
             kept += EVENT_STREAM_HEADERS
         if framing.until_close:
             self.front.closing = True
-        self.front.write_head(int(parts[1]), kept)
         if self.record is not None:
             self.record.framed_by_chunks = isinstance(framing, Chunked)
-        return framing, rest
+        return int(parts[1]), kept, framing, rest
 
 
 class Framing(ABC):
