@@ -149,6 +149,7 @@ class ModelStore:
         self._thread_lock = threading.RLock()
         self._cache: dict[str, tuple[Manifest, ModelConfig]] = {}
         self._index_cache: tuple[tuple[int, int, int], list[IndexEntry]] | None = None
+        self._found: dict[str, IndexEntry] = {}  # get()'s answers for the cached index, by reference
         self._init_layout()
 
     # -- layout ---------------------------------------------------------------------------------
@@ -244,19 +245,26 @@ class ModelStore:
     # -- index ----------------------------------------------------------------------------------
 
     def _read_index(self) -> list[IndexEntry]:
-        """The index, re-read only when the file changed (lookups sit on the inference path)."""
+        """The index (copies: callers may change them), re-read only when the file changed."""
+        return [IndexEntry(e.id, list(e.tags), list(e.files)) for e in self._current_index()]
+
+    def _current_index(self) -> list[IndexEntry]:
+        """The index as cached, after one stat to see that the file did not change (lookups sit on the
+        inference path); not to be changed."""
         try:
             st = self.layout.index_file.stat()
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if self._index_cache is not None and self._index_cache[0] == stamp:
-                return [IndexEntry(e.id, list(e.tags), list(e.files)) for e in self._index_cache[1]]
+                return self._index_cache[1]
+            self._found = {}
             doc = json.loads(self.layout.index_file.read_bytes())
             entries = [_index_entry(m) for m in doc.get("models") or []]
         except FileNotFoundError:
+            self._index_cache, self._found = None, {}
             return []
         except (ValueError, TypeError, KeyError, AttributeError, InvalidDigest):
             raise StoreCorrupted("the models index (models.json) is corrupted") from None
-        self._index_cache = (stamp, [IndexEntry(e.id, list(e.tags), list(e.files)) for e in entries])
+        self._index_cache = (stamp, entries)
         return entries
 
     def _write_index(self, entries: list[IndexEntry]) -> None:
@@ -305,7 +313,13 @@ class ModelStore:
         return [self._stored(entry) for entry in self._read_index()]
 
     def get(self, reference: str) -> StoredModel:
-        return self._stored(self._find(self._read_index(), reference))
+        entries = self._current_index()  # one stat when unchanged: then the lookup below is remembered
+        entry = self._found.get(reference)
+        if entry is None:
+            entry = self._find(entries, reference)
+            if len(self._found) < 1024:
+                self._found[reference] = entry
+        return self._stored(entry)
 
     def read_manifest(self, model_id: str) -> bytes:
         try:
