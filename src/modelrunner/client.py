@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
@@ -21,6 +21,7 @@ from modelrunner import client_http, config
 from modelrunner.errors import DaemonError
 
 if TYPE_CHECKING:
+    import socket
     import ssl
     import subprocess
 
@@ -95,6 +96,8 @@ class Client:
         self.timeout = timeout
         self.api_key = api_key
         self.openai_prefix: str | None = None  # set for an external OpenAI endpoint (see _openai)
+        # set by connect(): starts the local daemon, the first time nothing listens where it should
+        self.start_daemon: Callable[[], None] | None = None
         self._tls: ssl.SSLContext | None = (
             tls_context(tls_skip_verify, tls_ca_cert) if parts.scheme == "https" else None
         )
@@ -126,6 +129,21 @@ class Client:
             return ipaddress.ip_address(self._host).is_loopback
         except ValueError:
             return False
+
+    def _connect(self, timeout: float) -> socket.socket:
+        """A connection to the daemon; when nothing listens and `start_daemon` is set, the daemon is
+        started first (once). Trying the request itself, not a ping before it, saves every command a
+        round trip."""
+        while True:
+            try:
+                return client_http.connect(
+                    self._host, self._port, timeout, unix_path=self._socket_path, tls=self._tls
+                )
+            except ConnectionRefusedError:
+                start, self.start_daemon = self.start_daemon, None
+                if start is None:
+                    raise
+                start()
 
     def _host_header(self) -> str:
         if self._socket_path is not None:
@@ -171,13 +189,7 @@ class Client:
             all_headers["Authorization"] = f"Bearer {self.api_key}"
         sock = None
         try:
-            sock = client_http.connect(
-                self._host,
-                self._port,
-                self.timeout if timeout is None else timeout,
-                unix_path=self._socket_path,
-                tls=self._tls,
-            )
+            sock = self._connect(self.timeout if timeout is None else timeout)
             client_http.send_request(sock, method, url, self._host_header(), all_headers, body)
             response = client_http.Response(sock, method)
         except OSError as exc:  # first: a failed certificate check is a ValueError too
@@ -482,12 +494,17 @@ def wait_until_up(
 
 
 def connect(autostart: bool = True, quiet: bool = False) -> Client:
-    """A client of the daemon the environment names, started first when none runs and none is named.
-    `quiet` keeps stderr clean for machine-read output (Compose reads `ls --json` with stderr merged)."""
+    """A client of the daemon the environment names; when none is named, the local daemon is started at
+    the first request that finds none listening. `quiet` keeps stderr clean for machine-read output
+    (Compose reads `ls --json` with stderr merged)."""
     target = config.client_target()
     client = Client.for_target(target)
-    if autostart and not target.explicit and not client.ping():
-        if not quiet:
-            print("Starting the model runner in the background...", file=sys.stderr)
-        wait_until_up(client, start_daemon_in_background(tls=client.base_url.startswith("https:")))
+    if autostart and not target.explicit:
+
+        def start() -> None:
+            if not quiet:
+                print("Starting the model runner in the background...", file=sys.stderr)
+            wait_until_up(client, start_daemon_in_background(tls=client.base_url.startswith("https:")))
+
+        client.start_daemon = start
     return client
