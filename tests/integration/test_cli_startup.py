@@ -15,7 +15,9 @@ from tests.daemon import Daemon
 # Each costs milliseconds to import, and none is needed to list models, runners or engines, or to print help:
 # the server's stack, the rich renderer, the engines, the store and the artifact code (the daemon's side),
 # http.client (it loads email and ssl: the CLI's own transport is client_http.py, ssl only for https),
-# dataclasses (it loads inspect, ast and dis), and what handlers of other verbs import when they run.
+# dataclasses (it loads inspect, ast and dis), shutil and the compression modules it loads (argparse
+# imports it to measure the terminal, unless its formatter is cli/__init__.py's), and what handlers of
+# other verbs import when they run.
 HEAVY = (
     "httpx",
     "httpcore",
@@ -36,6 +38,10 @@ HEAVY = (
     "concurrent.futures",
     "logging",
     "subprocess",
+    "shutil",
+    "zlib",
+    "bz2",
+    "lzma",
     "threading",
     "statistics",
     "dataclasses",

@@ -144,13 +144,16 @@ def _context_column(cfg: dict[str, Any]) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int | None:
     from modelrunner.cli.dmrformat import go_table
-    from modelrunner.cli.listing import filter_models, openai_listing
     from modelrunner.cli.render import ago
 
     if args.openai or args.openaiurl:
+        from modelrunner.cli.listing import openai_listing
+
         return openai_listing(args)
     models = client(quiet=args.json or args.quiet).list_models()
     if args.model:
+        from modelrunner.cli.listing import filter_models
+
         models = filter_models(models, args.model)
     if args.json:
         from modelrunner.cli.dmrformat import standard_json
