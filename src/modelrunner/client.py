@@ -2,9 +2,9 @@
 
 Built on client_http.py, a small HTTP/1.1 transport, so that `model ls` stays quick to start (httpx alone
 costs ~0.2 s of imports, http.client ~10 ms: it loads the email package and ssl). When no daemon is named
-(MODEL_RUNNER_HOST, a context) and none answers, `connect()` starts one in the background first, as DMR's
-CLI does. It sends the API key (MODEL_RUNNER_API_KEY or the context's) and speaks HTTPS (MODEL_RUNNER_TLS)
-or a Unix socket (`unix:///path`) when told.
+(MODEL_RUNNER_HOST, a context) and none listens, the client from `connect()` starts one in the background
+at its first request, as DMR's CLI does. It sends the API key (MODEL_RUNNER_API_KEY or the context's) and
+speaks HTTPS (MODEL_RUNNER_TLS) or a Unix socket (`unix:///path`) when told.
 """
 
 from __future__ import annotations

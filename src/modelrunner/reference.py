@@ -33,8 +33,8 @@ HUGGING_FACE = "huggingface.co"
 # distribution/reference maps `index.docker.io` to `docker.io`; DMR maps `hf.co` to `huggingface.co`.
 _REGISTRY_ALIASES = {"index.docker.io": DOCKER_HUB, "hf.co": HUGGING_FACE}
 
-# Patterns as strings, matched through re's own cache: compiled when first used rather than at import (the
-# CLI imports this module for display_name alone, on every `model ls`).
+# Patterns as strings, matched through re's own cache: each is compiled when first used, not by every
+# process that imports this module (a CLI verb may need one pattern, or none).
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
 _DIGEST = r"sha256:[0-9a-f]{64}"

@@ -4,7 +4,7 @@ Built on argparse: `model --help` and `model ls` must feel instant, and typer (0
 imports per invocation (it loads pydantic), click ~0.1 s, argparse ~0.02 s. For the same reason a verb
 imports only its own command module, and a command module imports at its top only what registering its
 verbs needs: what a handler needs (rich, the artifact builder, even datetime or threading) it imports when
-it runs. tests/unit/test_cli_startup.py lists what must stay off the start-up path.
+it runs. tests/integration/test_cli_startup.py lists what must stay off the start-up path.
 """
 
 from __future__ import annotations
