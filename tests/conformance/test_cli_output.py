@@ -75,7 +75,11 @@ def test_ps_table(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
         "tiny        llama.cpp  completion  4 minutes from now  \n"
     )
     run_cli(env, "configure", "--keep-alive", "-1", "tiny")
-    fake_daemon.wait_for(lambda: fake_daemon.ps() != [], "the configured model to load again")
+
+    def loaded() -> bool:  # not loading any more: a CLI that starts in ~40 ms could see "Loading..."
+        return any(not runner.get("loading") for runner in fake_daemon.ps())
+
+    fake_daemon.wait_for(loaded, "the configured model to load again")
     assert run_cli(env, "ps").stdout.splitlines()[1].split()[-1] == "Forever"
 
 
