@@ -23,7 +23,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
-from modelrunner.reference import display_name
+from modelrunner.cli.dmrformat import display_name
 from tests.daemon import Daemon, free_port
 from tests.diffusers_env import diffusers_python, tiny_sd_dduf
 from tests.engines import llama_server
