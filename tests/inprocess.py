@@ -15,7 +15,7 @@ import uvicorn
 
 from modelrunner.engines.base import Engine
 from modelrunner.server.app import Daemon, build_daemon
-from modelrunner.server.daemon import daemon_server, uvicorn_config
+from modelrunner.server.daemon import DaemonServer, uvicorn_config
 from modelrunner.store.store import ModelStore
 from tests.daemon import free_port
 
@@ -42,7 +42,7 @@ class InProcessDaemon:
         for name, value in self.limits.items():
             setattr(self.daemon.scheduler.limits, name, value)
         config = uvicorn_config(self.daemon, "127.0.0.1", self.port, self.front)
-        self._server = daemon_server(self.daemon, config)
+        self._server = DaemonServer(self.daemon, config, []).main
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 20
