@@ -138,7 +138,7 @@ def recorded(
     recorder: rec.Recorder, path: str, status: int, content_type: bytes, *chunks: bytes, **kw: Any
 ) -> dict[str, Any]:
     ex = exchange(recorder, path, kw.get("body", b'{"model": "ai/m"}'))
-    config = rec.backend_configuration(kw.get("settings"))
+    config = rec.backend_configuration(kw["settings"]) if kw.get("settings") else {}
     ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, config)
     finish(recorder, ex, status, content_type, *chunks)
     [entry] = recorder.listing("sha256:" + "1" * 64)
