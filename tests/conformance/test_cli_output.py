@@ -314,7 +314,7 @@ HEX64 = "0123456789abcdef" * 4
 )
 def test_display_name(full: str, expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # follows cmd/cli/commands/utils.go: stripDefaultsFromModelName (the names of ls, ps, rm)
-    from modelrunner.cli.dmrformat import display_name
+    from modelrunner.display import display_name
 
     monkeypatch.delenv("DEFAULT_REGISTRY", raising=False)
     assert display_name(full) == expected
@@ -324,7 +324,7 @@ def test_display_name(full: str, expected: str, monkeypatch: pytest.MonkeyPatch)
 
 def test_display_name_with_another_default_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     # follows cmd/cli/commands/utils.go: a custom DEFAULT_REGISTRY replaces the Docker Hub prefixes
-    from modelrunner.cli.dmrformat import display_name
+    from modelrunner.display import display_name
 
     monkeypatch.setenv("DEFAULT_REGISTRY", "registry.local:5000")
     assert display_name("registry.local:5000/ai/x:latest") == "x"

@@ -8,29 +8,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from modelrunner import config
-
-# DMR's CLI's own defaults (utils.go: defaultOrg, defaultTag), the ones reference.py adds to a bare name
-DEFAULT_ORG = "ai"
-DEFAULT_TAG = "latest"
-
-
-def display_name(full: str) -> str:
-    """Short form for CLI tables, as DMR's `stripDefaultsFromModelName` (cmd/cli/commands/utils.go):
-    the default registry's host (`docker.io/` or `index.docker.io/`, or DEFAULT_REGISTRY's when that is
-    another registry), then `ai/`, then `:latest` are cut: `docker.io/ai/smollm2:latest` -> `smollm2`,
-    `docker.io/myorg/m:latest` -> `myorg/m`, `huggingface.co/org/m:Q4_K_M` stays as it is. (Here rather than
-    in reference.py, so that `model ls` does not import the parser and its dataclass.)"""
-    default = config.default_registry()
-    hosts = ["index.docker.io/", "docker.io/"]
-    if default not in ("index.docker.io", "docker.io"):
-        hosts = [default if default.endswith("/") else default + "/"]
-    for host in hosts:
-        if full.startswith(host):
-            full = full[len(host) :]
-            break
-    return full.removeprefix(f"{DEFAULT_ORG}/").removesuffix(f":{DEFAULT_TAG}")
-
 
 def go_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """DMR's `newTable`: no borders or separators, every cell left-aligned and padded to its column's width

@@ -95,7 +95,7 @@ def _is_loopback(request: Request) -> bool:
         return host in ("", "localhost")  # Unix sockets and in-process test clients have no address
 
 
-def _check_caller_may_read_files(request: Request, token: str) -> None:
+def check_caller_may_read_files(request: Request, token: str) -> None:
     """Files named in a package request are read only for a local caller that is the daemon's own user."""
     if not _is_loopback(request):
         raise BadRequest("packaging from file paths is only allowed for clients on this machine")
@@ -126,7 +126,7 @@ def build_models_router(store: ModelStore) -> APIRouter:
     def package_model(
         request: Request, body: PackageRequest = Depends(json_body(PackageRequest))
     ) -> dict[str, Any]:
-        _check_caller_may_read_files(request, token)
+        check_caller_may_read_files(request, token)
         tags = [full_tag(body.target)] if body.target else []  # a bad tag fails before any work
         spec = PackageSpec(
             gguf=_absolute(body.gguf, "gguf"),
