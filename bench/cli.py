@@ -1,11 +1,16 @@
 """Benchmark `model ls` against a running daemon, with `python -c pass` as the floor, in the same run.
 
-A daemon with a few tiny models in its store; then, alternating, `python -c pass` and the `model ls` console
-script (the command a user types), each `--runs` times; medians of the wall times, and what `model ls`
-imports (`python -X importtime`), the modules that cost most listed by their own and cumulative time.
-Prints a table, writes JSON. Aim: `model ls` <= 50 ms.
+A daemon with a few tiny models in its store; then, alternating, `python -c pass`, the `model` console
+script (the command a user types) running `ls`, `ps`, `status` and `--help`, and with `--baseline SRC` the
+same commands of another version (its `src` folder first on PYTHONPATH, e.g. `git archive main src | tar
+-x -C /tmp/main`), each `--runs` times; medians of the wall times, and what `model ls` imports (`python -X
+importtime`), the modules that cost most listed by their own and cumulative time.
 
-    .venv/bin/python bench/cli.py [--runs 10]
+Every command runs with its bytecode cached, as an installed package has it: PYTHONDONTWRITEBYTECODE is
+dropped and the cache goes to a PYTHONPYCACHEPREFIX of its own (warmed before the timed runs), so that
+compiling sources is not counted. Prints a table, writes JSON. Aim: `model ls` <= 50 ms.
+
+    .venv/bin/python bench/cli.py [--runs 10] [--baseline /tmp/main/src]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from tests.daemon import Daemon, free_port  # noqa: E402
 from tests.models import write_tiny_gguf  # noqa: E402
 
 AIM_MS = 50.0
+VERBS = (["ls"], ["ps"], ["status"], ["--help"])
 
 
 def timed(command: list[str], env: dict[str, str]) -> float:
@@ -58,19 +64,25 @@ def import_costs(command: list[str], env: dict[str, str]) -> list[dict[str, obje
     return rows
 
 
+def median_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--models", type=int, default=3, help="tiny models in the store")
+    parser.add_argument("--baseline", type=Path, help="the src folder of a version to compare with")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "cli.json")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-cli-", dir=os.environ.get("BENCH_DIR", "/tmp")))
     daemon = Daemon(work / "home", free_port()).start()
-    model_script = Path(sys.executable).with_name("model")
-    model = [str(model_script)] if model_script.exists() else [sys.executable, "-m", "modelrunner"]
+    script = Path(sys.executable).with_name("model")
+    model = [str(script)] if script.exists() else [sys.executable, "-m", "modelrunner"]
+    under_python = [str(script)] if script.exists() else ["-m", "modelrunner"]  # for -X importtime
     try:
         gguf = write_tiny_gguf(work / "tiny.gguf")
         for i in range(args.models):
@@ -78,34 +90,51 @@ def main() -> None:
                 "POST", "/models/package", json={"target": f"bench/tiny{i}:v1", "gguf": str(gguf)}
             )
             response.raise_for_status()
-        env = daemon.env
-        floor_command = [sys.executable, "-c", "pass"]
-        ls_command = [*model, "ls"]
-        timed(floor_command, env), timed(ls_command, env)  # warm the page cache and the daemon
-        floor_times, ls_times = [], []
+        env = {k: v for k, v in daemon.env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+        versions = {"": env}
+        if args.baseline is not None:
+            versions["baseline "] = {**env, "PYTHONPATH": str(args.baseline.resolve())}
+        commands = {"python -c pass": ([sys.executable, "-c", "pass"], env)}
+        for label, version_env in versions.items():
+            for verb in VERBS:
+                commands[f"{label}model {' '.join(verb)}"] = ([*model, *verb], version_env)
+        for command, command_env in commands.values():  # bytecode written, page cache and daemon warm
+            timed(command, command_env)
+        times: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(args.runs):
-            floor_times.append(timed(floor_command, env))
-            ls_times.append(timed(ls_command, env))
-        imports = import_costs(["-m", "modelrunner", "ls"], env)
+            for name, (command, command_env) in commands.items():
+                times[name].append(timed(command, command_env))
+        imports = import_costs([*under_python, "ls"], env)
+        baseline_imports = (
+            import_costs([*under_python, "ls"], versions["baseline "]) if args.baseline is not None else []
+        )
     finally:
         daemon.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    floor_ms = statistics.median(floor_times) * 1000
-    ls_ms = statistics.median(ls_times) * 1000
+    floor_ms = median_ms(times["python -c pass"])
+    ls_ms = median_ms(times["model ls"])
     by_cumulative = sorted(imports, key=lambda row: -int(str(row["cumulative_us"])))
     by_self = sorted(imports, key=lambda row: -int(str(row["self_us"])))
-    total_import_us = sum(int(str(row["cumulative_us"])) for row in imports if row["depth"] == 0)
+
+    def total_us(rows: list[dict[str, object]]) -> int:
+        return sum(int(str(row["cumulative_us"])) for row in rows if row["depth"] == 0)
+
     result = {
         "benchmark": "cli",
         "runs": args.runs,
-        "command": ls_command,
-        "python_c_pass_ms": [round(t * 1000, 1) for t in floor_times],
-        "model_ls_ms": [round(t * 1000, 1) for t in ls_times],
+        "command": [*model, "ls"],
+        "baseline": str(args.baseline) if args.baseline else None,
+        "times_ms": {name: [round(t * 1000, 1) for t in runs] for name, runs in times.items()},
+        "medians_ms": {name: round(median_ms(runs), 1) for name, runs in times.items()},
         "python_c_pass_median_ms": round(floor_ms, 1),
         "model_ls_median_ms": round(ls_ms, 1),
         "aim_ms": AIM_MS,
-        "imports_total_ms": round(total_import_us / 1000, 1),
+        "imports_total_ms": round(total_us(imports) / 1000, 1),
+        "baseline_imports_total_ms": (
+            round(total_us(baseline_imports) / 1000, 1) if baseline_imports else None
+        ),
         "imports_top_cumulative": by_cumulative[:25],
         "imports_top_self": by_self[:25],
         "cpus": os.cpu_count(),
@@ -113,12 +142,14 @@ def main() -> None:
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"| {'':22} | {'median ms':>9} |")
-    print(f"|{'-' * 24}|{'-' * 11}|")
-    print(f"| {'python -c pass':22} | {floor_ms:>9.1f} |")
-    print(f"| {'model ls':22} | {ls_ms:>9.1f} |")
+    print(f"| {'':24} | {'median ms':>9} |")
+    print(f"|{'-' * 26}|{'-' * 11}|")
+    for name, runs in times.items():
+        print(f"| {name:24} | {median_ms(runs):>9.1f} |")
     print(f"model ls - floor: {ls_ms - floor_ms:.1f} ms; aim: model ls <= {AIM_MS:.0f} ms")
-    print(f"imports of `python -m modelrunner ls`: {total_import_us / 1000:.1f} ms in all")
+    print(f"imports of `model ls`: {total_us(imports) / 1000:.1f} ms in all (under -X importtime)")
+    if baseline_imports:
+        print(f"imports of the baseline's `model ls`: {total_us(baseline_imports) / 1000:.1f} ms")
     print("top modules by cumulative import time (ms, self ms):")
     for row in by_cumulative[:15]:
         cumulative, own = int(str(row["cumulative_us"])) / 1000, int(str(row["self_us"])) / 1000

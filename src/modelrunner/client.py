@@ -1,29 +1,29 @@
 """Typed HTTP client of the daemon's API: the CLI's only way in.
 
-Built on the standard library's http.client so that `model ls` stays quick to start (httpx alone costs
-~0.2 s of imports). When no daemon is named (MODEL_RUNNER_HOST, a context) and none answers, `connect()`
-starts one in the background first, as DMR's CLI does. It sends the API key (MODEL_RUNNER_API_KEY or the
-context's) and speaks HTTPS (MODEL_RUNNER_TLS) or a Unix socket (`unix:///path`) when told.
+Built on client_http.py, a small HTTP/1.1 transport, so that `model ls` stays quick to start (httpx alone
+costs ~0.2 s of imports, http.client ~10 ms: it loads the email package and ssl). When no daemon is named
+(MODEL_RUNNER_HOST, a context) and none listens, the client from `connect()` starts one in the background
+at its first request, as DMR's CLI does. It sends the API key (MODEL_RUNNER_API_KEY or the context's) and
+speaks HTTPS (MODEL_RUNNER_TLS) or a Unix socket (`unix:///path`) when told.
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.client
-import ipaddress
 import json
 import os
-import socket
-import ssl
-import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
-from modelrunner import config
+from modelrunner import client_http, config
 from modelrunner.errors import DaemonError
+
+if TYPE_CHECKING:
+    import socket
+    import ssl
+    import subprocess
 
 DAEMON_START_TIMEOUT = 30.0
 
@@ -49,27 +49,12 @@ def model_path(name: str) -> str:
     return quote(name.strip(), safe="/:@")
 
 
-class UnixHTTPConnection(http.client.HTTPConnection):
-    """HTTP over a Unix socket (the daemon's MODEL_RUNNER_SOCK)."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.socket_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 def tls_context(skip_verify: bool, ca_cert: str | None) -> ssl.SSLContext:
     """MODEL_RUNNER_TLS_SKIP_VERIFY / MODEL_RUNNER_TLS_CA_CERT, as DMR's LoadClientTLSConfig reads them; with
     neither, the certificate the local daemon made for itself (if any) is trusted besides the system's."""
+    import contextlib
+    import ssl  # only for an https:// daemon: ssl alone costs a few ms of start-up
+
     if skip_verify:
         context = ssl.create_default_context()
         context.check_hostname = False
@@ -111,6 +96,8 @@ class Client:
         self.timeout = timeout
         self.api_key = api_key
         self.openai_prefix: str | None = None  # set for an external OpenAI endpoint (see _openai)
+        # set by connect(): starts the local daemon, the first time nothing listens where it should
+        self.start_daemon: Callable[[], None] | None = None
         self._tls: ssl.SSLContext | None = (
             tls_context(tls_skip_verify, tls_ca_cert) if parts.scheme == "https" else None
         )
@@ -136,17 +123,46 @@ class Client:
         """True when the daemon runs on this machine, so it can read files by path."""
         if self._socket_path is not None or self._host == "localhost":
             return True
+        import ipaddress
+
         try:
             return ipaddress.ip_address(self._host).is_loopback
         except ValueError:
             return False
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+    def _connect(self, timeout: float) -> socket.socket:
+        """A connection to the daemon; when nothing listens and `start_daemon` is set, the daemon is
+        started first (once). Trying the request itself, not a ping before it, saves every command a
+        round trip."""
+        while True:
+            try:
+                return client_http.connect(
+                    self._host, self._port, timeout, unix_path=self._socket_path, tls=self._tls
+                )
+            except ConnectionRefusedError:
+                start, self.start_daemon = self.start_daemon, None
+                if start is None:
+                    raise
+                start()
+
+    def _host_header(self) -> str:
         if self._socket_path is not None:
-            return UnixHTTPConnection(self._socket_path, timeout)
-        if self._tls is not None:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            return "localhost"
+        return client_http.host_header(self._host, self._port, 443 if self._tls is not None else 80)
+
+    def _tls_failure(self, exc: OSError) -> DaemonError | None:
+        """A DaemonError that says how to trust the daemon's certificate, when `exc` is a TLS failure."""
+        if self._tls is None:
+            return None
+        import ssl
+
+        if not isinstance(exc, ssl.SSLError):
+            return None
+        return DaemonError(
+            0,
+            f"TLS with the model runner at {self.base_url} failed: {exc.reason or exc}; give its CA "
+            "certificate with MODEL_RUNNER_TLS_CA_CERT (or MODEL_RUNNER_TLS_SKIP_VERIFY=true)",
+        )
 
     def _refused_key(self) -> str:
         if self.api_key is None:
@@ -165,30 +181,30 @@ class Client:
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
-    ) -> http.client.HTTPResponse:
+    ) -> client_http.Response:
         """Send a request and return the open response; raises DaemonError on >= 400."""
         url = self._prefix + path + (f"?{urlencode(params)}" if params else "")
         all_headers = {"User-Agent": "modelrunner-cli", **(headers or {})}
         if self.api_key:
             all_headers["Authorization"] = f"Bearer {self.api_key}"
-        conn = self._connection(self.timeout if timeout is None else timeout)
+        sock = None
         try:
-            chunked = body is not None and not isinstance(body, bytes)
-            conn.request(method, url, body=body, headers=all_headers, encode_chunked=chunked)
-            response = conn.getresponse()
-        except ssl.SSLError as exc:
-            conn.close()
-            raise DaemonError(
-                0,
-                f"TLS with the model runner at {self.base_url} failed: {exc.reason or exc}; give its CA "
-                "certificate with MODEL_RUNNER_TLS_CA_CERT (or MODEL_RUNNER_TLS_SKIP_VERIFY=true)",
+            sock = self._connect(self.timeout if timeout is None else timeout)
+            client_http.send_request(sock, method, url, self._host_header(), all_headers, body)
+            response = client_http.Response(sock, method)
+        except OSError as exc:  # first: a failed certificate check is a ValueError too
+            if sock is not None:
+                sock.close()
+            raise self._tls_failure(exc) or DaemonError(
+                0, f"cannot reach the model runner at {self.base_url}: {exc}"
             ) from None
-        except OSError as exc:
-            conn.close()
-            raise DaemonError(0, f"cannot reach the model runner at {self.base_url}: {exc}") from None
+        except ValueError as exc:  # a header or path that cannot be sent as it is
+            if sock is not None:
+                sock.close()
+            raise DaemonError(0, f"cannot send this request to {self.base_url}: {exc}") from None
         if response.status >= 400:
             data = response.read()
-            conn.close()
+            response.close()
             if response.status == 401 and response.getheader("WWW-Authenticate"):
                 # the daemon's own API key check (a registry's 401 on a pull comes without the header)
                 raise DaemonError(401, self._refused_key())
@@ -204,7 +220,7 @@ class Client:
             data = response.read()
         if not data:
             return None
-        if response.getheader("Content-Type", "").startswith("application/json"):
+        if (response.getheader("Content-Type") or "").startswith("application/json"):
             return json.loads(data)
         return data.decode("utf-8", "replace")
 
@@ -342,7 +358,7 @@ class Client:
                     if data == b"[DONE]":
                         return
                     yield json.loads(data)
-            except (OSError, http.client.HTTPException) as exc:
+            except OSError as exc:  # client_http.ProtocolError among them
                 raise DaemonError(0, f"the answer was cut short: {exc or exc.__class__.__name__}") from None
             except ValueError:
                 raise DaemonError(0, "the model runner sent an answer that is not valid JSON") from None
@@ -463,6 +479,8 @@ def split_tag(target: str) -> tuple[str, str]:
 def start_daemon_in_background(tls: bool = False) -> subprocess.Popen[bytes]:
     """`model serve` detached from this terminal, logging to the runner's log folder; with its TLS listener
     on when the CLI was told to use TLS (MODEL_RUNNER_TLS=true)."""
+    import subprocess
+
     log_dir = config.logs_dir()
     log_dir.mkdir(parents=True, exist_ok=True)
     env = os.environ.copy()
@@ -495,12 +513,17 @@ def wait_until_up(
 
 
 def connect(autostart: bool = True, quiet: bool = False) -> Client:
-    """A client of the daemon the environment names, started first when none runs and none is named.
-    `quiet` keeps stderr clean for machine-read output (Compose reads `ls --json` with stderr merged)."""
+    """A client of the daemon the environment names; when none is named, the local daemon is started at
+    the first request that finds none listening. `quiet` keeps stderr clean for machine-read output
+    (Compose reads `ls --json` with stderr merged)."""
     target = config.client_target()
     client = Client.for_target(target)
-    if autostart and not target.explicit and not client.ping():
-        if not quiet:
-            print("Starting the model runner in the background...", file=sys.stderr)
-        wait_until_up(client, start_daemon_in_background(tls=client.base_url.startswith("https:")))
+    if autostart and not target.explicit:
+
+        def start() -> None:
+            if not quiet:
+                print("Starting the model runner in the background...", file=sys.stderr)
+            wait_until_up(client, start_daemon_in_background(tls=client.base_url.startswith("https:")))
+
+        client.start_daemon = start
     return client

@@ -19,13 +19,10 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from modelrunner.errors import BadRequest, ModelNotFound
-from modelrunner.fileio import write_file_atomic
 
 DEFAULT_CONTEXT = "default"
 FILE_VERSION = 1
@@ -38,8 +35,10 @@ def docker_config_dir() -> Path:
     return Path(explicit).expanduser() if explicit else Path.home() / ".docker"
 
 
-@dataclass(frozen=True)
-class Context:
+class Context(NamedTuple):
+    """A named endpoint. (A named tuple, not a dataclass: every CLI command reads the active context, and
+    importing dataclasses costs more than the rest of that.)"""
+
     name: str
     host: str
     tls: bool = False
@@ -85,6 +84,8 @@ class Context:
 
 def go_now() -> str:
     """Now, as Go writes a UTC time.Time."""
+    from datetime import UTC, datetime
+
     moment = datetime.now(UTC)
     fraction = f"{moment.microsecond:06d}".rstrip("0")
     return moment.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
@@ -167,6 +168,8 @@ class ContextStore:
         self._update(switch)
 
     def _update(self, mutate: Callable[[dict[str, Any]], None]) -> None:
+        from modelrunner.fileio import write_file_atomic  # not on every verb's start (the CLI reads only)
+
         with self._locked():
             doc = self._read()
             mutate(doc)

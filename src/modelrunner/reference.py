@@ -33,15 +33,17 @@ HUGGING_FACE = "huggingface.co"
 # distribution/reference maps `index.docker.io` to `docker.io`; DMR maps `hf.co` to `huggingface.co`.
 _REGISTRY_ALIASES = {"index.docker.io": DOCKER_HUB, "hf.co": HUGGING_FACE}
 
-_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_ANY_CASE_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
-_HEX12 = re.compile(r"[0-9a-f]{12}")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_HOST_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
-_IPV6_CHARS = re.compile(r"[0-9a-f:.]+")
-_PORT = re.compile(r"[0-9]{1,5}")
+# Patterns as strings, matched through re's own cache: each is compiled when first used, not by every
+# process that imports this module (a CLI verb may need one pattern, or none).
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+_DIGEST = r"sha256:[0-9a-f]{64}"
+_ANY_CASE_HEX64 = r"[0-9a-fA-F]{64}"
+_HEX12 = r"[0-9a-f]{12}"
+_HEX64 = r"[0-9a-f]{64}"
+_HOST_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_IPV6_CHARS = r"[0-9a-f:.]+"
+_PORT = r"[0-9]{1,5}"
 
 _SHOW_LIMIT = 60
 
@@ -110,7 +112,7 @@ def parse_reference(text: str, default_registry: str | None = None) -> Reference
             raise _invalid(ref, str(exc)) from None
     else:
         registry = _default_registry(default_registry)
-        if len(parts) == 1 and _HEX64.fullmatch(parts[0].lower()):
+        if len(parts) == 1 and re.fullmatch(_HEX64, parts[0].lower()):
             raise _invalid(ref, "a 64-character hex string is a model ID, not a name")
     if len(parts) == 1 and (registry == DOCKER_HUB or not explicit_registry):
         # distribution/reference gives a one-component Hub name `library/`, which DMR replaces with `ai/`.
@@ -119,7 +121,7 @@ def parse_reference(text: str, default_registry: str | None = None) -> Reference
     original_repository = "/".join(parts)
     repository = original_repository.lower()
     for component in repository.split("/"):
-        if not _COMPONENT.fullmatch(component):
+        if not re.fullmatch(_COMPONENT, component):
             raise _invalid(
                 ref,
                 f"invalid path component {_show(component)}: use letters, digits and single . _ or - "
@@ -140,11 +142,11 @@ def parse_model_id(text: str) -> str | None:
     ID, not a name, so it raises InvalidDigest.
     """
     value = text.strip()
-    if value.startswith("sha256:") and _HEX12.fullmatch(value[len("sha256:") :]):
+    if value.startswith("sha256:") and re.fullmatch(_HEX12, value[len("sha256:") :]):
         return value  # a short-ID prefix written with its algorithm
     if value.lower().startswith("sha256:"):
         return validate_digest(value)
-    if _HEX64.fullmatch(value) or _HEX12.fullmatch(value):
+    if re.fullmatch(_HEX64, value) or re.fullmatch(_HEX12, value):
         return f"sha256:{value}"
     return None
 
@@ -155,22 +157,6 @@ def validate_digest(text: str) -> str:
     if problem is not None:
         raise InvalidDigest(f"invalid digest {_show(text)}: {problem}")
     return text
-
-
-def display_name(full: str) -> str:
-    """Short form for CLI tables, as DMR's `stripDefaultsFromModelName` (cmd/cli/commands/utils.go):
-    the default registry's host (`docker.io/` or `index.docker.io/`, or DEFAULT_REGISTRY's when that is
-    another registry), then `ai/`, then `:latest` are cut: `docker.io/ai/smollm2:latest` -> `smollm2`,
-    `docker.io/myorg/m:latest` -> `myorg/m`, `huggingface.co/org/m:Q4_K_M` stays as it is."""
-    default = config.default_registry()
-    hosts = ["index.docker.io/", "docker.io/"]
-    if default not in ("index.docker.io", "docker.io"):
-        hosts = [default if default.endswith("/") else default + "/"]
-    for host in hosts:
-        if full.startswith(host):
-            full = full[len(host) :]
-            break
-    return full.removeprefix(f"{DEFAULT_NAMESPACE}/").removesuffix(f":{DEFAULT_TAG}")
 
 
 def same_reference(a: str, b: str) -> bool:
@@ -230,7 +216,7 @@ def _split_tag(ref: str, name: str) -> tuple[str, str | None]:
         return name[:colon], None  # `model:` is `model:latest` in DMR (normalizeModelName)
     if len(tag) > MAX_TAG_LENGTH:
         raise _invalid(ref, f"tag is longer than {MAX_TAG_LENGTH} characters")
-    if not _TAG.fullmatch(tag):
+    if not re.fullmatch(_TAG, tag):
         raise _invalid(
             ref, f"invalid tag {_show(tag)}: use letters, digits, _ . - and do not start with . or -"
         )
@@ -238,7 +224,7 @@ def _split_tag(ref: str, name: str) -> tuple[str, str | None]:
 
 
 def _digest_problem(text: str) -> str | None:
-    if _DIGEST.fullmatch(text):
+    if re.fullmatch(_DIGEST, text):
         return None
     algorithm, colon, hex_part = text.partition(":")
     if not colon:
@@ -247,7 +233,7 @@ def _digest_problem(text: str) -> str | None:
         return f"algorithm must be 'sha256', got {_show(algorithm)}"
     if len(hex_part) != 64:
         return f"expected 64 hex characters after 'sha256:', got {len(hex_part)}"
-    if _ANY_CASE_HEX64.fullmatch(hex_part):
+    if re.fullmatch(_ANY_CASE_HEX64, hex_part):
         return "hex characters must be lowercase"
     return "expected 64 lowercase hex characters (0-9, a-f) after 'sha256:'"
 
@@ -269,7 +255,7 @@ def _normalise_registry(raw: str) -> str:
         if end < 0:
             raise ValueError("IPv6 registry address is missing its ']'")
         address, rest = host[1:end], host[end + 1 :]
-        if not _IPV6_CHARS.fullmatch(address):
+        if not re.fullmatch(_IPV6_CHARS, address):
             raise ValueError(f"invalid IPv6 address {_show(address)}")
         try:
             host = f"[{ipaddress.IPv6Address(address).compressed}]"
@@ -285,14 +271,14 @@ def _normalise_registry(raw: str) -> str:
         _check_hostname(host)
     if port is None:
         return _REGISTRY_ALIASES.get(host, host)
-    if not _PORT.fullmatch(port) or not 1 <= int(port) <= 65535:
+    if not re.fullmatch(_PORT, port) or not 1 <= int(port) <= 65535:
         raise ValueError(f"registry port {_show(port)} must be a number from 1 to 65535")
     return f"{host}:{int(port)}"
 
 
 def _check_hostname(host: str) -> None:
     labels = host.split(".")
-    if not all(_HOST_LABEL.fullmatch(label) for label in labels):
+    if not all(re.fullmatch(_HOST_LABEL, label) for label in labels):
         raise ValueError(f"invalid registry host {_show(host)}")
     if all(label.isdigit() for label in labels):
         try:

@@ -13,6 +13,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.conformance.dmr_daemons import cli_env, fake_daemon, package, run_cli
 from tests.daemon import free_port
 from tests.inprocess import InProcessDaemon
@@ -73,7 +75,11 @@ def test_ps_table(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
         "tiny        llama.cpp  completion  4 minutes from now  \n"
     )
     run_cli(env, "configure", "--keep-alive", "-1", "tiny")
-    fake_daemon.wait_for(lambda: fake_daemon.ps() != [], "the configured model to load again")
+
+    def loaded() -> bool:  # not loading any more: a CLI that starts in ~40 ms could see "Loading..."
+        return any(not runner.get("loading") for runner in fake_daemon.ps())
+
+    fake_daemon.wait_for(loaded, "the configured model to load again")
     assert run_cli(env, "ps").stdout.splitlines()[1].split()[-1] == "Forever"
 
 
@@ -285,3 +291,41 @@ def test_package_format(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
     models = {m["tags"][0]: m for m in fake_daemon.http("GET", "/models").json()}
     assert models["docker.io/ai/p:cncf"]["id"] != models["docker.io/ai/p:latest"]["id"]
     assert models["docker.io/ai/p:cncf"]["config"]["format"] == "gguf"
+
+
+HEX64 = "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize(
+    ("full", "expected"),
+    [
+        ("docker.io/ai/smollm2:latest", "smollm2"),
+        ("docker.io/ai/smollm2:360M-Q4_K_M", "smollm2:360M-Q4_K_M"),
+        ("docker.io/myorg/model:latest", "myorg/model"),
+        ("ai/smollm2", "smollm2"),
+        ("huggingface.co/org/repo:latest", "huggingface.co/org/repo"),
+        ("huggingface.co/org/repo:Q4_K_M", "huggingface.co/org/repo:Q4_K_M"),
+        ("gemma3:latest", "gemma3"),
+        ("myorg/gemma3:latest", "myorg/gemma3"),
+        ("hf.co/bartowski/model:latest", "hf.co/bartowski/model"),
+        ("localhost:5000/ai/x:latest", "localhost:5000/ai/x"),
+        (f"docker.io/ai/x@sha256:{HEX64}", f"x@sha256:{HEX64}"),
+    ],
+)
+def test_display_name(full: str, expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # follows cmd/cli/commands/utils.go: stripDefaultsFromModelName (the names of ls, ps, rm)
+    from modelrunner.display import display_name
+
+    monkeypatch.delenv("DEFAULT_REGISTRY", raising=False)
+    assert display_name(full) == expected
+    if full.startswith("docker.io/"):
+        assert display_name("index.docker.io/" + full.removeprefix("docker.io/")) == expected
+
+
+def test_display_name_with_another_default_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    # follows cmd/cli/commands/utils.go: a custom DEFAULT_REGISTRY replaces the Docker Hub prefixes
+    from modelrunner.display import display_name
+
+    monkeypatch.setenv("DEFAULT_REGISTRY", "registry.local:5000")
+    assert display_name("registry.local:5000/ai/x:latest") == "x"
+    assert display_name("docker.io/ai/x:latest") == "docker.io/ai/x"

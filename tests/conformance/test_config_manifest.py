@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from modelrunner.artifact import gojson
+from modelrunner.artifact import builder, gojson
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.artifact.builder import HashingSink, PackageSpec, build_artifact, extend_artifact
 from modelrunner.artifact.manifest import parse_manifest
@@ -127,6 +127,11 @@ def test_file_metadata_annotation_is_go_file_info(
     assert layer.annotations[mt.ANNOTATION_FILE_METADATA] == (
         f'{{"name":"dummy.gguf","mode":493,"uid":0,"gid":0,"size":2016,"mtime":"{expected}","typeflag":0}}'
     )
+    # the daemon building for `model package` gets the CLI's TZ instead: the same times in that zone
+    local_zone("Pacific/Chatham")
+    given = builder.local_zone(zone)
+    [layer] = build_artifact(PackageSpec(gguf=path), HashingSink(), file_time_zone=given).manifest.layers
+    assert f'"mtime":"{expected}"' in layer.annotations[mt.ANNOTATION_FILE_METADATA]
 
 
 def test_go_json_escapes_html_characters_and_keeps_unicode() -> None:

@@ -131,7 +131,7 @@ def finish(recorder: rec.Recorder, ex: Exchange, status: int, content_type: byte
         ex.started_answer(status, [(b"content-type", content_type)])
     for chunk in chunks:
         ex.answered(chunk, False)
-    recorder.finish(ex)
+    recorder.finish(ex, ex.access_fields())
 
 
 def recorded(
@@ -173,6 +173,7 @@ def test_the_last_ten_records_of_each_model_are_kept_in_dmrs_shape() -> None:
         "keep_alive": "5m0s",
     }
     first = entry["records"][0]
+    # DMR's fields in DMR's order, then ours (which Go's decoder skips)
     assert list(first) == [
         "id",
         "model",
@@ -183,7 +184,11 @@ def test_the_last_ten_records_of_each_model_are_kept_in_dmrs_shape() -> None:
         "timestamp",
         "status_code",
         "user_agent",
+        "request_id",
+        "duration_ms",
+        "ttfb_ms",
     ]
+    assert first["duration_ms"] >= first["ttfb_ms"] >= 0
     assert first["id"].startswith("sha256:" + "1" * 64 + "_") and first["id"].rsplit("_", 1)[1].isdigit()
     assert (
         first["response"] == '{"n": 2}' and first["status_code"] == 200 and first["user_agent"] == "tester/1"
@@ -332,9 +337,111 @@ def test_a_body_relayed_in_chunks_is_recorded_unframed() -> None:
     framed = b"%x\r\n%b\r\n0\r\n\r\n" % (len(payload), payload)
     ex.answered(framed[:7], False)
     ex.answered(framed[7:], True)
-    recorder.finish(ex)
+    recorder.finish(ex, ex.access_fields())
     response = recorder.listing(None)[0]["records"][0]["response"]
     assert json.loads(response)["choices"][0]["message"]["content"] == "ok"
+
+
+def test_records_carry_the_access_lines_timing_and_the_answers_token_counts() -> None:
+    """Ours, after DMR's fields: duration_ms and ttfb_ms as the access line has them, prompt_tokens and
+    completion_tokens where the answer says them, whichever API it came from."""
+    recorder = rec.Recorder()
+    ex = exchange(recorder)
+    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, {})
+    ex.started_answer(200, [(b"content-type", b"text/event-stream")])
+    top = {"id": "c", "created": 5, "model": "ai/m", "object": "chat.completion.chunk"}
+    ex.answered(
+        sse({**top, "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]}), False
+    )
+    ex.answered(sse({**top, "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1}}), True)
+    access = ex.access_fields() | {"duration_ms": 12.5, "ttfb_ms": 3.25}
+    recorder.finish(ex, access)
+    record = recorder.listing(None)[0]["records"][0]
+    assert list(record)[-4:] == ["duration_ms", "ttfb_ms", "prompt_tokens", "completion_tokens"]
+    assert (record["duration_ms"], record["ttfb_ms"]) == (12.5, 3.25)
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (7, 1)
+    assert ex.record.streamed and ex.record.first_data is not None
+
+    failed = exchange(recorder)
+    failed.record = recorder.start(failed, "ai/m", "sha256:" + "1" * 64, {})
+    recorder.finish(failed, failed.access_fields())  # nothing answered: no first byte, no tokens
+    shown = recorder.listing(None)[0]["records"][-1]
+    assert "ttfb_ms" not in shown and "prompt_tokens" not in shown and shown["duration_ms"] >= 0
+
+
+def anthropic_stream(input_tokens: int, output_tokens: int, text: str = "Hi") -> bytes:
+    start = {
+        "type": "message_start",
+        "message": {"usage": {"input_tokens": input_tokens, "output_tokens": 1}},
+    }
+    delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+    end = {
+        "type": "message_delta",
+        "delta": {"stop_reason": "end_turn"},
+        "usage": {"output_tokens": output_tokens},
+    }
+    events = [("message_start", start), ("content_block_delta", delta), ("message_delta", end)]
+    events.append(("message_stop", {"type": "message_stop"}))
+    return b"".join(f"event: {e}\ndata: {json.dumps(d)}\n\n".encode() for e, d in events)
+
+
+def usage(**counts: int) -> dict[str, Any]:
+    return {"usage": counts}
+
+
+OLLAMA_LINES = [
+    {"message": {"content": "a"}, "done": False},
+    {"done": True, "prompt_eval_count": 6, "eval_count": 3},
+]
+RESPONSES_EVENTS = (
+    b'event: response.created\ndata: {"response": {"usage": null}}\n\n'
+    b"event: response.completed\ndata: "
+    + json.dumps({"response": usage(input_tokens=2, output_tokens=5)}).encode()
+    + b"\n\n"
+)
+LLAMA_TIMINGS = {"prompt_n": 4, "cache_n": 50, "predicted_n": 6}
+
+
+@pytest.mark.parametrize(
+    ("answer", "counts"),
+    [
+        # OpenAI, whole and streamed with usage; llama.cpp's timings in a stream sent without usage
+        (json.dumps(usage(prompt_tokens=5, completion_tokens=9)).encode(), (5, 9)),
+        (
+            sse({"choices": [{"delta": {"content": "x"}}]}, usage(prompt_tokens=5, completion_tokens=2)),
+            (5, 2),
+        ),
+        (sse({"choices": [{"delta": {}, "finish_reason": "length"}], "timings": LLAMA_TIMINGS}), (54, 6)),
+        # Anthropic: the prompt's count in message_start, the answer's in message_delta; whole
+        (anthropic_stream(11, 4), (11, 4)),
+        (json.dumps({"type": "message"} | usage(input_tokens=3, output_tokens=8)).encode(), (3, 8)),
+        (json.dumps(usage(input_tokens=1, cache_read_input_tokens=40, output_tokens=2)).encode(), (41, 2)),
+        # Ollama, streamed; Responses: the final event holds the response and its usage
+        (b"".join(json.dumps(line).encode() + b"\n" for line in OLLAMA_LINES), (6, 3)),
+        (RESPONSES_EVENTS, (2, 5)),
+        # embeddings: a prompt only; text that mentions "usage" is not a count; nothing at all
+        (json.dumps({"data": []} | usage(prompt_tokens=4, total_tokens=4)).encode(), (4, None)),
+        (sse({"choices": [{"delta": {"content": 'say "usage": 5'}}]}), (None, None)),
+        (b"", (None, None)),
+    ],
+)
+def test_token_counts_are_read_from_each_apis_answer(answer: bytes, counts: tuple[Any, Any]) -> None:
+    assert rec.answer_usage(answer) == counts
+    framed = b"%x\r\n%b\r\n0\r\n\r\n" % (len(answer), answer) if answer else b""
+    assert rec.answer_usage(framed) == counts  # chunk sizes are passed over
+
+
+def test_an_answer_longer_than_what_is_kept_still_has_its_counts() -> None:
+    recorder = rec.Recorder()
+    ex = exchange(recorder, "/anthropic/v1/messages")
+    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, {})
+    ex.started_answer(200, [(b"content-type", b"text/event-stream")])
+    body = anthropic_stream(13, 70_000, text="x" * (rec.RESPONSE_LIMIT + 10))
+    for at in range(0, len(body), 4096):
+        ex.answered(body[at : at + 4096], False)
+    recorder.finish(ex, ex.access_fields())
+    assert (ex.record.prompt_tokens, ex.record.completion_tokens) == (13, 70_000)
+    assert len(ex.record._response) == rec.RESPONSE_LIMIT and not ex.record._tail
 
 
 def test_bodies_are_bounded() -> None:

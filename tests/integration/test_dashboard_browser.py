@@ -12,18 +12,21 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
 
-from modelrunner.reference import display_name
+from modelrunner.display import display_name
 from tests.daemon import Daemon, free_port
 from tests.diffusers_env import diffusers_python, tiny_sd_dduf
 from tests.engines import llama_server
@@ -47,18 +50,24 @@ CHROMIUM_FLAGS = [
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 PAGES = ["models", "chat", "images", "engines", "requests", "logs", "metrics"]
+OTHER_UID = 65534  # nobody: a browser run by another user than the daemon's
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
+def playwright() -> Iterator[Playwright]:
     if not CHROMIUM.exists():
         raise RuntimeError(
             "the dashboard tests need Debian's chromium: apt-get install chromium (.ci/run does)"
         )
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
-        yield launched
-        launched.close()
+    with sync_playwright() as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+    yield launched
+    launched.close()
 
 
 @pytest.fixture(scope="module")
@@ -442,22 +451,181 @@ def test_logs_follow_live(browser: Browser, daemon: Daemon) -> None:
     no_problems(page)
 
 
-def test_requests_show_the_recorder(browser: Browser, daemon: Daemon) -> None:
-    """Against DMR's recorder shape (pkg/metrics/openai_recorder.go); a daemon without GET /engines/requests
-    gets a plain message instead."""
+def record_with(daemon: Daemon, text: str) -> dict[str, Any] | None:
+    """The recorded request whose body holds `text` (GET /engines/requests)."""
+    for entry in daemon.http("GET", "/engines/requests").json():
+        for record in entry["records"]:
+            if text in record["request"]:
+                return record  # type: ignore[no-any-return]
+    return None
+
+
+def opened_record(page: Page, record: dict[str, Any], screenshot: Path | None = None) -> dict[str, Any]:
+    """Click the record's row; what its dialog shows: the fields, and the request and response parsed."""
+    page.click(f"#requests-table tr[data-id='{record['id']}']")
+    dialog = page.wait_for_selector("dialog[open]")
+    if screenshot is not None:
+        page.screenshot(path=screenshot)
+    shown = {
+        "text": dialog.inner_text(),
+        "request": json.loads(page.inner_text("dialog[open] pre.body >> nth=0")),
+        "response": json.loads(page.inner_text("dialog[open] pre.body >> nth=1")),
+    }
+    page.click("dialog[open] button.close")
+    page.wait_for_selector("dialog[open]", state="detached")
+    return shown
+
+
+def test_requests_from_the_chat_page_and_a_client_appear_live_with_their_bodies(
+    browser: Browser, daemon: Daemon, screens: Path
+) -> None:
+    """The request recorder (DMR's shape: pkg/metrics/openai_recorder.go) followed by server-sent events:
+    the page is open before the requests are made and is never reloaded."""
     page = open_page(browser, daemon, "requests")
-    if daemon.http("GET", "/engines/requests").status_code == 404:
-        page.wait_for_selector(".notice:text('has no request recorder')")
-        no_problems(page)
-        return
     page.wait_for_selector("#requests-table")
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "recorded?"}], "max_tokens": 2}
-    assert daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200
-    row = page.wait_for_selector("#requests-table tr:has-text('/engines/v1/chat/completions')")  # live
-    assert "tiny" in row.inner_text() and "200" in row.inner_text()
-    row.click()
-    assert "recorded?" in page.inner_text("dialog[open] pre.body >> nth=0")
+
+    chat = page.context.new_page()  # the Chat page in another tab of the same browser
+    chat.problems = Problems(chat)  # type: ignore[attr-defined]
+    chat.goto(f"{daemon.url}/dashboard#/chat")
+    chat.wait_for_selector(".pane select option[value*='tiny']", state="attached")
+    chat.select_option(".pane select", label="tiny")
+    chat.fill("input[name=max_tokens]", "6")
+    chat.fill("#prompt", "asked on the chat page")
+    chat.press("#prompt", "Enter")
+    chat.wait_for_selector(".msg.assistant[data-state=done]")
+    from_chat = wait_until(lambda: record_with(daemon, "asked on the chat page"), "the chat's record")
+    row = page.wait_for_selector(f"#requests-table tr[data-id='{from_chat['id']}']")
+    cells = row.inner_text()
+    assert "tiny" in cells and "/engines/v1/chat/completions" in cells and "200" in cells
+    assert f"→ {from_chat['completion_tokens']}" in cells and re.search(r"\d+ ms|\d\.\d s", cells), cells
+    shown = opened_record(page, from_chat, screens / "requests-record-1280.png")
+    assert shown["request"]["messages"][-1]["content"] == "asked on the chat page"
+    assert shown["request"]["stream"] is True  # streamed, and shown whole
+    assert shown["response"] == json.loads(from_chat["response"])
+    assert shown["response"]["choices"][0]["message"]["role"] == "assistant"
+    assert from_chat["request_id"] in shown["text"] and "Duration" in shown["text"]
+    assert chat.problems.errors == []  # type: ignore[attr-defined]
+    chat.close()
+
+    client = openai.OpenAI(base_url=daemon.url + "/engines/v1", api_key="unused", max_retries=0)
+    answer = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "asked by the openai client"}], max_tokens=4
+    )
+    from_client = wait_until(lambda: record_with(daemon, "asked by the openai client"), "the client's record")
+    page.wait_for_selector(f"#requests-table tr[data-id='{from_client['id']}']")
+    shown = opened_record(page, from_client)
+    assert shown["response"]["choices"][0]["message"]["content"] == answer.choices[0].message.content
+    assert answer.usage is not None and from_client["completion_tokens"] == answer.usage.completion_tokens
+    assert "OpenAI/Python" in shown["text"]  # the client, as its User-Agent says
     no_problems(page)
+
+
+def chart_peak(page: Page, chart: str) -> float:
+    return float(page.get_attribute(f"[data-chart={chart}]", "data-peak") or 0)
+
+
+def test_the_metrics_charts_show_data_after_a_few_chats(browser: Browser, daemon: Daemon) -> None:
+    """tokens/s, time to first token, requests and memory from the daemon's own metrics (/metrics)."""
+    page = open_page(browser, daemon, "metrics")
+    page.wait_for_selector("[data-chart=tokens] svg")
+    client = openai.OpenAI(base_url=daemon.url + "/engines/v1", api_key="unused", max_retries=0)
+    for question in ("one", "two", "three"):
+        stream = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": question}], max_tokens=16, stream=True
+        )
+        assert list(stream)
+    page.wait_for_function("() => Number(document.querySelector('[data-chart=tokens]').dataset.peak) > 0")
+    page.wait_for_function("() => Number(document.querySelector('[data-chart=ttft]').dataset.peak) > 0")
+    assert chart_peak(page, "memory") > 0  # the loaded runner's estimate
+    assert page.query_selector("[data-chart=ttft] .chart-note").inner_text() == ""  # type: ignore[union-attr]
+    assert re.search(r"\d+ ms|\d\.\d s", page.inner_text("[data-chart=ttft] .legend"))
+    assert len(page.query_selector_all("[data-chart=queue] path.line")) == 3
+    assert "budget" in page.inner_text("[data-chart=memory] .legend")
+    assert "modelrunner_generated_tokens_total" in (page.text_content("pre.raw-metrics") or "")
+    no_problems(page)
+
+
+@pytest.fixture(scope="module")
+def other_users_browser(playwright: Playwright) -> Iterator[Browser]:
+    """Debian's chromium run as another user (nobody) through setpriv: the profile Playwright makes is
+    given to that user, and its home is a folder that user may write (pytest's own are root's)."""
+    if os.geteuid() != 0:
+        pytest.fail("this test runs chromium as another user with setpriv, which needs root", pytrace=False)
+    folder = Path(tempfile.mkdtemp(prefix="modelrunner-other-browser-"))
+    folder.chmod(0o755)
+    home = folder / "home"
+    home.mkdir()
+    os.chown(home, OTHER_UID, OTHER_UID)
+    wrapper = folder / "chromium-as-other-user"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'for arg in "$@"; do\n'
+        '  case "$arg" in --user-data-dir=*)\n'
+        f'    chown -R {OTHER_UID}:{OTHER_UID} "${{arg#--user-data-dir=}}" ;;\n'
+        "  esac\n"
+        "done\n"
+        f"exec setpriv --reuid={OTHER_UID} --regid={OTHER_UID} --clear-groups "
+        f'env HOME={home} {CHROMIUM} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    try:
+        launched = playwright.chromium.launch(executable_path=str(wrapper), args=CHROMIUM_FLAGS)
+        yield launched
+        launched.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_package_form_packages_for_the_daemons_own_user(
+    browser: Browser, daemon: Daemon, tmp_path: Path
+) -> None:
+    gguf = write_tiny_gguf(tmp_path / "form.gguf", seed=6)
+    page = open_page(browser, daemon)  # chromium runs as the daemon's user (root here)
+    page.click("#package summary")
+    page.fill("#package-form input[name=target]", "team/from-form:v1")
+    page.fill("#package-form input[name=path]", str(gguf))
+    page.click("#package-form button[type=submit]")
+    page.wait_for_selector("#package .notice.ok")
+    page.locator("#models-table td.name", has_text="team/from-form:v1").wait_for()
+    assert "team/from-form:v1" in daemon.cli("ls").stdout
+    assert page.query_selector("#package-access .notice") is None
+    no_problems(page)
+    daemon.cli("rm", "team/from-form:v1")
+
+
+def test_the_package_form_tells_another_user_why_it_is_refused(
+    other_users_browser: Browser, daemon: Daemon, screens: Path
+) -> None:
+    """The daemon reads files by path only for its own user (server/localuser.py): a browser run by
+    another user is told so before it tries, and the daemon refuses it whatever the page does."""
+    shared = Path(tempfile.mkdtemp(prefix="modelrunner-shared-"))
+    try:
+        shared.chmod(0o755)
+        gguf = write_tiny_gguf(shared / "public.gguf", seed=7)
+        gguf.chmod(0o644)
+        before = daemon.cli("ls", "--quiet").stdout
+        for viewport, label in ((DESKTOP, "1280"), (PHONE, "390")):
+            page = open_page(other_users_browser, daemon, viewport=viewport)
+            page.click("#package summary")
+            note = page.wait_for_selector("#package-access .notice.warn")
+            text = note.inner_text()
+            assert "does not run as the model runner's user" in text and "model package" in text, text
+            assert "only for the user it runs as" in (note.get_attribute("title") or "")  # the daemon's words
+            assert page.is_disabled("#package-form button[type=submit]")
+            assert page.is_disabled("#package-form input[name=path]")
+            page.locator("#package").scroll_into_view_if_needed()
+            page.screenshot(path=screens / f"models-package-refused-{label}.png")
+            status = page.evaluate(
+                """async (path) => (await fetch("/models/package", {method: "POST",
+                    headers: {"Content-Type": "application/json"},
+                    body: JSON.stringify({target: "stolen", gguf: path})})).status""",
+                str(gguf),
+            )
+            assert status == 403
+            no_problems(page)
+        assert daemon.cli("ls", "--quiet").stdout == before
+    finally:
+        shutil.rmtree(shared)
 
 
 def test_every_page_reads_well_on_a_desktop_and_a_phone(
@@ -492,9 +660,15 @@ def test_every_page_reads_well_on_a_desktop_and_a_phone(
                     page.fill(f"input[name={field}]", value)
                 page.click("#image-form button[type=submit]")
                 page.wait_for_selector("#gallery img", timeout=120_000)
-            if name == "metrics":
-                # two samples make a rate: every chart then has a line
-                page.wait_for_function("() => document.querySelectorAll('#charts path.line').length >= 4")
+            if name == "metrics":  # a few answers to chart
+                for question in ("one", "two"):
+                    streamed = {**body, "messages": [{"role": "user", "content": question}], "stream": True}
+                    assert (
+                        daemon.http("POST", "/engines/v1/chat/completions", json=streamed).status_code == 200
+                    )
+                page.wait_for_function(
+                    "() => Number(document.querySelector('[data-chart=ttft]').dataset.peak) > 0"
+                )
             overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 0, f"{name} is wider than a {label} px screen by {overflow} px"
             page.screenshot(path=screens / f"{name}-{label}.png")

@@ -4,8 +4,10 @@ assets, their security headers, what needs the API key, the same-origin rule, an
 from __future__ import annotations
 
 import gzip
+import json
 import posixpath
 import re
+import sys
 from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 from modelrunner.server.dashboard.router import load_assets
 from tests.daemon import error_message
 from tests.inprocess import InProcessDaemon
+from tests.integration.test_package_caller import as_other_user
 from tests.models import write_tiny_gguf
 
 Start = Callable[..., InProcessDaemon]
@@ -203,3 +206,15 @@ def test_overview_and_model_files(start: Start, tmp_path: Path) -> None:
     assert text["text"] == licence.read_text() and text["truncated"] is False
     missing = daemon.http("GET", "/dashboard/api/models/absent/files")
     assert missing.status_code == 404 and "absent" in error_message(missing)
+
+
+def test_the_package_form_asks_whether_the_daemon_reads_files_for_its_browser(start: Start) -> None:
+    """Only for the daemon's own user (server/localuser.py), known by the owner of the connection: a key
+    is not enough (`MODEL_RUNNER_API_KEY` is given to every client of the API)."""
+    daemon = start()
+    assert daemon.http("GET", "/dashboard/api/caller").json() == {"reads_files": True}
+    code = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())"
+    other = as_other_user(sys.executable, "-c", code, daemon.url + "/dashboard/api/caller")
+    assert other.returncode == 0, other.stderr
+    answer = json.loads(other.stdout)
+    assert answer["reads_files"] is False and "only for the user it runs as" in answer["reason"]

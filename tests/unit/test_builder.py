@@ -11,7 +11,7 @@ import os
 import signal
 import stat
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,9 @@ from modelrunner.artifact.builder import (
     PackageSpec,
     build_artifact,
     classify,
+    created_time,
     extend_artifact,
+    local_zone,
 )
 from modelrunner.artifact.manifest import Descriptor, Manifest, parse_manifest, sha256_digest
 from modelrunner.errors import BadRequest, InvalidArtifact, InvalidModelFile
@@ -537,3 +539,45 @@ def test_extend_artifact_refuses_bad_input_and_changes_nothing(
     with refuses(BadRequest, store):
         extend_artifact(manifest, config, spec, sink, created=CREATED)
     assert sink.added == []
+
+
+# --- the build's environment: SOURCE_DATE_EPOCH and the time zone, this process's or a caller's -------------
+
+
+def test_created_time_reads_the_environment_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert created_time() == datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)
+    assert created_time({"SOURCE_DATE_EPOCH": "0"}) == datetime(1970, 1, 1, tzinfo=UTC)
+    for unset in ({}, {"SOURCE_DATE_EPOCH": ""}):  # the caller's, not this process's
+        assert abs(created_time(unset) - datetime.now(UTC)).total_seconds() < 60
+
+
+@pytest.mark.parametrize(
+    ("tz", "offset_hours"),
+    [
+        ("Asia/Kolkata", 5.5),
+        (":America/New_York", -4),  # a leading ':' as libc and Go allow
+        ("/usr/share/zoneinfo/Australia/Eucla", 8.75),  # the path of a zone file
+        ("", 0),
+        ("UTC", 0),
+        # what Go's time.Local cannot load is UTC, as for DMR's CLI
+        ("Nowhere/Nothing", 0),
+        ("CET-1CEST,M3.5.0,M10.5.0/3", 0),  # a POSIX rule: libc reads it, Go does not
+        ("../../etc/passwd", 0),
+        ("/etc/passwd", 0),  # not a zone file
+    ],
+)
+def test_local_zone_as_go_finds_it(tz: str, offset_hours: float) -> None:
+    june = datetime(2025, 6, 15, 12, tzinfo=UTC)
+    assert june.astimezone(local_zone(tz)).utcoffset() == timedelta(hours=offset_hours)
+
+
+def test_local_zone_unset_is_the_systems_and_never_waits_on_a_fifo(tmp_path: Path) -> None:
+    from zoneinfo import ZoneInfo
+
+    june = datetime(2025, 6, 15, 12, tzinfo=UTC)
+    with open("/etc/localtime", "rb") as file:
+        system = ZoneInfo.from_file(file)
+    assert june.astimezone(local_zone(None)).utcoffset() == june.astimezone(system).utcoffset()
+    os.mkfifo(tmp_path / "zone")
+    assert local_zone(str(tmp_path / "zone")) is UTC  # a FIFO is never opened (it would block)

@@ -10,7 +10,6 @@ import pytest
 from modelrunner.errors import InvalidDigest, InvalidReference
 from modelrunner.reference import (
     Reference,
-    display_name,
     parse_model_id,
     parse_reference,
     same_reference,
@@ -282,36 +281,6 @@ def test_validate_digest_rejects(text: str, fragment: str) -> None:
     with pytest.raises(InvalidDigest, match=fragment) as caught:
         validate_digest(text)
     assert len(str(caught.value)) < 300
-
-
-@pytest.mark.parametrize(
-    ("full", "expected"),
-    [
-        ("docker.io/ai/smollm2:latest", "smollm2"),
-        ("docker.io/ai/smollm2:latest", "smollm2"),
-        ("docker.io/ai/smollm2:360M-Q4_K_M", "smollm2:360M-Q4_K_M"),
-        ("docker.io/myorg/model:latest", "myorg/model"),
-        ("ai/smollm2", "smollm2"),
-        ("huggingface.co/org/repo:latest", "huggingface.co/org/repo"),
-        ("huggingface.co/org/repo:Q4_K_M", "huggingface.co/org/repo:Q4_K_M"),
-        ("gemma3:latest", "gemma3"),
-        ("myorg/gemma3:latest", "myorg/gemma3"),
-        ("hf.co/bartowski/model:latest", "hf.co/bartowski/model"),
-        ("localhost:5000/ai/x:latest", "localhost:5000/ai/x"),
-        (f"docker.io/ai/x@{DIGEST}", f"x@{DIGEST}"),
-    ],
-)
-def test_display_name(full: str, expected: str) -> None:
-    assert display_name(full) == expected
-    if full.startswith("docker.io/"):
-        assert display_name("index.docker.io/" + full.removeprefix("docker.io/")) == expected
-
-
-def test_display_name_with_another_default_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    # stripDefaultsFromModelName: a custom DEFAULT_REGISTRY replaces the Docker Hub prefixes.
-    monkeypatch.setenv("DEFAULT_REGISTRY", "registry.local:5000")
-    assert display_name("registry.local:5000/ai/x:latest") == "x"
-    assert display_name("docker.io/ai/x:latest") == "docker.io/ai/x"
 
 
 @pytest.mark.parametrize(

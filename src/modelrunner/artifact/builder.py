@@ -9,6 +9,10 @@ The artifact is byte for byte what DMR's builder makes of the same files (`pkg/d
 both give the same model ID: the layer annotations (`internal/partial/layer.go`: the file's base name,
 permission bits, size and mtime in the local time zone, as Go marshals them), the config (model_config.py)
 and the manifest (manifest.py). `created` is SOURCE_DATE_EPOCH when set (DMR's builder.WithCreated).
+
+Those two, SOURCE_DATE_EPOCH and the local time zone, are all a build reads of its environment; the daemon
+builds with its caller's (`model package` sends them) when told, so that the model ID does not depend on
+how the daemon was started.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -80,13 +84,19 @@ class _PlannedFile:
     what: str
 
 
-def _file_annotations(planned: _PlannedFile, utc_file_times: bool) -> dict[str, str]:
+def _file_time(mtime_ns: int, zone: tzinfo | None) -> str:
+    """A file's ModTime as Go marshals it, in `zone` (None: this process's local zone)."""
+    if zone is None:
+        return gojson.local_rfc3339nano(mtime_ns)
+    offset = datetime.fromtimestamp(mtime_ns // 1_000_000_000, zone).utcoffset()
+    return gojson.rfc3339nano(mtime_ns, int(offset.total_seconds()) if offset else 0)
+
+
+def _file_annotations(planned: _PlannedFile, zone: tzinfo | None) -> dict[str, str]:
     """partial.NewLayerWithRelativePath's annotations: types.FileMetadata as Go marshals it (the base
     name, permission bits, uid/gid 0, size, ModTime in the local zone) and the relative path."""
     st = os.stat(planned.path)
-    mtime = (
-        gojson.rfc3339nano(st.st_mtime_ns, 0) if utc_file_times else gojson.local_rfc3339nano(st.st_mtime_ns)
-    )
+    mtime = _file_time(st.st_mtime_ns, zone)
     metadata = {
         "name": gojson.go_string(os.fsencode(planned.path.name)),
         "mode": stat.S_IMODE(st.st_mode) & 0o777,  # os.FileMode.Perm()
@@ -252,12 +262,34 @@ def _plan_dduf(path: Path) -> tuple[list[_PlannedFile], dict[str, Any]]:
     return [_PlannedFile(path, mt.DDUF, path.name, "DDUF file")], config
 
 
-def created_time() -> datetime:
-    """Now, or SOURCE_DATE_EPOCH for reproducible artifacts (the same inputs then give the same ID)."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+def created_time(environment: Mapping[str, str] = os.environ) -> datetime:
+    """Now, or SOURCE_DATE_EPOCH (of this process, or of the environment given) for reproducible
+    artifacts (the same inputs then give the same ID)."""
+    epoch = environment.get("SOURCE_DATE_EPOCH")
     if epoch and epoch.isdigit():
         return datetime.fromtimestamp(int(epoch), UTC)
     return datetime.now(UTC)
+
+
+def local_zone(tz: str | None) -> tzinfo:
+    """The local time zone of a process whose TZ is `tz` (None: unset), as Go's time.Local finds it (DMR's
+    CLI builds in its own process): unset, the system's /etc/localtime; empty or "UTC", UTC; else a zone
+    name of the system's database or the path of a zone file (a leading ':' dropped). What cannot be
+    loaded is UTC, as for Go (libc would also read a POSIX rule such as `CET-1CEST`; Go does not)."""
+    from zoneinfo import ZoneInfo
+
+    name = "/etc/localtime" if tz is None else tz.removeprefix(":")
+    if name in ("", "UTC"):
+        return UTC
+    try:
+        if not name.startswith("/"):
+            return ZoneInfo(name)
+        if stat.S_ISREG(os.stat(name).st_mode):  # a FIFO or a device would never be a zone file
+            with open(name, "rb") as file:
+                return ZoneInfo.from_file(file)
+    except (KeyError, ValueError, OSError):  # KeyError: ZoneInfoNotFoundError
+        pass
+    return UTC
 
 
 def _assemble(
@@ -266,7 +298,7 @@ def _assemble(
     make_config: Callable[[list[str]], bytes],
     config_media_type: str,
     sink: BlobSink,
-    utc_file_times: bool = False,
+    file_time_zone: tzinfo | None = None,
     artifact_type: str | None = None,
 ) -> BuiltArtifact:
     """The layers (the base's, then one per file), the config made from the new layers' digests, the
@@ -277,7 +309,7 @@ def _assemble(
     layers = list(layers_before)
     new_digests: list[str] = []
     for planned in files:
-        annotations = _file_annotations(planned, utc_file_times)
+        annotations = _file_annotations(planned, file_time_zone)
         digest, size = sink.add_file(planned.path, planned.what)
         layers.append(Descriptor(planned.media_type, digest, size, annotations))
         new_digests.append(digest)
@@ -292,12 +324,16 @@ def _assemble(
 
 
 def build_artifact(
-    spec: PackageSpec, sink: BlobSink, created: datetime | None = None, utc_file_times: bool = False
+    spec: PackageSpec,
+    sink: BlobSink,
+    created: datetime | None = None,
+    file_time_zone: tzinfo | None = None,
 ) -> BuiltArtifact:
     """Build a new artifact from exactly one source (--gguf, --safetensors-dir or --dduf) plus extras.
 
-    `utc_file_times`: file times in UTC rather than the local zone, for artifacts whose ID must not
-    depend on the machine (Hugging Face pulls); DMR's `package` uses the local zone.
+    `created`: the config's creation time (None: created_time()). `file_time_zone`: the zone of the file
+    times in the layer annotations (None: this process's local zone, as DMR's `package` writes them; UTC
+    for artifacts whose ID must not depend on the machine, such as Hugging Face pulls).
     With `format="cncf"` the same files become a CNCF ModelPack artifact as DMR's builder makes it
     (modelpack.py): the layers re-typed, the ModelPack config, the manifest's artifactType."""
     sources = [s for s in (spec.gguf, spec.safetensors_dir, spec.dduf) if s is not None]
@@ -325,7 +361,7 @@ def build_artifact(
             lambda digests: modelpack.from_docker_config(config, go_time(when), digests),
             mt.CONFIG_CNCF,
             sink,
-            utc_file_times,
+            file_time_zone,
             mt.CNCF_MANIFEST_ARTIFACT_TYPE,
         )
     if spec.context_size is not None:
@@ -336,17 +372,23 @@ def build_artifact(
         lambda digests: make_config_blob(config, digests, when),
         config_media_type,
         sink,
-        utc_file_times,
+        file_time_zone,
     )
 
 
 def extend_artifact(
-    base: Manifest, base_config: bytes, spec: PackageSpec, sink: BlobSink, created: datetime | None = None
+    base: Manifest,
+    base_config: bytes,
+    spec: PackageSpec,
+    sink: BlobSink,
+    created: datetime | None = None,
+    file_time_zone: tzinfo | None = None,
 ) -> BuiltArtifact:
     """`package --from MODEL`: the base model's layers reused as they are, plus new extras and settings.
 
     As DMR's builder.FromModel with mutate: the base config is kept (its `created` too) and re-encoded with
-    the new layers' diff IDs appended. (`created` is accepted for symmetry and unused.) The config media
+    the new layers' diff IDs appended. (`created` is accepted for symmetry and unused; `file_time_zone`
+    is build_artifact's, for the new extras' layers.) The config media
     type stays the base's: DMR would write v0.1 here even for a v0.2 base, which breaks its layout.
 
     The output format is the base's unless `spec.format` names one. A Docker-format base asked for as
@@ -377,6 +419,7 @@ def extend_artifact(
             lambda digests: modelpack.reencode(converted, more_diff_ids=digests),
             mt.CONFIG_CNCF,
             sink,
+            file_time_zone,
             artifact_type=mt.CNCF_MANIFEST_ARTIFACT_TYPE,
         )
     if base_is_cncf or base.config.media_type == mt.CONFIG_CNCF:
@@ -388,6 +431,7 @@ def extend_artifact(
         lambda digests: reencode_config(base_config, spec.context_size, digests),
         base.config.media_type,
         sink,
+        file_time_zone,
     )
 
 

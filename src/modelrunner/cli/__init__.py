@@ -1,58 +1,96 @@
 """The `model` command: thin verbs that parse, call the daemon through client.py, and render.
 
 Built on argparse: `model --help` and `model ls` must feel instant, and typer (0.29) costs ~0.45 s of
-imports per invocation (it loads pydantic), click ~0.1 s, argparse ~0.02 s.
+imports per invocation (it loads pydantic), click ~0.1 s, argparse ~0.02 s. For the same reason a verb
+imports only its own command module, and a command module imports at its top only what registering its
+verbs needs: what a handler needs (rich, the artifact builder, even datetime or threading) it imports when
+it runs. tests/integration/test_cli_startup.py lists what must stay off the start-up path.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from importlib import import_module
+from typing import Any
 
 from modelrunner import __version__
-from modelrunner.cli import (
-    bench,
-    compose,
-    context,
-    distribution,
-    engines,
-    generate,
-    inference,
-    models,
-    plugin,
-    requests,
-    runner,
-    worker,
-)
 from modelrunner.cli.common import UsageError
 
+# The command modules (modelrunner.cli.<name>), in the order `model --help` lists their verbs, each with
+# the verbs and aliases its add_commands(commands) registers. Running a verb builds only the parsers of
+# the module that registers it (argparse spends ~0.4 ms on each verb's parser, and a module's imports
+# cost more); `--help`, or a verb missing here, builds them all. A new verb: register it in its module's
+# add_commands and name it here; a new module: one more entry.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "models": ("package", "list", "ls", "inspect", "show", "tag", "rm", "export", "load", "df", "purge"),
+    "inference": ("run", "ps", "unload", "stop", "configure", "config", "logs"),
+    "bench": ("bench",),
+    "runner": ("serve", "start-runner", "stop-runner", "restart-runner", "version"),
+    "distribution": ("pull", "push"),
+    "engines": ("install-runner", "reinstall-runner", "uninstall-runner", "status"),
+    "context": ("context",),
+    "compose": ("compose",),
+    "plugin": ("install-plugin",),
+    "worker": ("worker",),
+    "generate": ("generate",),
+    "requests": ("requests",),
+}
 
-def build_parser(prog: str = "model") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+
+def _terminal_columns() -> int:
+    """The width shutil.get_terminal_size gives argparse: COLUMNS, else the terminal's, else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout, the terminal measured here: argparse makes a formatter for every
+    add_argument (to check its metavar) and imports shutil to measure the terminal, which with the
+    compression modules shutil loads costs ~2.5 ms of every command's start."""
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ) -> None:
+        width = _terminal_columns() - 2 if width is None else width  # as argparse's own
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser with that formatter; add_subparsers makes the verbs' parsers of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def build_parser(prog: str = "model", verb: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every verb's, or with `verb` only those of the module that has it (all
+    that parsing a command line of that verb needs)."""
+    parser = _Parser(
         prog=prog,
         description="Run, manage and package AI models locally (Docker Model Runner compatible).",
     )
     parser.add_argument("--version", action="version", version=f"modelrunner {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    models.add_commands(commands)
-    inference.add_commands(commands)
-    bench.add_commands(commands)
-    runner.add_commands(commands)
-    distribution.add_commands(commands)
-    engines.add_commands(commands)
-    context.add_commands(commands)
-    compose.add_commands(commands)
-    plugin.add_commands(commands)
-    worker.add_commands(commands)
-    generate.add_commands(commands)
-    requests.add_commands(commands)
+    modules = [name for name, verbs in COMMAND_MODULES.items() if verb in verbs] or list(COMMAND_MODULES)
+    for name in modules:
+        import_module(f"modelrunner.cli.{name}").add_commands(commands)
     return parser
 
 
 def main(argv: list[str] | None = None, prog: str = "model") -> None:
     from modelrunner.errors import ModelRunnerError
 
-    parser = build_parser(prog)
     words = list(sys.argv[1:] if argv is None else argv)
     # Everything after `--` is passed through untouched (engine flags of `configure`); argparse's own
     # handling of `--` inside subcommands is unreliable, so it is split off here.
@@ -60,6 +98,8 @@ def main(argv: list[str] | None = None, prog: str = "model") -> None:
     if "--" in words:
         at = words.index("--")
         words, passthrough = words[:at], words[at + 1 :]
+    # the verb comes first (the top level's options, --help and --version, take no value)
+    parser = build_parser(prog, words[0] if words and not words[0].startswith("-") else None)
     args, leftover = parser.parse_known_args(words)
     # `model run MODEL --max-tokens 9 "a prompt"`: words after an option still belong to the prompt.
     extra_field = getattr(args, "extra_words_to", None)

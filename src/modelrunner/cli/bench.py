@@ -4,26 +4,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from modelrunner.cli.common import UsageError, client
-from modelrunner.scheduler.durations import parse_keep_alive
 
 DEFAULT_PROMPT = "Write a short paragraph about the sea."
 
 
-@dataclass
 class LevelResult:
-    concurrency: int
-    requests: int = 0
-    errors: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
-    latencies: list[float] = field(default_factory=list)
+    """What one concurrency level did. (A plain class: dataclasses, statistics and threading are imported
+    only when `bench` runs, not by every verb's start.)"""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.requests = 0
+        self.errors = 0
+        self.completion_tokens = 0
+        self.seconds = 0.0
+        self.latencies: list[float] = []
 
     @property
     def tokens_per_second(self) -> float:
@@ -34,6 +33,8 @@ class LevelResult:
         return self.requests / self.seconds if self.seconds else 0.0
 
     def to_json(self) -> dict[str, Any]:
+        import statistics
+
         latencies = sorted(self.latencies)
         return {
             "concurrency": self.concurrency,
@@ -50,6 +51,8 @@ class LevelResult:
 def run_level(
     model: str, prompt: str, concurrency: int, duration: float, max_tokens: int, timeout: float = 300.0
 ) -> LevelResult:
+    import threading
+
     daemon = client()
     result = LevelResult(concurrency)
     lock = threading.Lock()
@@ -83,6 +86,8 @@ def run_level(
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
+    from modelrunner.scheduler.durations import parse_keep_alive
+
     try:
         levels = sorted({int(x) for x in args.concurrency.split(",")})
     except ValueError:

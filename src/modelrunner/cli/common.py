@@ -20,7 +20,7 @@ def client(quiet: bool = False) -> Client:
 
 
 def display(tag: str) -> str:
-    from modelrunner.reference import display_name
+    from modelrunner.display import display_name
 
     return display_name(tag)
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from modelrunner.cli.common import UsageError, client, display
@@ -70,6 +68,8 @@ def stream_answer(
 ) -> str:
     """Print an answer as it streams; returns its text. Reasoning comes first under "Thinking:" (italic
     with --color), as DMR prints it. An error event or a cut stream raises DaemonError."""
+    import threading
+
     from modelrunner.errors import DaemonError
 
     text: list[str] = []
@@ -173,6 +173,8 @@ def _parse_go_time(text: object) -> float | None:
     """Seconds since the epoch of an RFC 3339 time; None for Go's zero time or anything else."""
     if not isinstance(text, str) or text.startswith("0001-01-01"):
         return None
+    from datetime import datetime
+
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,13 +50,20 @@ def _package_remotely(daemon: Client, request: dict[str, Any], target: str) -> s
     return model_id
 
 
+# what a build reads of its environment (artifact/builder.py: created_time, and the local zone's TZ)
+BUILD_VARIABLES = ("SOURCE_DATE_EPOCH", "TZ")
+
+
 def _package_locally(daemon: Client, request: dict[str, Any], extends: bool) -> str | None:
-    """The daemon on this machine reads the files itself; None when it refuses to because we are not its
-    user (403), so that they are uploaded instead: read with our rights, not the daemon's."""
+    """The daemon on this machine reads the files itself, building as this process would (DMR's CLI builds
+    in its own): with our SOURCE_DATE_EPOCH and time zone, not the daemon's. None when it refuses to read
+    the files because we are not its user (403), so that they are uploaded instead: read with our rights,
+    not the daemon's."""
     from modelrunner.errors import DaemonError
 
+    environment = {name: os.environ[name] for name in BUILD_VARIABLES if name in os.environ}
     try:
-        return str(daemon.package(request)["id"])
+        return str(daemon.package({**request, "environment": environment})["id"])
     except DaemonError as exc:
         if exc.status_code != 403 or extends:
             raise
@@ -136,13 +144,16 @@ def _context_column(cfg: dict[str, Any]) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int | None:
     from modelrunner.cli.dmrformat import go_table
-    from modelrunner.cli.listing import filter_models, openai_listing
     from modelrunner.cli.render import ago
 
     if args.openai or args.openaiurl:
+        from modelrunner.cli.listing import openai_listing
+
         return openai_listing(args)
     models = client(quiet=args.json or args.quiet).list_models()
     if args.model:
+        from modelrunner.cli.listing import filter_models
+
         models = filter_models(models, args.model)
     if args.json:
         from modelrunner.cli.dmrformat import standard_json

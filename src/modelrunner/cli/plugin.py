@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -79,6 +78,8 @@ def plugin_executable() -> Path:
     found = Path(sys.executable).parent / PLUGIN_NAME
     if found.is_file():
         return found
+    import shutil
+
     which = shutil.which(PLUGIN_NAME)
     if which is None:
         raise SystemExit(f"{PLUGIN_NAME} is not installed with modelrunner; reinstall it (scripts/setup)")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,8 @@ from modelrunner import __version__, config
 
 
 def _stop_daemon() -> bool:
+    import signal
+
     from modelrunner.server.daemon import is_running, read_pid
 
     pid = read_pid()

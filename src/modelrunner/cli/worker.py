@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 from typing import Any
 
 from modelrunner.cli.common import UsageError
+
+# ggml-rpc-server's own default, as engines/rpc_workers.DEFAULT_PORT (a test keeps them equal): written here
+# so that registering the verb does not import the engine modules
+DEFAULT_PORT = 50052
 
 
 def cmd_worker(args: argparse.Namespace) -> None:
@@ -38,6 +41,8 @@ def cmd_worker(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
     if args.mem is not None:
+        import resource
+
         threads = args.threads or os.cpu_count() or 1
         limit = rpc_workers.data_limit(args.mem, threads)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))  # inherited by the worker
@@ -50,8 +55,6 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
 
 def add_commands(commands: Any) -> None:
-    from modelrunner.engines.rpc_workers import DEFAULT_PORT
-
     worker = commands.add_parser(
         "worker",
         help="Run a llama.cpp RPC worker here, to hold part of a model loaded on another machine.",

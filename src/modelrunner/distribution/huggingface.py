@@ -188,7 +188,7 @@ class HuggingFacePull:
             os.utime(path, (stamp, stamp))
         sink = AdoptingStoreSink(self.store, self.digests)  # moved, not copied: one copy on disk
         try:
-            built = build_artifact(spec, sink, created=created, utc_file_times=True)
+            built = build_artifact(spec, sink, created=created, file_time_zone=UTC)
             return self.store.add_model(built.manifest_bytes, [str(self.reference)])
         except BaseException:
             with contextlib.suppress(Exception):

@@ -28,7 +28,7 @@ from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
-from modelrunner.server.lifecycle import KNOWN_BACKENDS, model_for_engine, select_engine_name
+from modelrunner.server.lifecycle import KNOWN_BACKENDS, Lifecycle, model_for_engine, select_engine_name
 from modelrunner.server.log_files import LogStreamer, ModelFilter
 from modelrunner.store.store import ModelStore
 
@@ -239,7 +239,11 @@ def backend_status(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_admin_router(
-    store: ModelStore, scheduler: Scheduler, engines: Mapping[str, Engine], logs_dir: Path
+    store: ModelStore,
+    scheduler: Scheduler,
+    engines: Mapping[str, Engine],
+    logs_dir: Path,
+    lifecycle: Lifecycle,
 ) -> APIRouter:
     router = APIRouter()
 
@@ -378,7 +382,8 @@ def build_admin_router(
 
     @router.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(await render_metrics(scheduler), media_type="text/plain; version=0.0.4")
+        text = await render_metrics(scheduler, lifecycle)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return router
 
@@ -391,17 +396,34 @@ def _label(line: str, labels: str) -> str:
     return f"{name}{{{labels}}}{sep}{rest}"
 
 
-async def render_metrics(scheduler: Scheduler) -> str:
+def _gauge(name: str, text: str, value: float) -> list[str]:
+    return [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name} {value}"]
+
+
+async def render_metrics(scheduler: Scheduler, lifecycle: Lifecycle) -> str:
+    """The scheduler's gauges and counters, the daemon's request metrics (server/request_metrics.py),
+    then each ready runner's own metrics labelled with its backend, model and mode."""
     from modelrunner.scheduler.runner import http_get
 
     runners = list(scheduler.runners.values())
     lines = [
-        "# HELP modelrunner_loaded_runners Engine processes loaded.",
-        "# TYPE modelrunner_loaded_runners gauge",
-        f"modelrunner_loaded_runners {len(runners)}",
-        "# HELP modelrunner_queue_depth Requests waiting for a runner.",
-        "# TYPE modelrunner_queue_depth gauge",
-        f"modelrunner_queue_depth {scheduler.waiting}",
+        *_gauge("modelrunner_loaded_runners", "Engine processes loaded.", len(runners)),
+        *_gauge("modelrunner_queue_depth", "Requests waiting for a runner.", scheduler.waiting),
+        *_gauge(
+            "modelrunner_requests_running",
+            "Requests holding a runner (being answered by an engine).",
+            sum(1 for exchange in list(lifecycle.open) if exchange.runners),
+        ),
+        *_gauge(
+            "modelrunner_memory_in_use_bytes",
+            "Memory the loaded runners are estimated to use.",
+            sum(runner.memory for runner in runners),
+        ),
+        *_gauge(
+            "modelrunner_memory_budget_bytes",
+            "Memory the scheduler may give to runners.",
+            scheduler.limits.memory_budget,
+        ),
         "# HELP modelrunner_runner_loads_total Runners loaded since start.",
         "# TYPE modelrunner_runner_loads_total counter",
         f"modelrunner_runner_loads_total {scheduler.counters.loads}",
@@ -414,6 +436,7 @@ async def render_metrics(scheduler: Scheduler) -> str:
         "# HELP modelrunner_runner_crashes_total Runners that exited on their own.",
         "# TYPE modelrunner_runner_crashes_total counter",
         f"modelrunner_runner_crashes_total {scheduler.counters.crashes}",
+        *lifecycle.metrics.render().splitlines(),
     ]
     seen_meta: set[str] = set()
     for runner in runners:

@@ -153,7 +153,7 @@ def build_daemon(
     api.include_router(build_distribution_router(store, transfers))
     api.include_router(build_models_router(store))
     api.include_router(build_openai_router(store))
-    api.include_router(build_admin_router(store, scheduler, engines, logs_dir))
+    api.include_router(build_admin_router(store, scheduler, engines, logs_dir, lifecycle))
     reach = [str(address) for address in extra_listen]  # where containers reach us (`status --json`)
     api.include_router(build_engines_router(engines, lambda name: scheduler.unload(None, name), reach))
     api.include_router(build_recorder_router(recorder, store))

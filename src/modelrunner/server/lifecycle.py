@@ -11,7 +11,8 @@ relay, the raw ASGI relay, the Ollama, Anthropic and Responses routers), the rul
   next token) and cancels a wait for a runner;
 * at shutdown, requests still running after the grace period are ended by the daemon: their engine
   connections close and each relay ends its stream with an error in its API's shape;
-* one access line per request when it finishes, and the exchange goes to the request recorder.
+* one access line per request when it finishes; with the same fields, the exchange goes to the request
+  recorder and the daemon's request metrics (server/request_metrics.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy, Scheduler
 from modelrunner.server.errors import api_family
 from modelrunner.server.proxy import App, Message, Receive, Scope, Send
+from modelrunner.server.request_metrics import RequestMetrics
 from modelrunner.store.store import ModelStore, StoredModel
 
 if TYPE_CHECKING:
@@ -266,6 +268,7 @@ class Lifecycle:
     def __init__(self, scheduler: Scheduler, recorder: Recorder | None = None) -> None:
         self.scheduler = scheduler
         self.recorder = recorder
+        self.metrics = RequestMetrics()
         self.open: set[Exchange] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -283,9 +286,11 @@ class Lifecycle:
                 await asyncio.shield(self.spawn(exchange.finish()))
         finally:
             self.open.discard(exchange)
+            access = exchange.access_fields()
             if self.recorder is not None and exchange.record is not None:
-                self.recorder.finish(exchange)
-            eventlog.event(access_log, "request", logging.INFO, **exchange.access_fields())
+                self.recorder.finish(exchange, access)
+            self.metrics.observe(exchange, access)
+            eventlog.event(access_log, "request", logging.INFO, **access)
 
     async def release(self, runner: Runner) -> None:
         if not self.scheduler.release_nowait(runner):

@@ -10,10 +10,17 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from modelrunner import config
-from modelrunner.artifact.builder import BuiltArtifact, PackageSpec, build_artifact, extend_artifact
+from modelrunner.artifact.builder import (
+    BuiltArtifact,
+    PackageSpec,
+    build_artifact,
+    created_time,
+    extend_artifact,
+    local_zone,
+)
 from modelrunner.compat.bodies import json_body
 from modelrunner.errors import BadRequest, PermissionDenied
 from modelrunner.reference import parse_reference
@@ -28,6 +35,9 @@ class RepackageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     target: str = Field(min_length=1)
     context_size: int | None = Field(default=None, gt=0, le=2**31 - 1)
+
+
+MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z, the last second a config's `created` can say
 
 
 class PackageRequest(BaseModel):
@@ -45,6 +55,28 @@ class PackageRequest(BaseModel):
     context_size: int | None = Field(default=None, gt=0, le=2**31 - 1)
     # None: Docker format for new files, the base model's format for `from` (DMR's builder.FromModel).
     format: Literal["docker", "cncf"] | None = None
+    # What a build reads of its environment, the caller's (`model package` sends its own, as DMR's CLI
+    # builds in its own process), so that the same files give the same model ID whatever the daemon's:
+    # SOURCE_DATE_EPOCH (the config's `created`) and TZ (the zone of the layers' file times; one the
+    # system does not know is UTC, as for Go). A variable left out is unset; without the field, the
+    # daemon's own environment decides.
+    environment: dict[str, str] | None = None
+
+    @field_validator("environment")
+    @classmethod
+    def _build_variables(cls, environment: dict[str, str] | None) -> dict[str, str] | None:
+        for name, value in (environment or {}).items():
+            if name == "SOURCE_DATE_EPOCH":
+                if value and not (value.isascii() and value.isdigit() and int(value) <= MAX_EPOCH):
+                    raise ValueError(
+                        f"SOURCE_DATE_EPOCH must be a number of seconds since 1970 up to {MAX_EPOCH}"
+                    )
+            elif name == "TZ":
+                if len(value) > 4096 or any(ord(char) < 0x20 or ord(char) == 0x7F for char in value):
+                    raise ValueError("TZ must be a time zone name or the path of a zone file")
+            else:
+                raise ValueError(f"{name[:64]!r} is not read by a build: only SOURCE_DATE_EPOCH and TZ")
+        return environment
 
 
 def _absolute(raw: str | None, what: str) -> Path | None:
@@ -63,7 +95,7 @@ def _is_loopback(request: Request) -> bool:
         return host in ("", "localhost")  # Unix sockets and in-process test clients have no address
 
 
-def _check_caller_may_read_files(request: Request, token: str) -> None:
+def check_caller_may_read_files(request: Request, token: str) -> None:
     """Files named in a package request are read only for a local caller that is the daemon's own user."""
     if not _is_loopback(request):
         raise BadRequest("packaging from file paths is only allowed for clients on this machine")
@@ -94,7 +126,7 @@ def build_models_router(store: ModelStore) -> APIRouter:
     def package_model(
         request: Request, body: PackageRequest = Depends(json_body(PackageRequest))
     ) -> dict[str, Any]:
-        _check_caller_may_read_files(request, token)
+        check_caller_may_read_files(request, token)
         tags = [full_tag(body.target)] if body.target else []  # a bad tag fails before any work
         spec = PackageSpec(
             gguf=_absolute(body.gguf, "gguf"),
@@ -106,16 +138,18 @@ def build_models_router(store: ModelStore) -> APIRouter:
             context_size=body.context_size,
             format=body.format,
         )
+        environment = body.environment
+        created = created_time(environment) if environment is not None else None
+        zone = local_zone(environment.get("TZ")) if environment is not None else None
         sink = StoreSink(store)
         try:
             built: BuiltArtifact
             if body.from_model is not None:
                 base = store.get(body.from_model)
-                built = extend_artifact(
-                    base.manifest, store.read_blob(base.manifest.config.digest), spec, sink
-                )
+                base_config = store.read_blob(base.manifest.config.digest)
+                built = extend_artifact(base.manifest, base_config, spec, sink, file_time_zone=zone)
             else:
-                built = build_artifact(spec, sink)
+                built = build_artifact(spec, sink, created=created, file_time_zone=zone)
             model_id = store.add_model(built.manifest_bytes, tags)
         except BaseException:
             with contextlib.suppress(Exception):

@@ -10,7 +10,11 @@ together when the records are read, so the relay only keeps a bounded copy of th
 
 Beyond DMR: bodies are bounded (REQUEST_LIMIT, RESPONSE_LIMIT), so are the models kept (MAX_MODELS); the
 records of a model outlive its runner (DMR drops them at unload); `MODEL_RUNNER_RECORD_REQUESTS=0` turns
-the recorder off.
+the recorder off. Each record also carries fields of ours after DMR's (Go's decoder skips them):
+`request_id` (its `X-Request-Id`); once finished, `duration_ms` and `ttfb_ms` (its access line's), and
+`prompt_tokens` and `completion_tokens` where the answer says them (its usage, Ollama's counts, llama.cpp's
+timings). The daemon's request metrics read the same counts, and the time of the answer's first body byte
+(server/request_metrics.py).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import os
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +50,7 @@ MEDIA_KEPT = 100  # DMR's maxMediaDataLength
 STREAM_ERROR_STATUS = 400  # DMR's defaultStreamingErrorCode
 REQUEST_LIMIT = 512 * 1024
 RESPONSE_LIMIT = 1024 * 1024
+TAIL_KEPT = 64 * 1024  # the end of an answer longer than RESPONSE_LIMIT, where its token counts are
 MAX_MODELS = 100
 # DMR's X-Request-Origin values, set by its Ollama and Anthropic handlers; Responses is ours.
 ORIGINS = {OLLAMA: "ollama/completion", ANTHROPIC: "anthropic/messages", RESPONSES: "openai/responses"}
@@ -274,6 +279,66 @@ def _ollama(raw: bytes, text: str) -> tuple[str, str]:
     return json.dumps(merged), ""
 
 
+# Keys whose presence in a line of an answer says it may carry token counts.
+_COUNT_MARKERS = (b'"usage"', b'"eval_count"', b'"predicted_n"')
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def token_counts(doc: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(prompt, completion) tokens of one JSON answer or event, as far as it says them: OpenAI's,
+    Anthropic's and the Responses API's `usage` (also inside `response` and `message`), Ollama's
+    `prompt_eval_count`/`eval_count`, else llama.cpp's own `timings` (streams sent without usage)."""
+    usage = doc.get("usage")
+    for holder in ("response", "message"):
+        inner = doc.get(holder)
+        if not isinstance(usage, dict) and isinstance(inner, dict):
+            usage = inner.get("usage")
+    if isinstance(usage, dict):
+        prompt = _count(usage.get("prompt_tokens"))
+        if prompt is None and _count(usage.get("input_tokens")) is not None:  # cache reads counted apart
+            parts = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+            prompt = sum(_count(usage.get(part)) or 0 for part in parts)
+        return prompt, _count(usage.get("completion_tokens", usage.get("output_tokens")))
+    if "eval_count" in doc or "prompt_eval_count" in doc:
+        return _count(doc.get("prompt_eval_count")), _count(doc.get("eval_count"))
+    timings = doc.get("timings")
+    if isinstance(timings, dict):
+        processed, cached = _count(timings.get("prompt_n")), _count(timings.get("cache_n")) or 0
+        return (None if processed is None else processed + cached), _count(timings.get("predicted_n"))
+    return None, None
+
+
+def answer_usage(raw: bytes | bytearray) -> tuple[int | None, int | None]:
+    """(prompt, completion) tokens of an answer as sent (whole, streamed, or only its end): the last lines
+    that say them, found from the end (a stream states its counts in its last events; Anthropic's prompt
+    count is in its first). Lines that are not JSON (chunk sizes, `event:` lines) are passed over."""
+    prompt: int | None = None
+    completion: int | None = None
+    end = len(raw)
+    while prompt is None or completion is None:
+        at = max(raw.rfind(marker, 0, end) for marker in _COUNT_MARKERS)
+        if at < 0:
+            break
+        start = raw.rfind(b"\n", 0, at) + 1
+        stop = raw.find(b"\n", at)
+        line = raw[start : len(raw) if stop < 0 else stop].strip()
+        end = start
+        if line.startswith(b"data:"):
+            line = line[5:].strip()
+        try:
+            doc = json.loads(line)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            continue
+        if isinstance(doc, dict):
+            found_prompt, found_completion = token_counts(doc)
+            prompt = found_prompt if prompt is None else prompt
+            completion = found_completion if completion is None else completion
+    return prompt, completion
+
+
 class Record:
     """One request and its answer; the answer's bytes are kept as sent (bounded) and read when shown."""
 
@@ -290,13 +355,19 @@ class Record:
         self.request = request
         self.timestamp = int(time.time())
         self.user_agent = exchange.user_agent
+        self.request_id = exchange.id  # ours: the X-Request-Id of its access and log lines
         generation = exchange.api != OLLAMA or exchange.path in ("/api/chat", "/api/generate")
         self.origin = ORIGINS.get(exchange.api, "") if generation else ""
         self.status_code = 0
         self.content_type = ""
         self.framed_by_chunks = False  # the front keeps the bytes as it relays them
         self.finished = False
+        self.first_data: float | None = None  # monotonic time of the answer's first body byte
+        self.timing: dict[str, float | None] = {}  # ours: duration_ms, ttfb_ms (the access line's)
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
         self._response = bytearray()
+        self._tail = bytearray()  # the last bytes beyond RESPONSE_LIMIT, until finished
         self._shown: dict[str, Any] | None = None
 
     def answer_head(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
@@ -305,10 +376,35 @@ class Record:
             if name.lower() == b"content-type":
                 self.content_type = value.decode("latin-1").lower()
 
+    @property
+    def streamed(self) -> bool:
+        return "event-stream" in self.content_type or "ndjson" in self.content_type
+
     def tee(self, data: bytes) -> None:
+        if self.first_data is None:
+            self.first_data = time.monotonic()
         room = RESPONSE_LIMIT - len(self._response)
         if room > 0:
             self._response += data[:room]
+            data = data[room:]
+        if data:
+            self._tail += data
+            if len(self._tail) > 2 * TAIL_KEPT:
+                del self._tail[:-TAIL_KEPT]
+
+    def finish(self, access: Mapping[str, Any]) -> None:
+        """The request is over: its timing from the access line, its token counts from its answer."""
+        self.finished = True
+        self.timing = {key: access.get(key) for key in ("duration_ms", "ttfb_ms")}
+        if self.framed_by_chunks:  # unframed once, here: the counts are read from it, and the record shown
+            self._response = bytearray(unchunk(bytes(self._response)))
+            self.framed_by_chunks = False
+        if (self.status_code or 408) < 400:
+            end = self._tail[-TAIL_KEPT:] if self._tail else self._response  # where a stream says its counts
+            self.prompt_tokens, self.completion_tokens = answer_usage(end)
+            if self.prompt_tokens is None and self._tail:  # Anthropic's is in its first event
+                self.prompt_tokens = answer_usage(self._response)[0]
+        self._tail = bytearray()
 
     def to_json(self) -> dict[str, Any]:
         """DMR's RequestResponsePair (empty `response`, `error`, `user_agent`, `origin` left out)."""
@@ -340,7 +436,13 @@ class Record:
             out["user_agent"] = self.user_agent
         if self.origin:
             out["origin"] = self.origin
+        out["request_id"] = self.request_id
         if self.finished:
+            out |= {key: value for key, value in self.timing.items() if value is not None}
+            if self.prompt_tokens is not None:
+                out["prompt_tokens"] = self.prompt_tokens
+            if self.completion_tokens is not None:
+                out["completion_tokens"] = self.completion_tokens
             self._shown = out
             self._response = bytearray()  # shown once computed: the bytes are no longer needed
         return out
@@ -389,11 +491,12 @@ class Recorder:
         records.append(record)
         return record
 
-    def finish(self, exchange: Exchange) -> None:
+    def finish(self, exchange: Exchange, access: Mapping[str, Any]) -> None:
+        """The exchange's request is over (`access`: the fields of its access line)."""
         record = exchange.record
         if record is None:
             return
-        record.finished = True
+        record.finish(access)
         if self._followers:
             payload = self._payload(record.model, record.config, [record])
             event = b"event: new_request\ndata: " + payload + b"\n\n"

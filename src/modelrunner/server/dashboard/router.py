@@ -5,6 +5,10 @@
   from elsewhere, and only files that exist in the package can be named.
 * `GET /dashboard/api/overview`: the scheduler's limits and usage (the memory budget is in no other route).
 * `GET /dashboard/api/models/{name}/files`: a model's layers and the text of its licences.
+* `GET /dashboard/api/caller`: whether the daemon reads files by path for this browser (the package form):
+  only for its own user, known by the owner of the browser's connection (server/localuser.py). The API key
+  does not make a browser that user: the key is what every client of the API is given (containers,
+  Compose services), not a proof of who runs the browser.
 
 Every response carries a strict Content-Security-Policy: scripts and styles from this origin only, no inline
 code, no framing.
@@ -22,10 +26,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from modelrunner import __version__
+from modelrunner import __version__, config
 from modelrunner.artifact import mediatypes as mt
-from modelrunner.errors import ModelNotFound
+from modelrunner.errors import BadRequest, ModelNotFound, PermissionDenied
 from modelrunner.scheduler.scheduler import Scheduler
+from modelrunner.server.localuser import ensure_token
+from modelrunner.server.models_api import check_caller_may_read_files
 from modelrunner.store.store import ModelStore
 
 CONTENT_SECURITY_POLICY = (
@@ -124,6 +130,7 @@ def build_dashboard_router(store: ModelStore, scheduler: Scheduler) -> APIRouter
     router = APIRouter()
     assets = load_assets()
     page = assets["index.html"]
+    token = ensure_token(config.local_token_file())
 
     @router.get("/dashboard", include_in_schema=False)
     @router.get("/dashboard/", include_in_schema=False)
@@ -154,6 +161,14 @@ def build_dashboard_router(store: ModelStore, scheduler: Scheduler) -> APIRouter
                 "queue_depth": scheduler.waiting,
             }
         )
+
+    @router.get("/dashboard/api/caller")
+    def caller(request: Request) -> JSONResponse:
+        try:
+            check_caller_may_read_files(request, token)
+        except (BadRequest, PermissionDenied) as refused:
+            return _json({"reads_files": False, "reason": refused.message})
+        return _json({"reads_files": True})
 
     @router.get("/dashboard/api/models/{name:path}/files")
     def files(name: str) -> JSONResponse:

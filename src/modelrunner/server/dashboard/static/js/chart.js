@@ -4,9 +4,10 @@ import { h, svg } from "./dom.js";
 
 const HEIGHT = 150;
 const PAD = { left: 48, right: 10, top: 10, bottom: 20 };
+const MIN_SPAN = 60; // seconds
 
 export class LineChart {
-  constructor(title, format, windowSeconds) {
+  constructor(id, title, format, windowSeconds) {
     this.format = format;
     this.windowSeconds = windowSeconds;
     this.value = h("span", { class: "chart-value" });
@@ -15,7 +16,7 @@ export class LineChart {
     this.note = h("p", { class: "chart-note muted small" });
     this.element = h(
       "section",
-      { class: "card chart" },
+      { class: "card chart", dataset: { chart: id } },
       h("header", {}, h("h3", { text: title }), this.value),
       this.plot,
       this.note,
@@ -23,15 +24,21 @@ export class LineChart {
     );
   }
 
-  // series: [{name, cls, points: [[t, v], ...], limit?}] with t in seconds (Date.now()/1000)
-  draw(series, note = "") {
+  // series: [{name, cls, points: [[t, v], ...], limit?}] with t in seconds (Date.now()/1000). The time axis
+  // starts at `since` (when the data starts; else at the first point), at least a minute and at most the
+  // window before now: the charts of a page just opened are not squeezed against its right edge.
+  draw(series, note = "", since = null) {
     const width = Math.max(260, this.plot.clientWidth || 600);
     const now = Date.now() / 1000;
-    const start = now - this.windowSeconds;
-    let max = 0;
-    for (const s of series) for (const [t, v] of s.points) if (t >= start && v > max) max = v;
-    max = niceMax(max);
-    const x = (t) => PAD.left + ((t - start) / this.windowSeconds) * (width - PAD.left - PAD.right);
+    let earliest = since ?? now;
+    for (const s of series) if (since === null && s.points.length) earliest = Math.min(earliest, s.points[0][0]);
+    const span = Math.min(this.windowSeconds, Math.max(MIN_SPAN, now - earliest));
+    const start = now - span;
+    let peak = 0;
+    for (const s of series) for (const [t, v] of s.points) if (t >= start && v > peak) peak = v;
+    this.element.dataset.peak = String(peak); // the highest value shown (read by the browser tests)
+    const max = niceMax(peak);
+    const x = (t) => PAD.left + ((t - start) / span) * (width - PAD.left - PAD.right);
     const y = (v) => HEIGHT - PAD.bottom - (v / max) * (HEIGHT - PAD.top - PAD.bottom);
     const chart = svg("svg", { viewBox: `0 0 ${width} ${HEIGHT}`, width, height: HEIGHT, role: "img" });
     for (const fraction of [0, 0.5, 1]) {
@@ -41,9 +48,8 @@ export class LineChart {
         svg("text", { x: PAD.left - 6, y: y(level) + 4, class: "axis end", text: this.format(level) }),
       );
     }
-    const minutes = Math.round(this.windowSeconds / 60);
     chart.append(
-      svg("text", { x: PAD.left, y: HEIGHT - 4, class: "axis", text: `-${minutes} min` }),
+      svg("text", { x: PAD.left, y: HEIGHT - 4, class: "axis", text: `-${Math.round(span / 60)} min` }),
       svg("text", { x: width - PAD.right, y: HEIGHT - 4, class: "axis end", text: "now" }),
     );
     for (const s of series) {

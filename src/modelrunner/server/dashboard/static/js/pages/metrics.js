@@ -1,13 +1,13 @@
 // Metrics: live charts of /metrics (Prometheus text) over the last minutes. Samples are taken every 2 s
 // while the page is open and kept for this tab; rates come from counters' differences between samples.
 
-import { getJSON, request } from "../api.js";
+import { request } from "../api.js";
 import { bytes, h, notice, seconds } from "../dom.js";
 import { LineChart } from "../chart.js";
 
 const WINDOW = 10 * 60; // seconds shown
 const PERIOD = 2000;
-const samples = []; // {t, metrics: Map(name -> [{labels, value}]), overview}
+const samples = []; // {t, metrics: Map(name -> [{labels, value}]), text}
 
 export function parseMetrics(text) {
   const metrics = new Map();
@@ -45,18 +45,19 @@ function rate(a, b, names) {
   return delta / (b.t - a.t);
 }
 
-const TOKENS = ["llamacpp:tokens_predicted_total", "*:generation_tokens_total"];
-const TTFT_SUM = ["*time_to_first_token_seconds_sum"];
-const TTFT_COUNT = ["*time_to_first_token_seconds_count"];
+// The daemon's own metrics (server/request_metrics.py), whichever engine answers; the engines' queues too.
+const TOKENS = ["modelrunner_generated_tokens_total"];
+const TTFT_SUM = ["modelrunner_time_to_first_token_seconds_sum"];
+const TTFT_COUNT = ["modelrunner_time_to_first_token_seconds_count"];
+const WAITING = ["modelrunner_queue_depth"];
+const RUNNING = ["modelrunner_requests_running"];
 const ENGINE_QUEUE = ["llamacpp:requests_deferred", "vllm:num_requests_waiting"];
-const ENGINE_RUNNING = ["llamacpp:requests_processing", "vllm:num_requests_running"];
+const MEMORY = ["modelrunner_memory_in_use_bytes"];
+const BUDGET = ["modelrunner_memory_budget_bytes"];
 
 async function sample() {
-  const [text, overview] = await Promise.all([
-    request("/metrics").then((r) => r.text()),
-    getJSON("/dashboard/api/overview"),
-  ]);
-  samples.push({ t: Date.now() / 1000, metrics: parseMetrics(text), overview, text });
+  const text = await request("/metrics").then((r) => r.text());
+  samples.push({ t: Date.now() / 1000, metrics: parseMetrics(text), text });
   while (samples.length && samples[0].t < Date.now() / 1000 - WINDOW - 10) samples.shift();
 }
 
@@ -67,25 +68,24 @@ function series() {
   const engineQueue = [];
   const running = [];
   const memory = [];
-  let budget = 0;
-  let hasTtft = false;
+  let budget = null;
+  let streamed = 0;
   for (let i = 0; i < samples.length; i += 1) {
     const s = samples[i];
-    queue.push([s.t, total(s.metrics, ["modelrunner_queue_depth"]) ?? s.overview.queue_depth]);
+    queue.push([s.t, total(s.metrics, WAITING) ?? 0]);
     engineQueue.push([s.t, total(s.metrics, ENGINE_QUEUE) ?? 0]);
-    running.push([s.t, total(s.metrics, ENGINE_RUNNING) ?? 0]);
-    memory.push([s.t, s.overview.memory_in_use]);
-    budget = s.overview.memory_budget;
-    if (total(s.metrics, TTFT_COUNT) !== null) hasTtft = true;
+    running.push([s.t, total(s.metrics, RUNNING) ?? 0]);
+    memory.push([s.t, total(s.metrics, MEMORY) ?? 0]);
+    budget = total(s.metrics, BUDGET) ?? budget;
+    streamed = total(s.metrics, TTFT_COUNT) ?? streamed;
     if (i === 0) continue;
     const previous = samples[i - 1];
-    const r = rate(previous, s, TOKENS);
-    tokens.push([s.t, r ?? 0]);
+    tokens.push([s.t, rate(previous, s, TOKENS) ?? 0]);
     const count = (total(s.metrics, TTFT_COUNT) ?? 0) - (total(previous.metrics, TTFT_COUNT) ?? 0);
     const sum = (total(s.metrics, TTFT_SUM) ?? 0) - (total(previous.metrics, TTFT_SUM) ?? 0);
     if (count > 0 && sum >= 0) ttft.push([s.t, sum / count]);
   }
-  return { tokens, ttft, queue, engineQueue, running, memory, budget, hasTtft };
+  return { tokens, ttft, queue, engineQueue, running, memory, budget, streamed };
 }
 
 export default {
@@ -93,10 +93,10 @@ export default {
   title: "Metrics",
   mount(root) {
     const charts = {
-      tokens: new LineChart("Tokens per second (generated)", (v) => v.toFixed(v < 10 ? 1 : 0), WINDOW),
-      ttft: new LineChart("Time to first token", (v) => seconds(v), WINDOW),
-      queue: new LineChart("Queue", (v) => (Number.isInteger(v) ? String(v) : v.toFixed(1)), WINDOW),
-      memory: new LineChart("Memory in use (estimated)", (v) => bytes(v), WINDOW),
+      tokens: new LineChart("tokens", "Tokens per second (generated)", (v) => v.toFixed(v < 10 ? 1 : 0), WINDOW),
+      ttft: new LineChart("ttft", "Time to first token (streamed answers)", (v) => seconds(v), WINDOW),
+      queue: new LineChart("queue", "Requests waiting and running", (v) => (Number.isInteger(v) ? String(v) : v.toFixed(1)), WINDOW),
+      memory: new LineChart("memory", "Memory in use (estimated)", (v) => bytes(v), WINDOW),
     };
     const status = h("div", { class: "messages" });
     const raw = h("pre", { class: "body raw-metrics" });
@@ -108,17 +108,19 @@ export default {
     );
     const draw = () => {
       const s = series();
-      charts.tokens.draw([{ name: "tokens/s", cls: "c1", points: s.tokens }], samples.length < 2 ? "collecting…" : "");
-      charts.ttft.draw(
-        [{ name: "mean in interval", cls: "c2", points: s.ttft }],
-        s.hasTtft ? "" : "no loaded engine reports it (vLLM does; the Chat page measures each answer)",
-      );
-      charts.queue.draw([
+      const since = samples.length ? samples[0].t : null;
+      const collecting = samples.length < 2 ? "collecting…" : "";
+      charts.tokens.draw([{ name: "generated", cls: "c1", points: s.tokens }], collecting, since);
+      const ttftNote = s.ttft.length ? "" : s.streamed ? "no streamed answer in the last 10 minutes" : "no streamed answer yet";
+      charts.ttft.draw([{ name: "mean of the answers in each interval", cls: "c2", points: s.ttft }], collecting || ttftNote, since);
+      const queue = [
         { name: "waiting for a runner", cls: "c3", points: s.queue },
-        { name: "waiting in engines", cls: "c4", points: s.engineQueue },
         { name: "being answered", cls: "c1", points: s.running },
-      ]);
-      charts.memory.draw([{ name: `in use (budget ${bytes(s.budget)})`, cls: "c2", points: s.memory }]);
+        { name: "waiting in engines", cls: "c4", points: s.engineQueue },
+      ];
+      charts.queue.draw(queue, "", since);
+      const budget = s.budget === null ? "" : ` (budget ${bytes(s.budget)})`;
+      charts.memory.draw([{ name: `runners${budget}`, cls: "c2", points: s.memory }], "", since);
       const last = samples[samples.length - 1];
       if (last) raw.textContent = last.text;
     };

@@ -391,6 +391,19 @@ function renderPulls(box, onDone) {
 
 // -- packaging --------------------------------------------------------------------------------------
 
+// The daemon reads files by path only for the user it runs as (or root): it knows a browser as that user by
+// the owner of the browser's connection, never by the API key (which every client of the API is given).
+function notYourFiles(reason) {
+  return h(
+    "div",
+    { class: "notice warn", role: "status", title: `The model runner says: ${reason}` },
+    "This browser does not run as the model runner's user, so the model runner does not read files by path for it. ",
+    "Package from a terminal instead: ",
+    h("code", { text: "model package --gguf /path/to/model.gguf myorg/model:tag" }),
+    " reads the files as you and uploads them.",
+  );
+}
+
 function packageCard(onDone) {
   const target = h("input", { type: "text", name: "target", placeholder: "myorg/model:tag", required: true });
   const kind = h(
@@ -403,6 +416,7 @@ function packageCard(onDone) {
   const path = h("input", { type: "text", name: "path", placeholder: "/absolute/path/on/the/daemon/machine", required: true });
   const licences = h("input", { type: "text", name: "licenses", placeholder: "/path/LICENSE, … (optional)" });
   const context = h("input", { type: "number", name: "context", min: 1, placeholder: "from the model" });
+  const access = h("div", { class: "messages", id: "package-access" });
   const result = h("div", { class: "messages" });
   const submit = h("button", { type: "submit", text: "Package" });
   const form = h(
@@ -410,11 +424,15 @@ function packageCard(onDone) {
     { class: "grid-form", id: "package-form" },
     field("Name", target),
     field("Kind", kind),
-    field("Path", path, "Read by the daemon itself: allowed for clients on its own machine only."),
+    field("Path", path, "Read by the model runner itself, for its own user on its own machine."),
     field("Licence files", licences),
     field("Context size", context),
     h("div", { class: "form-actions" }, submit),
   );
+  const refuse = (reason) => {
+    for (const element of form.elements) element.disabled = true;
+    clear(access).append(notYourFiles(reason));
+  };
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const body = { target: target.value.trim(), [kind.value]: path.value.trim() };
@@ -422,16 +440,31 @@ function packageCard(onDone) {
     if (list.length) body.licenses = list;
     if (context.value) body.context_size = Number(context.value);
     submit.disabled = true;
-    clear(result).append(notice("info", "Packaging… (the daemon hashes and copies the files)"));
+    clear(result).append(notice("info", "Packaging… (the model runner hashes and copies the files)"));
     try {
       const answer = await postJSON("/models/package", body);
       clear(result).append(notice("ok", `${answer.message}: ${answer.tags.map(displayName).join(", ")} (${shortId(answer.id)})`));
       onDone();
     } catch (error) {
+      if (error instanceof ApiError && error.status === 403) {
+        clear(result);
+        refuse(error.message);
+        return;
+      }
       clear(result).append(notice("error", error instanceof ApiError ? error.message : String(error)));
     } finally {
-      submit.disabled = false;
+      if (!form.elements[0].disabled) submit.disabled = false;
     }
   });
-  return h("details", { class: "card" }, h("summary", { text: "Package files on the daemon's machine" }), form, result);
+  const card = h("details", { class: "card", id: "package" }, h("summary", { text: "Package files on the model runner's machine" }), access, form, result);
+  card.addEventListener(
+    "toggle",
+    () => {
+      getJSON("/dashboard/api/caller")
+        .then((caller) => caller.reads_files || refuse(caller.reason))
+        .catch((error) => clear(access).append(notice("error", error.message)));
+    },
+    { once: true },
+  );
+  return card;
 }

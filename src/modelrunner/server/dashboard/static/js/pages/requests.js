@@ -1,5 +1,6 @@
 // Requests: the daemon's request recorder (DMR's GET /engines/requests): recent requests per model, with
-// their bodies on click; new ones arrive as server-sent events (`event: new_request`).
+// their bodies on click; new ones arrive as server-sent events (`event: new_request`). Beside DMR's fields
+// each record has ours: duration_ms and ttfb_ms (the access line's), prompt_tokens and completion_tokens.
 
 import { getJSON, request, sseEvents } from "../api.js";
 import { clear, displayName, h, notice, openDialog, prettyJSON, seconds } from "../dom.js";
@@ -25,11 +26,12 @@ export default {
           "tr",
           { class: "clickable", tabindex: 0, dataset: { id: r.id } },
           h("td", { class: "opt", text: r.timestamp ? new Date(r.timestamp * 1000).toLocaleTimeString() : "" }),
-          h("td", { class: "name", text: displayName(r.model || "") }),
-          h("td", { class: "mono small", text: `${r.method || ""} ${r.url || ""}` }),
+          h("td", { class: "name" }, displayName(r.model || ""), h("span", { class: "narrow-only mono small route" }, breakable(r.url || ""))),
+          h("td", { class: "mono small wide-only", text: `${r.method || ""} ${r.url || ""}` }),
           h("td", {}, h("span", { class: `badge ${statusClass(r.status_code)}`, text: r.status_code ? String(r.status_code) : "…" })),
-          h("td", { text: latency(r) }),
-          h("td", { text: tokens(r) }),
+          h("td", { class: "num", text: milliseconds(r.duration_ms) }),
+          h("td", { class: "num opt", text: milliseconds(r.ttfb_ms) }),
+          h("td", { class: "num", text: tokens(r) }),
         );
         row.addEventListener("click", () => show(r));
         row.addEventListener("keydown", (event) => event.key === "Enter" && show(r));
@@ -39,7 +41,7 @@ export default {
         h(
           "table",
           { class: "table", id: "requests-table" },
-          h("thead", {}, h("tr", {}, h("th", { class: "opt", text: "Time" }), h("th", { text: "Model" }), h("th", { text: "Route" }), h("th", { text: "Status" }), h("th", { text: "Latency" }), h("th", { text: "Tokens" }))),
+          h("thead", {}, h("tr", {}, h("th", { class: "opt", text: "Time" }), h("th", { text: "Model" }), h("th", { class: "wide-only", text: "Route" }), h("th", { text: "Status" }), h("th", { class: "num", text: "Duration" }), h("th", { class: "num opt", text: "First byte" }), h("th", { class: "num", text: "Tokens" }))),
           h("tbody", {}, rows),
         ),
       );
@@ -82,23 +84,21 @@ function statusClass(code) {
   return code < 400 ? "done" : "failed";
 }
 
-// DMR's records carry no duration; a recorder that adds one (in milliseconds or seconds) is shown.
-function latency(record) {
-  for (const key of ["latency_ms", "duration_ms"]) if (typeof record[key] === "number") return seconds(record[key] / 1000);
-  for (const key of ["latency", "duration"]) if (typeof record[key] === "number") return seconds(record[key]);
-  return "—";
+// A path that may wrap after each slash (on a phone), never inside a word.
+function breakable(path) {
+  return path.split("/").flatMap((part, i) => (i ? ["/", h("wbr"), part] : [part]));
 }
 
+function milliseconds(value) {
+  return typeof value === "number" ? seconds(value / 1000) : "—";
+}
+
+// prompt → answer, as the answer counted them (absent when it did not say)
 function tokens(record) {
-  try {
-    const usage = JSON.parse(record.response || "{}").usage;
-    if (!usage) return "—";
-    const prompt = usage.prompt_tokens ?? usage.input_tokens;
-    const completion = usage.completion_tokens ?? usage.output_tokens;
-    return `${prompt ?? "?"} → ${completion ?? "?"}`;
-  } catch {
-    return "—";
-  }
+  const prompt = record.prompt_tokens;
+  const completion = record.completion_tokens;
+  if (prompt === undefined && completion === undefined) return "—";
+  return `${prompt ?? "?"} → ${completion ?? "?"}`;
 }
 
 function show(record) {
@@ -107,9 +107,11 @@ function show(record) {
     ["Model", record.model],
     ["Status", record.status_code],
     ["Time", record.timestamp ? new Date(record.timestamp * 1000).toLocaleString() : ""],
-    ["Latency", latency(record)],
+    ["Duration", milliseconds(record.duration_ms)],
+    ["First byte after", milliseconds(record.ttfb_ms)],
     ["Tokens (prompt → answer)", tokens(record)],
     ["Client", record.user_agent],
+    ["Request ID", record.request_id],
     ["Origin", record.origin],
   ].filter(([, value]) => value !== undefined && value !== "" && value !== null);
   body.append(

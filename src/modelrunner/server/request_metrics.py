@@ -1,0 +1,139 @@
+"""The daemon's own request metrics, for `/metrics`: observed once per request, where its access line is
+written (server/lifecycle.py), from the same timing.
+
+* `modelrunner_requests_total{api,model,status_class}`: every request, by API family and status class
+  (`2xx` ... `5xx`; a client that left before its answer is a 499, `4xx`).
+* `modelrunner_request_duration_seconds`, `modelrunner_time_to_first_byte_seconds` (the answer's head)
+  and `modelrunner_time_to_first_token_seconds` (the first body byte of a streamed answer: llama.cpp,
+  vLLM and our translations send it with the first token), histograms by `api` and `model`, of
+  successful requests that named a model.
+* `modelrunner_prompt_tokens_total` and `modelrunner_generated_tokens_total` by `api` and `model`, where
+  the answer says its counts (its usage, Ollama's counts, llama.cpp's timings).
+
+Streams, first body bytes and token counts are read from the request recorder's copy of the answer
+(server/recorder.py); with `MODEL_RUNNER_RECORD_REQUESTS=0` only counts, durations and first bytes are kept.
+Label values are bounded: `api` is one of five families, `model` the model's name as the store knows it
+(a request is only timed once the store found its model), at most MAX_MODEL_LABELS of them, then "other".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from modelrunner.display import display_name
+from modelrunner.errors import ModelRunnerError
+from modelrunner.reference import parse_model_id, parse_reference
+
+if TYPE_CHECKING:
+    from modelrunner.server.lifecycle import Exchange
+
+MAX_MODEL_LABELS = 100
+OTHER_MODELS = "other"
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+# no `_created` series: half as many lines, and nothing reads them
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx" if 100 <= status < 600 else "none"
+
+
+def model_label(name: str) -> str:
+    """How a model found in the store is named in labels: as `model ls` shows it (`smollm2`,
+    `myorg/m:v1`), or its short ID when it was asked for by ID."""
+    try:
+        model_id = parse_model_id(name)
+        return model_id[: len("sha256:") + 12] if model_id else display_name(str(parse_reference(name)))
+    except ModelRunnerError:
+        return OTHER_MODELS
+
+
+class RequestMetrics:
+    """The request metrics of one daemon, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        by_model = ["api", "model"]
+        self.requests = Counter(
+            "modelrunner_requests",
+            "Requests answered, by API family, model (empty when none was named) and status class.",
+            ["api", "model", "status_class"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "modelrunner_request_duration_seconds",
+            "Seconds from a request's first byte to its answer's last, successful requests to a model.",
+            by_model,
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.first_byte = Histogram(
+            "modelrunner_time_to_first_byte_seconds",
+            "Seconds until the answer's head was sent, successful requests to a model.",
+            by_model,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.first_token = Histogram(
+            "modelrunner_time_to_first_token_seconds",
+            "Seconds until the first body byte of a streamed answer (the first token), successful requests.",
+            by_model,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "modelrunner_prompt_tokens",
+            "Prompt tokens of answered requests, where the answer says them.",
+            by_model,
+            registry=self.registry,
+        )
+        self.generated_tokens = Counter(
+            "modelrunner_generated_tokens",
+            "Tokens generated in answers, where the answer says them.",
+            by_model,
+            registry=self.registry,
+        )
+        self._labels: dict[str, str] = {}  # name as requested -> label
+
+    def label(self, name: str | None) -> str:
+        if not name:
+            return ""
+        found = self._labels.get(name)
+        if found is None:
+            found = model_label(name)
+            known = set(self._labels.values())
+            if found not in known and len(known) >= MAX_MODEL_LABELS:
+                found = OTHER_MODELS
+            if len(self._labels) < 10 * MAX_MODEL_LABELS:  # spellings of one model share its label
+                self._labels[name] = found
+        return found
+
+    def observe(self, exchange: Exchange, access: Mapping[str, Any]) -> None:
+        """One finished request; `access` holds the fields of its access line."""
+        status = int(access["status"])
+        model = self.label(exchange.model)
+        self.requests.labels(exchange.api, model, status_class(status)).inc()
+        if not model or not 200 <= status < 400:
+            return
+        labels = (exchange.api, model)
+        self.duration.labels(*labels).observe(access["duration_ms"] / 1000)
+        if access["ttfb_ms"] is not None:
+            self.first_byte.labels(*labels).observe(access["ttfb_ms"] / 1000)
+        record = exchange.record
+        if record is None:
+            return
+        if record.streamed and record.first_data is not None:
+            self.first_token.labels(*labels).observe(max(0.0, record.first_data - exchange.started))
+        if record.prompt_tokens:
+            self.prompt_tokens.labels(*labels).inc(record.prompt_tokens)
+        if record.completion_tokens:
+            self.generated_tokens.labels(*labels).inc(record.completion_tokens)
+
+    def render(self) -> str:
+        return prometheus_client.generate_latest(self.registry).decode()
