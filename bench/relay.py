@@ -109,11 +109,17 @@ async def drive(port: int, path: str, body: bytes, concurrency: int, requests: i
                 if status != 200:
                     raise RuntimeError(f"{path}: status {status}")
                 expected = 0
+                pending = b""  # an event cut between pieces (a relay may re-chunk the body anywhere)
                 async for piece in body_chunks(reader, headers):
-                    for match in _INDEX.finditer(piece):
-                        if int(match.group(1)) != expected:
-                            raise RuntimeError(f"{path}: token {match.group(1).decode()} where {expected}")
-                        expected += 1
+                    events = (pending + piece).split(b"\n\n")
+                    pending = events.pop()
+                    for event in events:
+                        for match in _INDEX.finditer(event):
+                            if int(match.group(1)) != expected:
+                                raise RuntimeError(f"{path}: token {match.group(1).decode()} where {expected}")
+                            expected += 1
+                if pending.strip():
+                    raise RuntimeError(f"{path}: the stream ends in the middle of an event")
                 if expected != tokens:
                     raise RuntimeError(f"{path}: {expected} tokens of {tokens}")
                 received += expected
