@@ -116,7 +116,8 @@ async def drive(port: int, path: str, body: bytes, concurrency: int, requests: i
                     for event in events:
                         for match in _INDEX.finditer(event):
                             if int(match.group(1)) != expected:
-                                raise RuntimeError(f"{path}: token {match.group(1).decode()} where {expected}")
+                                token = match.group(1).decode()
+                                raise RuntimeError(f"{path}: token {token} where {expected}")
                             expected += 1
                 if pending.strip():
                     raise RuntimeError(f"{path}: the stream ends in the middle of an event")
