@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from modelrunner.server import front
 from modelrunner.server.front import EnginePool
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
@@ -155,3 +157,19 @@ def test_an_answer_with_connection_close_is_not_kept(start: Start) -> None:
         assert answer.headers.get("connection") != "close"  # the engine's hop-by-hop header stays there
         assert idle(daemon) == 0
     assert [e["served"] for e in events(daemon, "request")] == [1, 1]
+
+
+def test_a_runner_being_stopped_has_its_idle_connections_closed_at_once(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # llama-server waits for its open connections before it exits: the pool must not hold one until then
+    monkeypatch.setattr(front, "MAX_IDLE_SECONDS", 600.0)  # the pool's own idle timeout plays no part
+    daemon = start(FAKE_STOP_DELAY="3")
+    assert daemon.http("POST", CHAT, json=BODY).status_code == 200
+    daemon.wait_for(lambda: idle(daemon) == 1, "the connection to go back to the pool")
+    unloading = threading.Thread(target=lambda: daemon.http("POST", "/engines/unload", json={"all": True}))
+    unloading.start()
+    daemon.wait_for(lambda: not pool(daemon).idle, "the pool to close the connection")
+    assert not events(daemon, "exiting")  # while the engine still runs (its SIGTERM handler waits)
+    unloading.join(30)
+    daemon.wait_for(lambda: events(daemon, "exiting"), "the engine to exit")

@@ -122,6 +122,9 @@ class Scheduler:
         self.limits = limits
         self.runners: dict[RunnerKey, Runner] = {}
         self.stopping: dict[Runner, asyncio.Task[None]] = {}  # retired, not gone yet: their stop tasks
+        # called with each runner as it is retired: the HTTP front closes its kept-alive connections to it
+        # (an engine such as llama-server waits for its open connections before it exits)
+        self.on_retire: list[Callable[[Runner], None]] = []
         self.counters = Counters()
         self.waiting = 0
         self.orphans_ended = 0
@@ -241,6 +244,10 @@ class Scheduler:
         self._hold(runner, keep_alive)
         return runner
 
+    def serving(self, runner: Runner) -> bool:
+        """Whether the runner is still in service (not retired: unloaded, evicted, crashed)."""
+        return self.runners.get(runner.key) is runner
+
     def _hold(self, runner: Runner, keep_alive: float | None) -> None:
         runner.in_use += 1
         if runner.idle_timer:
@@ -338,6 +345,8 @@ class Scheduler:
             return self.stopping[runner]
         if announce:
             event(log, "evict", reason=reason, **runner.describe(), **fields)
+        for listener in self.on_retire:
+            listener(runner)
         task = self.stopping[runner] = self._spawn(self._stop(runner, reason))
         return task
 

@@ -327,7 +327,7 @@ class FrontProtocol(asyncio.Protocol):
                 forget()
                 upstream.end()
                 exchange.bytes_out += upstream.sent
-                if upstream.reusable:
+                if upstream.reusable and self.fast.lifecycle.scheduler.serving(prepared.runner):
                     pool.give_back(upstream)
                 else:
                     upstream.close()  # already closed, unless this task was cancelled
@@ -459,6 +459,11 @@ class EnginePool:
         idle.append(upstream)
         if self._sweep is None:
             self._sweep = asyncio.get_running_loop().call_later(MAX_IDLE_SECONDS, self._close_old)
+
+    def close_idle(self, socket: str) -> None:
+        """Close the idle connections to a socket whose engine is being stopped: it may wait for them."""
+        for upstream in self.idle.pop(socket, []):
+            upstream.close()
 
     def lost(self, upstream: Upstream) -> None:
         """An idle connection the engine closed (its idle timeout, or it stopped)."""
