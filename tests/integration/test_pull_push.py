@@ -271,6 +271,9 @@ def test_ctrl_c_cancels_and_leaves_a_resumable_partial(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as at a terminal: a test run started in the background (`cmd &` in a script) ignores SIGINT, the
+        # CLI would inherit that and Python would then never raise KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     wait_for_partial(daemon, digest, held)
     cli.send_signal(signal.SIGINT)
