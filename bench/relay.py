@@ -12,12 +12,17 @@ of the relaying processes from /proc: the daemon's own process, not its engine c
 worker), and their ratio daemon / nginx.
 
     .venv/bin/python bench/relay.py [--levels 1,16,64,256] [--step-ms 2] [--tokens 200] [--rounds 2]
+        [--baseline /tmp/before/src]
+
+With `--baseline SRC` a second daemon runs that version (its `src` first on PYTHONPATH, its own stand-in
+engine) and is measured alongside: before, now and nginx in one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -66,12 +71,22 @@ http {{
 _INDEX = re.compile(rb'"content":"(\d+) "')
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0
+def cpu_times(pids: list[int]) -> dict[str, int]:
+    """CPU time so far of each thread of the processes, in nanoseconds: the scheduler's own count
+    (/proc/PID/task/TID/schedstat), not /proc/PID/stat's 10 ms ticks."""
+    times = {}
     for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread that just ended
+                times[f"{pid}/{task.name}"] = int((task / "schedstat").read_text().split()[0])
+    return times
+
+
+def cpu_seconds_since(before: dict[str, int], pids: list[int]) -> float:
+    """CPU time of the processes' threads since `before` (a thread that ended meanwhile, such as an idle
+    worker thread, is left out: counting per process would subtract its whole life)."""
+    after = cpu_times(pids)
+    return sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e9
 
 
 def children(pid: int) -> list[int]:
@@ -98,11 +113,18 @@ async def drive(port: int, path: str, body: bytes, concurrency: int, requests: i
                 if status != 200:
                     raise RuntimeError(f"{path}: status {status}")
                 expected = 0
+                pending = b""  # an event cut between pieces (a relay may re-chunk the body anywhere)
                 async for piece in body_chunks(reader, headers):
-                    for match in _INDEX.finditer(piece):
-                        if int(match.group(1)) != expected:
-                            raise RuntimeError(f"{path}: token {match.group(1).decode()} where {expected}")
-                        expected += 1
+                    events = (pending + piece).split(b"\n\n")
+                    pending = events.pop()
+                    for event in events:
+                        for match in _INDEX.finditer(event):
+                            if int(match.group(1)) != expected:
+                                token = match.group(1).decode()
+                                raise RuntimeError(f"{path}: token {token} where {expected}")
+                            expected += 1
+                if pending.strip():
+                    raise RuntimeError(f"{path}: the stream ends in the middle of an event")
                 if expected != tokens:
                     raise RuntimeError(f"{path}: {expected} tokens of {tokens}")
                 received += expected
@@ -117,11 +139,11 @@ def measure(
     port: int, path: str, pids: list[int], body: bytes, concurrency: int, tokens: int
 ) -> dict[str, float]:
     requests = max(16, 2 * concurrency)
-    before = cpu_seconds(pids)
+    before = cpu_times(pids)
     started = time.perf_counter()
     chunks = asyncio.run(drive(port, path, body, concurrency, requests, tokens))
     seconds = time.perf_counter() - started
-    cpu = cpu_seconds(pids) - before
+    cpu = cpu_seconds_since(before, pids)
     return {"chunks": chunks, "seconds": seconds, "cpu_s": cpu}
 
 
@@ -154,6 +176,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "relay.json")
+    parser.add_argument("--baseline", type=Path, help="the src folder of a version to compare with")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
 
@@ -161,30 +184,35 @@ def main() -> None:
     wrapper = work / "llama-server"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT / "bench" / "standin_engine.py"} "$@"\n')
     wrapper.chmod(0o755)
-    announce = work / "socket"
-    os.environ.update(
-        LLAMA_SERVER_PATH=str(wrapper), STANDIN_ANNOUNCE=str(announce), STANDIN_STEP_MS=str(args.step_ms)
-    )
-    daemon = Daemon(work / "home", free_port()).start()
+    os.environ.update(LLAMA_SERVER_PATH=str(wrapper), STANDIN_STEP_MS=str(args.step_ms))
+    body = json.dumps(
+        {
+            "model": "bench",
+            "messages": [{"role": "user", "content": "go"}],
+            "stream": True,
+            "max_tokens": args.tokens,
+        }
+    ).encode()
+    daemons: dict[str, Daemon] = {}
     nginx: subprocess.Popen[bytes] | None = None
     try:
-        daemon.cli("package", "--gguf", str(write_tiny_gguf(work / "tiny.gguf")), "bench")
-        daemon.cli("configure", "bench", "--keep-alive", "-1")
-        body = json.dumps(
-            {
-                "model": "bench",
-                "messages": [{"role": "user", "content": "go"}],
-                "stream": True,
-                "max_tokens": args.tokens,
-            }
-        ).encode()
-        asyncio.run(drive(daemon.port, "/engines/v1/chat/completions", body, 1, 1, args.tokens))  # load
-        nginx, nginx_port = start_nginx(work, announce.read_text())
-        assert daemon.process is not None
-        paths = {
-            "nginx": (nginx_port, "/v1/chat/completions", [nginx.pid, *children(nginx.pid)]),
-            "daemon": (daemon.port, "/engines/v1/chat/completions", [daemon.process.pid]),
-        }
+        versions = {"daemon": None} if args.baseline is None else {"before": args.baseline, "daemon": None}
+        for name, src in versions.items():
+            # each daemon with its own stand-in engine (the one of the last serves nginx too)
+            os.environ["STANDIN_ANNOUNCE"] = str(work / f"socket-{name}")
+            os.environ.pop("PYTHONPATH", None)
+            if src is not None:
+                os.environ["PYTHONPATH"] = str(src.resolve())
+            daemon = daemons[name] = Daemon(work / name, free_port()).start()
+            daemon.cli("package", "--gguf", str(write_tiny_gguf(work / "tiny.gguf")), "bench")
+            daemon.cli("configure", "bench", "--keep-alive", "-1")
+            asyncio.run(drive(daemon.port, "/engines/v1/chat/completions", body, 1, 1, args.tokens))  # load
+        os.environ.pop("PYTHONPATH", None)
+        nginx, nginx_port = start_nginx(work, (work / "socket-daemon").read_text())
+        paths = {"nginx": (nginx_port, "/v1/chat/completions", [nginx.pid, *children(nginx.pid)])}
+        for name, daemon in daemons.items():
+            assert daemon.process is not None
+            paths[name] = (daemon.port, "/engines/v1/chat/completions", [daemon.process.pid])
         results: dict[str, Any] = {"step_ms": args.step_ms, "tokens": args.tokens, "levels": {}}
         for concurrency in levels:
             totals = {name: {"chunks": 0, "seconds": 0.0, "cpu_s": 0.0} for name in paths}
@@ -201,17 +229,22 @@ def main() -> None:
                     "chunks": total["chunks"],
                 }
             row["cpu_ratio"] = row["daemon"]["cpu_us_per_chunk"] / row["nginx"]["cpu_us_per_chunk"]
+            ratios = f"ratio {row['cpu_ratio']:.2f}"
+            if "before" in row:
+                row["before_cpu_ratio"] = row["before"]["cpu_us_per_chunk"] / row["nginx"]["cpu_us_per_chunk"]
+                ratios = f"ratio before {row['before_cpu_ratio']:.2f} now {row['cpu_ratio']:.2f}"
             results["levels"][concurrency] = row
             cells = [
-                f"{name} {r['chunks_per_s']:>8.0f} chunks/s {r['cpu_us_per_chunk']:>6.2f} us/chunk"
+                f"{name} {r['chunks_per_s']:>6.0f}/s {r['cpu_us_per_chunk']:>6.2f} us"
                 for name, r in ((name, row[name]) for name in paths)
             ]
-            print(f"c={concurrency:<4} " + " | ".join(cells) + f" | ratio {row['cpu_ratio']:.2f}", flush=True)
+            print(f"c={concurrency:<4} " + " | ".join(cells) + " | " + ratios, flush=True)
     finally:
         if nginx is not None:
             nginx.terminate()
             nginx.wait(10)
-        daemon.stop()
+        for daemon in daemons.values():
+            daemon.stop()
         shutil.rmtree(work, ignore_errors=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")

@@ -8,6 +8,10 @@ FAKE_EXIT_AT_START (exit code, before serving), FAKE_CHUNKS / FAKE_CHUNK_DELAY (
 FAKE_CRASH_AFTER (exit after that many streamed chunks), FAKE_EVENTS (a file it appends events to: started,
 request, token, completed, cancelled), FAKE_CHILD (start a child process, as vLLM starts its workers; its
 pid is in the `child` event), FAKE_STOP_DELAY (seconds between SIGTERM and exiting, logged as `exiting`).
+Connections are kept alive (HTTP/1.1); each `request` event says how many requests its connection has
+carried (`served`). On a connection's second and later requests FAKE_REUSED scripts an engine's idle-close
+race: `drop` closes it unanswered, `cut` closes it after the head and one chunk (event `reused_closed`).
+FAKE_CONNECTION_CLOSE=1 answers streams with `Connection: close`.
 Streams end as llama-server's do (finish reason, usage if asked).
 """
 
@@ -123,7 +127,13 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         request = json.loads(self.rfile.read(length) or b"{}")
-        _event("request", path=self.path)
+        self.served = getattr(self, "served", 0) + 1  # one handler per connection
+        _event("request", path=self.path, served=self.served)
+        reused = os.environ.get("FAKE_REUSED") if self.served > 1 else None
+        if reused == "drop":
+            _event("reused_closed", served=self.served)
+            self.close_connection = True
+            return
         if self.path == "/v1/embeddings":
             self._json(
                 200, {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1] * 8}]}
@@ -141,6 +151,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
+        if os.environ.get("FAKE_CONNECTION_CLOSE"):
+            self.send_header("Connection", "close")
         self.end_headers()
         chunks = int(os.environ.get("FAKE_CHUNKS", "5"))
         crash_after = int(os.environ.get("FAKE_CRASH_AFTER", "-1"))
@@ -157,6 +169,10 @@ class Handler(BaseHTTPRequestHandler):
                     os._exit(3)
                 data = json.dumps({**top, "choices": [{"index": 0, "delta": {"content": f"t{i} "}}]})
                 self._chunk(f"data: {data}\n\n".encode())
+                if reused == "cut":
+                    _event("reused_closed", served=self.served)
+                    self.close_connection = True
+                    return
                 _event("token", index=i)
                 time.sleep(float(os.environ.get("FAKE_CHUNK_DELAY", "0")))
             # as llama-server ends a stream: the finish reason, then the usage when asked for

@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import re
 import secrets
+import stat
 import sys
 import time
 from logging.handlers import RotatingFileHandler
@@ -23,6 +25,7 @@ DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_BACKUPS = 3
 
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+_QUOTED = re.compile(r'[ "=\\]')  # what a bare value may not hold (unprintable characters neither)
 
 
 def new_request_id() -> str:
@@ -37,18 +40,32 @@ def event(log: logging.Logger, name: str, level: int = logging.INFO, **fields: o
 
 def quote(value: object) -> str:
     """A logfmt value: bare when it is one plain word, else double-quoted with escapes (one line always)."""
+    if type(value) is int:
+        return str(value)
     text = value if isinstance(value, str) else str(value)
-    if text and all(c.isprintable() and c not in ' "=\\' for c in text):
+    if text and text.isprintable() and _QUOTED.search(text) is None:
         return text
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
     return '"' + "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in escaped) + '"'
 
 
 class LogfmtFormatter(logging.Formatter):
+    _second = -1  # the second whose time stamp is `_stamp`
+    _stamp = ""
+
     def format(self, record: logging.LogRecord) -> str:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        """The record's line, made once however many handlers write it."""
+        line: str | None = getattr(record, "logfmt", None)
+        if line is None:
+            line = record.logfmt = self._line(record)
+        return line
+
+    def _line(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._second, self._stamp = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         parts = [
-            f"{stamp}.{int(record.msecs):03d}Z",
+            f"{self._stamp}.{int(record.msecs):03d}Z",
             record.levelname,
             record.name.removeprefix("modelrunner."),
         ]
@@ -81,14 +98,45 @@ def log_max_bytes() -> int:
     return int(os.environ.get("MODEL_RUNNER_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES)
 
 
+class SizeRotatingFileHandler(RotatingFileHandler):
+    """RotatingFileHandler that counts the characters it writes, instead of asking the file system on
+    every line (two stat calls and a seek: an access line is written per request)."""
+
+    def __init__(self, filename: Path, max_bytes: int, backups: int) -> None:
+        super().__init__(filename, maxBytes=max_bytes, backupCount=backups, encoding="utf-8", delay=True)
+        self.size: int | None = None  # of the open file, counted from when it was opened
+
+    def shouldRollover(self, record: logging.LogRecord) -> bool:
+        if self.stream is None:
+            self.stream = self._open()
+        if self.size is None:
+            # a log file that is not a regular one (/dev/stdout, a pipe) is never rotated, as in logging
+            regular = stat.S_ISREG(os.fstat(self.stream.fileno()).st_mode)
+            self.size = self.stream.seek(0, os.SEEK_END) if regular else -(2**62)
+        return self.maxBytes > 0 and self.size + len(self.format(record)) + 1 >= self.maxBytes
+
+    def doRollover(self) -> None:
+        super().doRollover()
+        self.size = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        if self.size is not None:
+            self.size += len(self.format(record)) + 1
+
+
 def setup(log_file: Path, level: int | None = None) -> None:
     """Structured lines to stderr and to `log_file`, rotated by size (`MODEL_RUNNER_LOG_MAX_BYTES`)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
+    # what a LogRecord would look up for every line and no line shows: the caller's frame, the process
+    # and thread (the logging HOWTO's "Optimization")
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handlers: list[logging.Handler] = [
         logging.StreamHandler(sys.stderr),
-        RotatingFileHandler(
-            log_file, maxBytes=log_max_bytes(), backupCount=DEFAULT_BACKUPS, encoding="utf-8"
-        ),
+        SizeRotatingFileHandler(log_file, log_max_bytes(), DEFAULT_BACKUPS),
     ]
     formatter = LogfmtFormatter()
     root = logging.getLogger()

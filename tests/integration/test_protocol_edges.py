@@ -203,6 +203,38 @@ def test_one_access_line_per_request_with_the_request_id(daemon: InProcessDaemon
         access.setLevel(level)
 
 
+def test_a_client_that_closes_as_soon_as_its_stream_ended_was_answered_completely(
+    daemon: InProcessDaemon,
+) -> None:
+    # The front wrote the whole answer before the client closed: the request is complete, not "client_left",
+    # however soon the close comes after the last chunk. It used to race the relaying task's next step and
+    # lost under load (a full test run on 2 busy cores); on an idle machine the race is rarely lost, so this
+    # test catches a regression only sometimes.
+    lines = _Lines()
+    access = logging.getLogger("modelrunner.access")
+    access.addHandler(lines)
+    level = access.level
+    access.setLevel(logging.INFO)
+    rounds = 30
+    try:
+        for _ in range(rounds):
+            with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as sock:
+                sock.sendall(chat_request({"model": "tiny", "messages": HI, "stream": True}))
+                answer = b""
+                while not answer.endswith(b"\r\n0\r\n\r\n"):
+                    chunk = sock.recv(65536)
+                    assert chunk, answer
+                    answer += chunk
+        daemon.wait_for(
+            lambda: len([line for line in lines.lines if "event=request" in line]) == rounds, "lines"
+        )
+        outcomes = [line.split("outcome=")[1].split()[0] for line in lines.lines if "event=request" in line]
+        assert outcomes == ["complete"] * rounds
+    finally:
+        access.removeHandler(lines)
+        access.setLevel(level)
+
+
 def test_the_front_can_be_switched_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MODEL_RUNNER_FAST_PATH", "0")

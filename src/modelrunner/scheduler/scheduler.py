@@ -122,6 +122,9 @@ class Scheduler:
         self.limits = limits
         self.runners: dict[RunnerKey, Runner] = {}
         self.stopping: dict[Runner, asyncio.Task[None]] = {}  # retired, not gone yet: their stop tasks
+        # called with each runner as it is retired: the HTTP front closes its kept-alive connections to it
+        # (an engine such as llama-server waits for its open connections before it exits)
+        self.on_retire: list[Callable[[Runner], None]] = []
         self.counters = Counters()
         self.waiting = 0
         self.orphans_ended = 0
@@ -213,12 +216,7 @@ class Scheduler:
                     await self._changed.wait()
                 finally:
                     self.waiting -= 1
-            runner.in_use += 1
-            if runner.idle_timer:
-                runner.idle_timer.cancel()
-                runner.idle_timer = None
-            if keep_alive is not None:
-                runner.keep_alive = keep_alive
+            self._hold(runner, keep_alive)
         assert runner.load_task is not None
         try:
             await asyncio.shield(runner.load_task)
@@ -232,6 +230,31 @@ class Scheduler:
             await self.release(runner)
             raise
         return runner
+
+    def reuse(self, engine: str, model_id: str, mode: Mode, keep_alive: float | None = None) -> Runner | None:
+        """acquire() of a runner that is ready, without waiting (the path of nearly every request): None
+        when there is none, or when the scheduler is in the middle of a change (its lock is held); then
+        acquire() decides. The caller must release the runner it gets."""
+        if self._closing or self._changed.locked():
+            return None
+        runner = self.runners.get(RunnerKey(engine, model_id, mode))
+        if runner is None or runner.state is not RunnerState.READY:
+            return None
+        event(log, "reuse", model=runner.name, state=runner.state.value, pid=runner.pid)
+        self._hold(runner, keep_alive)
+        return runner
+
+    def serving(self, runner: Runner) -> bool:
+        """Whether the runner is still in service (not retired: unloaded, evicted, crashed)."""
+        return self.runners.get(runner.key) is runner
+
+    def _hold(self, runner: Runner, keep_alive: float | None) -> None:
+        runner.in_use += 1
+        if runner.idle_timer:
+            runner.idle_timer.cancel()
+            runner.idle_timer = None
+        if keep_alive is not None:
+            runner.keep_alive = keep_alive
 
     def _new_runner(self, key: RunnerKey, engine: Engine, model: ModelForEngine, mode: Mode) -> Runner:
         stored = self.settings.get(engine.name, model.id, mode) or ModelSettings()
@@ -322,6 +345,8 @@ class Scheduler:
             return self.stopping[runner]
         if announce:
             event(log, "evict", reason=reason, **runner.describe(), **fields)
+        for listener in self.on_retire:
+            listener(runner)
         task = self.stopping[runner] = self._spawn(self._stop(runner, reason))
         return task
 
@@ -437,18 +462,29 @@ class Scheduler:
 
     async def release(self, runner: Runner) -> None:
         async with self._changed:
-            runner.in_use -= 1
-            runner.last_used = time.time()
-            current = self.runners.get(runner.key) is runner
-            if runner.in_use == 0 and current:
-                if runner.state is RunnerState.DEFUNCT:
-                    self._retire(runner, "crashed", announce=False)
-                elif runner.keep_alive != NEVER and runner.state is RunnerState.READY:
-                    loop = asyncio.get_running_loop()
-                    runner.idle_timer = loop.call_later(
-                        runner.keep_alive, self._on_idle, runner, context=_background_context()
-                    )
+            self._release(runner)
             self._changed.notify_all()
+
+    def release_nowait(self, runner: Runner) -> bool:
+        """release() without waiting, when the scheduler is not in the middle of a change and no request
+        waits for a runner (nobody to wake); False when release() must do it."""
+        if self._changed.locked() or self.waiting:
+            return False
+        self._release(runner)
+        return True
+
+    def _release(self, runner: Runner) -> None:
+        runner.in_use -= 1
+        runner.last_used = time.time()
+        current = self.runners.get(runner.key) is runner
+        if runner.in_use == 0 and current:
+            if runner.state is RunnerState.DEFUNCT:
+                self._retire(runner, "crashed", announce=False)
+            elif runner.keep_alive != NEVER and runner.state is RunnerState.READY:
+                loop = asyncio.get_running_loop()
+                runner.idle_timer = loop.call_later(
+                    runner.keep_alive, self._on_idle, runner, context=_background_context()
+                )
 
     def _on_idle(self, runner: Runner) -> None:
         runner.idle_timer = None

@@ -165,4 +165,6 @@ def build_daemon(
     handler = InferenceHandler(inference)
     policy = SecurityPolicy.from_env(bind_host, [address.host for address in extra_listen])
     asgi = LifecycleMiddleware(SecurityMiddleware(Dispatcher(api, handler), policy), lifecycle)
-    return Daemon(store, scheduler, engines, asgi, FastPath(handler, policy, lifecycle), lifecycle)
+    fast = FastPath(handler, policy, lifecycle)
+    scheduler.on_retire.append(lambda runner: fast.pool.close_idle(str(runner.socket)))
+    return Daemon(store, scheduler, engines, asgi, fast, lifecycle)

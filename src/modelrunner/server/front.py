@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -48,6 +49,9 @@ from modelrunner.server.proxy import (
 from modelrunner.server.security import SecurityPolicy
 from modelrunner.server.upstream import EngineCall, EngineUnreachable
 
+if TYPE_CHECKING:
+    from modelrunner.server.recorder import Record
+
 log = logging.getLogger(__name__)
 
 UVICORN_TESTED = ("0.54.",)  # the uvicorn releases this protocol was tested with (pyproject pins them)
@@ -59,6 +63,9 @@ _SAFE_TARGET = frozenset(_ALNUM + b"-._~/?=&+:,;")
 _TOKEN = frozenset(_ALNUM + b"!#$%&'*+-.^_`|~")  # header names
 _CONTROL = frozenset(range(32)) - {9} | {127}  # bytes no header value may hold (tab may)
 _PAUSE_AT = 1024 * 1024  # bytes a client may send ahead while its previous request is answered
+MAX_CHUNK_LINE = 4096
+MAX_IDLE_SECONDS = 2.0  # an idle engine connection is reused within this, else closed
+MAX_IDLE_PER_SOCKET = 512
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,7 @@ class FastPath:
     handler: InferenceHandler
     policy: SecurityPolicy
     lifecycle: Lifecycle
+    pool: EnginePool = field(default_factory=lambda: EnginePool())
 
     def accept(self, head: bytes) -> Request | None:
         """The request, if it is a plain inference request; None hands it to the full ASGI stack."""
@@ -297,33 +305,45 @@ class FrontProtocol(asyncio.Protocol):
         assert self.transport is not None
         if self.transport.is_closing():
             return  # the client left while its model loaded
-        message = request_bytes("POST", request.route.upstream_path, request.headers, prepared.body)
-        upstream = Upstream(self, exchange, message)
-        try:
-            await retry_full_backlog(
-                lambda: self.loop.create_unix_connection(lambda: upstream, str(prepared.runner.socket))
-            )
-        except OSError:
-            self._write_json(502, json.dumps(error_body(502, "the engine is not reachable")).encode())
-            return
-        assert upstream.transport is not None
-        try:
-            forget = exchange.opened(upstream.transport.close)  # a client that leaves closes it
-        except ModelRunnerError:
-            upstream.transport.close()
-            raise
-        try:
-            await upstream.finished
-        finally:
-            forget()
-            self.upstream = None
-            if upstream.transport is not None:
-                upstream.transport.close()  # already closed, unless this task was cancelled
+        message = request_bytes("POST", request.route.upstream_path, request.headers, prepared.body, True)
+        socket = str(prepared.runner.socket)
+        pool = self.fast.pool
+        upstream = pool.take(socket)
+        for attempt in range(2):
+            if upstream is None:
+                try:
+                    upstream = await pool.connect(socket)
+                except OSError:
+                    self._write_json(502, json.dumps(error_body(502, "the engine is not reachable")).encode())
+                    return
+            try:
+                forget = exchange.opened(upstream.close)  # a client that leaves closes it
+            except ModelRunnerError:
+                pool.give_back(upstream)  # it carried nothing
+                raise
+            try:
+                await upstream.begin(self, exchange, message)
+            finally:
+                forget()
+                upstream.end()
+                exchange.bytes_out += upstream.sent
+                if upstream.reusable and self.fast.lifecycle.scheduler.serving(prepared.runner):
+                    pool.give_back(upstream)
+                else:
+                    upstream.close()  # already closed, unless this task was cancelled
+            reused = upstream.uses > 1
+            if attempt or not (reused and upstream.vanished) or exchange.client_gone or exchange.aborted:
+                break
+            # A kept-alive connection the engine closed just as the request went out (its idle timeout):
+            # nothing was answered, so the request goes once more, on a new connection.
+            upstream = None
+        assert upstream is not None
         self._finish(upstream, exchange)
         await exchange.release(prepared.runner)
 
     def _finish(self, upstream: Upstream, exchange: Exchange) -> None:
-        """After the engine closed its side: end the client's answer, as well as it can be ended."""
+        """After the engine's answer ended (complete, or its connection closed): end the client's answer, as
+        well as it can be ended."""
         assert self.transport is not None
         framing = upstream.framing
         if self.transport.is_closing():
@@ -345,7 +365,14 @@ class FrontProtocol(asyncio.Protocol):
             exchange.complete = True
 
     def write_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.write(self.answer_head(status, headers))
+
+    def write(self, data: bytes) -> None:
         assert self.transport is not None
+        self.transport.write(data)
+
+    def answer_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
+        """The head of the answer, with ours and the request id; from here on the answer has begun."""
         try:
             reason = HTTPStatus(status).phrase.encode()
         except ValueError:
@@ -358,8 +385,8 @@ class FrontProtocol(asyncio.Protocol):
             self.exchange.started_answer(status, headers)
         if self.closing:
             lines.append(b"connection: close")
-        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n")
         self.head_sent = True
+        return b"\r\n".join(lines) + b"\r\n\r\n"
 
     def _write_json(
         self,
@@ -396,60 +423,224 @@ class FrontProtocol(asyncio.Protocol):
         self.transport.close()
 
 
-class Upstream(asyncio.Protocol):
-    """The connection to the engine for one request: its answer goes to the client as it arrives."""
+class EnginePool:
+    """Connections to engines' sockets kept alive between requests, as nginx's `keepalive` does: a request
+    takes the connection that went idle last, or opens one. Only a connection whose answer was complete
+    comes back (server/front.py's `Upstream.reusable`): never one whose client left mid-answer, one that
+    failed, or one the engine asked to close; and one idle for MAX_IDLE_SECONDS is closed, well before
+    engines close theirs (llama-server and uvicorn: 5 s)."""
 
-    def __init__(self, front: FrontProtocol, exchange: Exchange, request: bytes) -> None:
-        self.front = front
-        self.exchange = exchange
-        self.record = exchange.record
-        self.request = request
+    def __init__(self) -> None:
+        self.idle: dict[str, list[Upstream]] = {}  # per socket, the last to go idle at the end
+        self._sweep: asyncio.TimerHandle | None = None
+
+    def take(self, socket: str) -> Upstream | None:
+        idle = self.idle.get(socket)
+        if idle:
+            upstream = idle.pop()
+            if time.monotonic() - upstream.idle_since < MAX_IDLE_SECONDS:
+                return upstream
+            upstream.close()  # the newest is too old: so are the rest, which the sweep closes
+        return None
+
+    async def connect(self, socket: str) -> Upstream:
+        loop = asyncio.get_running_loop()
+        _, upstream = await retry_full_backlog(
+            lambda: loop.create_unix_connection(lambda: Upstream(self, socket), socket)
+        )
+        return upstream
+
+    def give_back(self, upstream: Upstream) -> None:
+        idle = self.idle.setdefault(upstream.socket, [])
+        if len(idle) >= MAX_IDLE_PER_SOCKET:
+            upstream.close()
+            return
+        upstream.idle_since = time.monotonic()
+        idle.append(upstream)
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(MAX_IDLE_SECONDS, self._close_old)
+
+    def close_idle(self, socket: str) -> None:
+        """Close the idle connections to a socket whose engine is being stopped: it may wait for them."""
+        for upstream in self.idle.pop(socket, []):
+            upstream.close()
+
+    def lost(self, upstream: Upstream) -> None:
+        """An idle connection the engine closed (its idle timeout, or it stopped)."""
+        idle = self.idle.get(upstream.socket)
+        if idle is not None and upstream in idle:
+            idle.remove(upstream)
+            if not idle:
+                del self.idle[upstream.socket]
+
+    def _close_old(self) -> None:
+        self._sweep = None
+        oldest = time.monotonic() - MAX_IDLE_SECONDS
+        for socket, idle in list(self.idle.items()):
+            old = 0
+            while old < len(idle) and idle[old].idle_since <= oldest:
+                old += 1
+            for upstream in idle[:old]:
+                upstream.close()
+            del idle[:old]
+            if not idle:
+                del self.idle[socket]
+        if self.idle:
+            self._sweep = asyncio.get_running_loop().call_later(MAX_IDLE_SECONDS / 2, self._close_old)
+
+
+class Upstream(asyncio.Protocol):
+    """A connection to an engine's socket (kept alive between requests by the EnginePool). While it
+    carries a request, the engine's answer goes to the client as it arrives: the head rewritten, the body
+    passed on as read, followed only far enough to know where it ends."""
+
+    def __init__(self, pool: EnginePool, socket: str) -> None:
+        self.pool = pool
+        self.socket = socket
         self.transport: asyncio.Transport | None = None
+        self.uses = 0
+        self.idle_since = 0.0
+        # the request in progress: set by begin(), cleared by end()
+        self.front: FrontProtocol | None = None
+        self.client: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self.record: Record | None = None
         self.head = bytearray()
         self.framing: Framing | None = None  # set once the head has been passed on
         self.event_stream = False
+        self.keep_alive = True  # the engine may take another request on this connection
         self.failure: str | None = None
-        self.finished: asyncio.Future[None] = front.loop.create_future()
+        self.sent = 0  # body bytes passed to the client
+        self.finished: asyncio.Future[None] | None = None
+
+    def begin(self, front: FrontProtocol, exchange: Exchange, request: bytes) -> asyncio.Future[None]:
+        """Send a request; the future is done when its answer is complete or the connection ends."""
+        assert self.transport is not None
+        self.uses += 1
+        self.front, self.client = front, front.transport
+        self.exchange, self.record = exchange, exchange.record
+        self.head = bytearray()
+        self.framing = None
+        self.event_stream = False
+        self.failure = None
+        self.sent = 0
+        finished = self.finished = front.loop.create_future()
+        front.upstream = self  # for flow control: a client that reads slowly pauses the engine
+        if front.write_paused:
+            self.transport.pause_reading()
+        if self.transport.is_closing():
+            finished.set_result(None)
+        else:
+            self.transport.write(request)
+        return finished
+
+    def end(self) -> None:
+        """The request is over: the connection answers nobody until the next begin()."""
+        if self.front is not None and self.front.upstream is self:
+            self.front.upstream = None
+        if self.front is not None and self.front.write_paused and self.transport is not None:
+            self.transport.resume_reading()  # idle, it must notice when the engine closes it
+        self.front = self.client = None
+        self.exchange = self.record = None
+
+    @property
+    def vanished(self) -> bool:
+        """The engine closed the connection before answering a byte."""
+        return self.framing is None and not self.head and self.failure is None
+
+    @property
+    def reusable(self) -> bool:
+        framing = self.framing
+        return (
+            self.keep_alive
+            and framing is not None
+            and framing.complete
+            and not framing.until_close
+            and self.failure is None
+            and self.transport is not None
+            and not self.transport.is_closing()
+        )
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self.front.upstream = self  # for flow control: a client that reads slowly pauses the engine
-        self.transport.write(self.request)
-        if self.front.write_paused:
-            self.transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
-        assert self.transport is not None and self.front.transport is not None
         framing = self.framing
-        try:
-            if framing is None:
-                head = self._pass_head(data)
-                if head is None:
-                    return
-                framing, data = head
-                self.framing = framing
-            if data:
-                self.front.transport.write(data)
-                framing.feed(data)
-                self.exchange.bytes_out += len(data)
-                if self.record is not None:
-                    self.record.tee(data)  # framed as sent: the recorder unframes it when read
-        except ValueError as exc:
-            self.failure = f"the engine sent an invalid response ({exc})"
-            self.transport.abort()
+        if self.client is None or (framing is not None and framing.complete):
+            # idle, or after its answer: an engine that speaks unasked is not trusted again
+            self.keep_alive = False
+            self.close()
             return
+        head = b""
+        if framing is None:
+            try:
+                parsed = self._read_head(data)
+            except ValueError as exc:
+                self._invalid(exc)
+                return
+            if parsed is None:
+                return
+            status, headers, framing, data = parsed
+            self.framing = framing
+            assert self.front is not None
+            head = self.front.answer_head(status, headers)
+            if not data:
+                self.front.write(head)
+                if framing.complete:
+                    self._answered()
+                return
+        try:
+            framing.feed(data)
+        except ValueError as exc:
+            if head and self.front is not None:
+                self.front.write(head)
+            self._invalid(exc)
+            return
+        if framing.excess:  # bytes after the answer: not the client's, and the connection is spoilt
+            self.keep_alive = False
+            data = data[: len(data) - framing.excess]
+        assert self.client is not None
+        self.client.write(head + data if head else data)  # the head and the first bytes: one write
+        self.sent += len(data)
+        if self.record is not None:
+            self.record.tee(data)  # framed as sent: the recorder unframes it when read
         if framing.complete:
-            self.transport.close()  # answered: the connection was for this request only
+            self._answered()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.framing is not None and isinstance(self.framing, UntilClose) and exc is None:
             self.framing.complete = True
+        if self.finished is None or self.finished.done():
+            self.pool.lost(self)  # idle
+        else:
+            self.finished.set_result(None)
+
+    def _answered(self) -> None:
+        """The whole answer is written to the client: complete now, even if the client, having read it,
+        closes its connection before the relaying task resumes."""
+        assert self.finished is not None
+        if self.exchange is not None:
+            self.exchange.complete = True
         if not self.finished.done():
             self.finished.set_result(None)
 
-    def _pass_head(self, data: bytes) -> tuple[Framing, bytes] | None:
-        """Collect the engine's head; once whole, send the client ours and return the body's framing and
-        the body bytes that came with the head."""
+    def _invalid(self, exc: ValueError) -> None:
+        self.failure = f"the engine sent an invalid response ({exc})"
+        if self.framing is not None:
+            self.framing.broken = True
+        assert self.transport is not None
+        self.transport.abort()
+
+    def _read_head(self, data: bytes) -> tuple[int, list[tuple[bytes, bytes]], Framing, bytes] | None:
+        """Collect the engine's head; once whole, return the status and headers the client gets, the body's
+        framing and the body bytes that came with the head."""
+        assert self.front is not None
         self.head += data
         end = self.head.find(b"\r\n\r\n")
         if end < 0:
@@ -466,16 +657,17 @@ class Upstream(asyncio.Protocol):
             name, _, value = line.partition(b":")
             headers.append((name.strip().lower(), value.strip()))
         framing = framing_of(headers)
+        connection = next((v.lower() for k, v in headers if k == b"connection"), b"")
+        self.keep_alive = parts[0] == b"HTTP/1.1" and b"close" not in connection
         kept = [(k, v) for k, v in headers if k not in _DROPPED]
         self.event_stream = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in kept)
         if self.event_stream:
             kept += EVENT_STREAM_HEADERS
         if framing.until_close:
             self.front.closing = True
-        self.front.write_head(int(parts[1]), kept)
         if self.record is not None:
             self.record.framed_by_chunks = isinstance(framing, Chunked)
-        return framing, rest
+        return int(parts[1]), kept, framing, rest
 
 
 class Framing(ABC):
@@ -485,10 +677,12 @@ class Framing(ABC):
 
     def __init__(self) -> None:
         self.complete = False
+        self.broken = False  # the body was invalid: it cannot be completed
+        self.excess = 0  # bytes of the last read beyond the body's end
 
     @abstractmethod
     def feed(self, data: bytes) -> None:
-        """Account for `data`, the next bytes of the body as they were passed on."""
+        """Account for `data`, the next bytes of the body as they were read."""
 
 
 class Sized(Framing):
@@ -499,7 +693,9 @@ class Sized(Framing):
 
     def feed(self, data: bytes) -> None:
         self.remaining -= len(data)
-        self.complete = self.remaining <= 0
+        if self.remaining <= 0:
+            self.complete = True
+            self.excess = -self.remaining
 
 
 class UntilClose(Framing):
@@ -511,51 +707,70 @@ class UntilClose(Framing):
 
 class Chunked(Framing):
     """Chunked transfer encoding, followed without copying the body: where each chunk ends, whether the
-    last one came, and the last two body bytes (to know whether an SSE event was cut)."""
+    last one came, and the last two data bytes (to know whether an SSE event was cut). A read that holds
+    whole chunks costs one size-line parse per chunk; data between size lines is skipped over."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.state = "size"  # size line, "data", "crlf" after the data, "trailer" lines after the last chunk
-        self.remaining = 0
-        self.line = b""
+        self.skip = 0  # bytes before the next size line: the rest of a chunk's data, then its CRLF
+        self.line = b""  # a size or trailer line cut between reads
+        self.trailers = False  # the last chunk came: trailer lines until an empty one
         self.tail = b"\n\n"
 
     @property
     def at_boundary(self) -> bool:
-        return self.state == "size" and not self.line
+        return not (self.skip or self.line or self.trailers or self.broken)
 
     def feed(self, data: bytes) -> None:
-        pos, end = 0, len(data)
-        while pos < end and not self.complete:
-            if self.state == "data":
-                take = min(self.remaining, end - pos)
-                self.tail = (self.tail + data[pos : pos + take])[-2:]
-                pos += take
-                self.remaining -= take
-                if self.remaining == 0:
-                    self.state, self.remaining = "crlf", 2
-            elif self.state == "crlf":
-                take = min(self.remaining, end - pos)
-                pos += take
-                self.remaining -= take
-                if self.remaining == 0:
-                    self.state = "size"
-            else:
-                newline = data.find(b"\n", pos)
+        end = len(data)
+        pos = self.skip
+        if pos:
+            left = pos - 2  # of the chunk's data; its CRLF follows
+            if left > 0:
+                stop = min(left, end)
+                self.tail = data[stop - 2 : stop] if stop >= 2 else self.tail[1:] + data[:1]
+            if pos >= end:
+                self.skip = pos - end
+                return
+        while pos < end:
+            newline = data.find(b"\n", pos)
+            if newline < 0 or self.line:
                 if newline < 0:
                     self.line += data[pos:]
-                    if len(self.line) > 4096:
-                        raise ValueError("a chunk line is too long")
-                    return
-                line, self.line = (self.line + data[pos:newline]).strip(), b""
+                    pos = end
+                else:
+                    self.line += data[pos:newline]
+                    pos = newline + 1
+                if len(self.line) > MAX_CHUNK_LINE:
+                    raise ValueError("a chunk line is too long")
+                if newline < 0:
+                    break
+                line, self.line = self.line, b""
+            else:
+                if newline - pos > MAX_CHUNK_LINE:
+                    raise ValueError("a chunk line is too long")
+                line = data[pos:newline]
                 pos = newline + 1
-                if self.state == "trailer":
-                    self.complete = not line  # the empty line after the trailers ends the body
-                    continue
-                size = int(line.split(b";", 1)[0], 16)
-                if size < 0:
-                    raise ValueError("negative chunk size")
-                self.state, self.remaining = ("data", size) if size else ("trailer", 0)
+            if self.trailers:
+                if not line.strip():  # the empty line after the trailers ends the body
+                    self.complete = True
+                    self.excess = end - pos
+                    self.skip = 0
+                    return
+                continue
+            size = int(line.split(b";", 1)[0], 16)
+            if size < 0:
+                raise ValueError("negative chunk size")
+            if size == 0:
+                self.trailers = True
+                continue
+            stop = pos + size
+            if stop <= end:
+                self.tail = data[stop - 2 : stop] if size >= 2 else (self.tail + data[pos:stop])[-2:]
+            else:  # the data goes on in the next read
+                self.tail = (self.tail + data[max(pos, end - 2) : end])[-2:]
+            pos = stop + 2
+        self.skip = max(pos - end, 0)
 
 
 def framing_of(headers: list[tuple[bytes, bytes]]) -> Framing:

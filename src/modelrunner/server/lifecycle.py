@@ -293,7 +293,9 @@ class Lifecycle:
             eventlog.event(access_log, "request", logging.INFO, **access)
 
     async def release(self, runner: Runner) -> None:
-        await asyncio.shield(self.spawn(self.scheduler.release(runner)))
+        if not self.scheduler.release_nowait(runner):
+            # in a task of its own, which a cancellation of the request cannot stop
+            await asyncio.shield(self.spawn(self.scheduler.release(runner)))
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """A task the daemon keeps a reference to until it ends (asyncio itself keeps only weak ones)."""
@@ -357,13 +359,15 @@ class Inference:
         model = self.store.get(name)
         engine = self.engine_for(model, backend)
         exchange.model = exchange.model or name
-        if not self.scheduler.has_runner(engine.name, model.id, mode):
-            engine.require_installed()
-        exchange.watch()
-        async with exchange.waiting():
-            runner = await self.scheduler.acquire(
-                engine, model_for_engine(self.store, model, name), mode, keep_alive
-            )
+        runner = self.scheduler.reuse(engine.name, model.id, mode, keep_alive)
+        if runner is None:
+            if not self.scheduler.has_runner(engine.name, model.id, mode):
+                engine.require_installed()
+            exchange.watch()
+            async with exchange.waiting():
+                runner = await self.scheduler.acquire(
+                    engine, model_for_engine(self.store, model, name), mode, keep_alive
+                )
         exchange.hold(runner)
         recorder = self.lifecycle.recorder
         if record and recorder is not None and exchange.record is None:

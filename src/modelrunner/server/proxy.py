@@ -46,9 +46,14 @@ def stream_end_event(tail: bytes, message: str) -> bytes:
     return boundary + b"data: " + engine_died_body(message) + b"\n\n"
 
 
-def request_bytes(method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
-    """The request as the engine gets it: one connection per request, only the headers it needs."""
-    lines = [f"{method} {path} HTTP/1.1".encode(), b"host: localhost", b"connection: close"]
+def request_bytes(
+    method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes, keep_alive: bool = False
+) -> bytes:
+    """The request as the engine gets it, with only the headers it needs; the connection closes after the
+    answer unless it is kept alive (the HTTP front's EnginePool)."""
+    lines = [f"{method} {path} HTTP/1.1".encode(), b"host: localhost"]
+    if not keep_alive:
+        lines.append(b"connection: close")
     lines += [name + b": " + value for name, value in headers if name in _FORWARDED]
     if not any(name == b"content-type" for name, _ in headers):
         lines.append(b"content-type: application/json")

@@ -384,6 +384,9 @@ class Record:
         if self.first_data is None:
             self.first_data = time.monotonic()
         room = RESPONSE_LIMIT - len(self._response)
+        if room >= len(data):  # the common case: no slices to copy
+            self._response += data
+            return
         if room > 0:
             self._response += data[:room]
             data = data[room:]

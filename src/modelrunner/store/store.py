@@ -148,7 +148,9 @@ class ModelStore:
         self.layout = StoreLayout(root)
         self._thread_lock = threading.RLock()
         self._cache: dict[str, tuple[Manifest, ModelConfig]] = {}
-        self._index_cache: tuple[tuple[int, int, int], list[IndexEntry]] | None = None
+        # the index as last read: its file's stamp, its entries, and get()'s answers from them by reference
+        # (kept with the entries they came from, so that a lookup made as the index changes cannot outlive it)
+        self._index_cache: tuple[tuple[int, int, int], list[IndexEntry], dict[str, IndexEntry]] | None = None
         self._init_layout()
 
     # -- layout ---------------------------------------------------------------------------------
@@ -244,20 +246,28 @@ class ModelStore:
     # -- index ----------------------------------------------------------------------------------
 
     def _read_index(self) -> list[IndexEntry]:
-        """The index, re-read only when the file changed (lookups sit on the inference path)."""
+        """The index (copies: callers may change them), re-read only when the file changed."""
+        entries, _ = self._current_index()
+        return [IndexEntry(e.id, list(e.tags), list(e.files)) for e in entries]
+
+    def _current_index(self) -> tuple[list[IndexEntry], dict[str, IndexEntry]]:
+        """The index as cached and the lookups made in it, after one stat to see that the file did not
+        change (lookups sit on the inference path); not to be changed."""
         try:
             st = self.layout.index_file.stat()
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if self._index_cache is not None and self._index_cache[0] == stamp:
-                return [IndexEntry(e.id, list(e.tags), list(e.files)) for e in self._index_cache[1]]
+                return self._index_cache[1], self._index_cache[2]
             doc = json.loads(self.layout.index_file.read_bytes())
             entries = [_index_entry(m) for m in doc.get("models") or []]
         except FileNotFoundError:
-            return []
+            self._index_cache = None
+            return [], {}
         except (ValueError, TypeError, KeyError, AttributeError, InvalidDigest):
             raise StoreCorrupted("the models index (models.json) is corrupted") from None
-        self._index_cache = (stamp, [IndexEntry(e.id, list(e.tags), list(e.files)) for e in entries])
-        return entries
+        found: dict[str, IndexEntry] = {}
+        self._index_cache = (stamp, entries, found)
+        return entries, found
 
     def _write_index(self, entries: list[IndexEntry]) -> None:
         doc = {"models": [entry.to_json() for entry in entries]}
@@ -305,7 +315,13 @@ class ModelStore:
         return [self._stored(entry) for entry in self._read_index()]
 
     def get(self, reference: str) -> StoredModel:
-        return self._stored(self._find(self._read_index(), reference))
+        entries, found = self._current_index()  # one stat when unchanged: then the lookup is remembered
+        entry = found.get(reference)
+        if entry is None:
+            entry = self._find(entries, reference)
+            if len(found) < 1024:
+                found[reference] = entry
+        return self._stored(entry)
 
     def read_manifest(self, model_id: str) -> bytes:
         try:
