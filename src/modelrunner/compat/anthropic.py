@@ -38,10 +38,11 @@ def error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type(status), "message": message}}
 
 
-def message_start_event(model: str) -> bytes:
-    """A `message_start` event for a stream that lacks one. Token counts are not known here: 0, as the
-    engine's `message_delta` carries the output count."""
-    message: dict[str, Any] = {
+def new_message(model: str) -> dict[str, Any]:
+    """The message a `message_start` event opens, for a stream that lacks one (llama-server b11434 skips it
+    when the first tokens are an incomplete UTF-8 sequence it holds back). Token counts are not known
+    here: 0, as the engine's `message_delta` carries the output count."""
+    return {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
         "role": "assistant",
@@ -51,7 +52,11 @@ def message_start_event(model: str) -> bytes:
         "stop_sequence": None,
         "usage": {"input_tokens": 0, "output_tokens": 0},
     }
-    data = json.dumps({"type": "message_start", "message": message})
+
+
+def message_start_event(model: str) -> bytes:
+    """A `message_start` event for a stream that lacks one (`new_message`)."""
+    data = json.dumps({"type": "message_start", "message": new_message(model)})
     return b"event: message_start\ndata: " + data.encode() + b"\n\n"
 
 

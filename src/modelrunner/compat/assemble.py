@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from modelrunner.compat.anthropic import new_message
 from modelrunner.compat.sse import SSEDecoder
 
 CHAT = "/v1/chat/completions"
@@ -83,9 +84,11 @@ class Assembler:
         raise NotImplementedError
 
 
-def assembler_for(path: str) -> Assembler:
+def assembler_for(path: str, model: str = "") -> Assembler:
+    """The assembler of a path's stream; `model` (the name the client asked for) fills in an Anthropic
+    message whose stream did not open with `message_start`."""
     if path == MESSAGES:
-        return MessageAssembler()
+        return MessageAssembler(model)
     return CompletionAssembler() if path == COMPLETIONS else ChatAssembler()
 
 
@@ -215,8 +218,10 @@ class CompletionAssembler(_OpenAIAssembler):
 class MessageAssembler(Assembler):
     """Anthropic's message from its events: `message_start`, content blocks by index, `message_delta`."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: str = "") -> None:
         super().__init__()
+        self.model = model
+        self.started = False  # a `message_start` opened the stream (llama-server may skip it)
         self.message: dict[str, Any] | None = None
         self.blocks: dict[int, dict[str, Any]] = {}
         self.inputs: dict[int, list[str]] = {}
@@ -230,6 +235,7 @@ class MessageAssembler(Assembler):
             raise AssemblyError(str(message or "the engine failed"), 500, doc)
         if kind == "message_start":
             self.message = dict(doc.get("message") or {})
+            self.started = True
         elif kind == "content_block_start":
             block = dict(doc.get("content_block") or {})
             if block.get("type") == "thinking":
@@ -269,4 +275,9 @@ class MessageAssembler(Assembler):
                 except ValueError:
                     block["input"] = {}
             content.append(block)
-        return {**self.message, "content": content}
+        message = self.message
+        if not self.started:
+            opened = new_message(self.model)
+            usage = {**opened["usage"], **(message.get("usage") or {})}
+            message = {**opened, **message, "usage": usage}
+        return {**message, "content": content}

@@ -155,7 +155,7 @@ class EngineCall:
                 if failed.status_code != self.status:
                     return failed.status_code, json.dumps(_openai_error(failed)).encode()
             return self.status, body
-        assembler = assemble.assembler_for(self.assembling)
+        assembler = assemble.assembler_for(self.assembling, self.exchange.model or "")
         try:
             async for chunk in self.chunks():
                 assembler.feed(chunk)
