@@ -15,6 +15,7 @@ merges its answers in ways a stream does not show.
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from typing import Any
 
 from modelrunner.compat.anthropic import new_message
@@ -58,7 +59,7 @@ def streamed_request(path: str, doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Assembler:
+class Assembler(ABC):
     """Feed it the stream's bytes; `result()` is the unstreamed answer."""
 
     def __init__(self) -> None:
@@ -77,11 +78,13 @@ class Assembler:
             if isinstance(doc, dict):
                 self.add(event, doc)
 
+    @abstractmethod
     def add(self, event: str | None, doc: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Take one event of the stream."""
 
+    @abstractmethod
     def result(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The unstreamed answer, or AssemblyError when the stream did not complete it."""
 
 
 def assembler_for(path: str, model: str = "") -> Assembler:
@@ -124,8 +127,9 @@ class _OpenAIAssembler(Assembler):
             if content:
                 self.logprobs.setdefault(index, []).extend(content)
 
+    @abstractmethod
     def add_choice(self, index: int, choice: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Take one choice's delta."""
 
     def indexes(self) -> list[int]:
         if not self.finish:
