@@ -71,6 +71,18 @@ class ListenAddress(NamedTuple):
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether a host name or address given to listen on or to connect to is this machine's loopback."""
+    import ipaddress  # not for every CLI start: only the verbs that check an address
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_listen_address(text: str, default_port: int) -> ListenAddress:
     """`HOST`, `HOST:PORT`, `[V6]` or `[V6]:PORT` (e.g. a Docker bridge gateway, 172.17.0.1)."""
     text = text.strip()

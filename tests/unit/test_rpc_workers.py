@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from modelrunner.artifact.gguf import read_gguf
+from modelrunner.config import is_loopback_host
 from modelrunner.engines import build, llamacpp_memory, rpc_workers
 from modelrunner.engines.base import Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.llamacpp import LlamaCppEngine
@@ -174,8 +175,8 @@ def test_worker_command_and_memory_cap(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert rpc_workers.worker_command(binary, "0.0.0.0", 1, 4, True)[-3:] == ["--threads", "4", "--cache"]
     assert rpc_workers.data_limit(1024, 2) == 1024 * 2**20 + rpc_workers.WORKER_OVERHEAD_BYTES + 2 * 8 * 2**20
-    assert rpc_workers.is_loopback("127.0.0.1") and rpc_workers.is_loopback("localhost")
-    assert not rpc_workers.is_loopback("0.0.0.0") and not rpc_workers.is_loopback("10.0.0.2")
+    assert is_loopback_host("127.0.0.1") and is_loopback_host("localhost")
+    assert not is_loopback_host("0.0.0.0") and not is_loopback_host("10.0.0.2")
 
 
 def test_the_worker_binary_is_found_beside_llama_server(

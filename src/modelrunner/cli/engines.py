@@ -76,7 +76,7 @@ def endpoints(daemon: Client, explicit: bool, info: dict[str, Any] | None) -> tu
     """(kind, endpoint, endpointHost) of DMR's `status --json`: the OpenAI base URL containers use and the
     one this machine uses. A local daemon with an extra listen address (a Docker bridge gateway) is
     reached there by containers, as DMR on Docker Engine is; otherwise both are the URL the CLI uses."""
-    from modelrunner.server.daemon import is_loopback_host
+    from modelrunner.config import is_loopback_host
 
     host_endpoint = daemon.base_url + "/v1/"
     listed = (info or {}).get("extra_listen", [])

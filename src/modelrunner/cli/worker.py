@@ -20,6 +20,7 @@ DEFAULT_PORT = 50052
 
 
 def cmd_worker(args: argparse.Namespace) -> None:
+    from modelrunner.config import is_loopback_host
     from modelrunner.engines import rpc_workers
     from modelrunner.engines.llamacpp import LlamaCppEngine
 
@@ -32,7 +33,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
     found = LlamaCppEngine().find()
     binary = rpc_workers.find_worker_binary(found.path if found else None)
     argv = rpc_workers.worker_command(binary, args.host, args.port, args.threads, args.cache)
-    if not rpc_workers.is_loopback(args.host):
+    if not is_loopback_host(args.host):
         print(
             f"WARNING: the RPC worker listens on {args.host}:{args.port}, beyond this machine. llama.cpp's "
             "RPC has no authentication and no encryption: anyone who reaches this port can use this "

@@ -209,15 +209,6 @@ def find_worker_binary(server: Path | None) -> Path:
     )
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def worker_command(binary: Path, host: str, port: int, threads: int | None, cache: bool) -> list[str]:
     argv = [str(binary), "--host", host, "--port", str(port)]
     if threads is not None:

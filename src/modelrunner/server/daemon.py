@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import ipaddress
 import logging
 import os
 import socket
@@ -92,15 +91,6 @@ def is_running(pid: int) -> bool:
     except OSError:
         return True  # no /proc: existing is all we can tell
     return not stat[stat.rfind(")") + 2 :].startswith(("Z", "X"))
-
-
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def setup_logging() -> None:
@@ -283,8 +273,8 @@ def serve(
     from modelrunner.server.app import build_daemon
 
     extra = extra or []
-    beyond_loopback = [a.host for a in extra if not is_loopback_host(a.host)]
-    if not is_loopback_host(host):
+    beyond_loopback = [a.host for a in extra if not config.is_loopback_host(a.host)]
+    if not config.is_loopback_host(host):
         beyond_loopback.insert(0, host)
     if beyond_loopback and not os.environ.get("MODEL_RUNNER_API_KEY"):
         raise SystemExit(

@@ -64,7 +64,7 @@ class SecurityPolicy:
 
     @classmethod
     def from_env(cls, bind_host: str, extra_hosts: Sequence[str] = ()) -> SecurityPolicy:
-        from modelrunner.server.daemon import is_loopback_host
+        from modelrunner.config import is_loopback_host
 
         allowed = _split_env("MODEL_RUNNER_ALLOWED_HOSTS")
         # Beyond loopback the API key is what protects; names are then too many to list. Extra listen
