@@ -33,6 +33,21 @@ GPU_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
 IMAGE_VARIANTS = {None: "cpu", "nvidia": "cuda", "amd": "vulkan"}
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?")
 _SIZE = re.compile(r"[1-9][0-9]{0,6}(Mi|Gi|Ti)")
+
+
+def compose_confinement() -> dict[str, object]:
+    """What every Compose container of the model runner gets: its store volume, a read-only root, no
+    privileges (new lists each time: a YAML writer would show shared ones as anchors)."""
+    return {
+        "volumes": ["modelrunner-data:/data"],
+        "read_only": True,
+        "tmpfs": ["/tmp"],
+        "user": f"{UID}:{UID}",
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+    }
+
+
 # The probe: /engines/status with the API key, from inside the container (kubelet's httpGet cannot read a
 # Secret into a header, and the key is required on every route but `/`).
 PROBE = (
@@ -466,12 +481,7 @@ def compose(options: DeployOptions) -> str:
             "MODEL_RUNNER_API_KEY": "${MODEL_RUNNER_API_KEY:?set MODEL_RUNNER_API_KEY (the API key)}",
             "MODEL_RUNNER_MEMORY_BUDGET": str(max(memory - DAEMON_MEMORY, 256 * MiB)),
         },
-        "volumes": ["modelrunner-data:/data"],
-        "read_only": True,
-        "tmpfs": ["/tmp"],
-        "user": f"{UID}:{UID}",
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges:true"],
+        **compose_confinement(),
         "healthcheck": {
             "test": ["CMD", "python3", "-c", PROBE],
             "interval": "10s",
@@ -496,12 +506,7 @@ def compose(options: DeployOptions) -> str:
             "image": options.image_ref,
             # `$$`: a literal `$` for the shell, not a variable of Compose's
             "entrypoint": ["/bin/sh", "-ec", PRE_PULL.replace("$", "$$"), "pre-pull", *options.pre_pull],
-            "volumes": ["modelrunner-data:/data"],
-            "read_only": True,
-            "tmpfs": ["/tmp"],
-            "user": f"{UID}:{UID}",
-            "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges:true"],
+            **compose_confinement(),
         }
         service["depends_on"] = {"pre-pull": {"condition": "service_completed_successfully"}}
     services[options.name] = service

@@ -399,17 +399,22 @@ def test_a_crashed_engine_takes_its_child_processes_with_it(
     daemon.wait_for(lambda: daemon.ps() == [], "the defunct runner to be dropped")
 
 
+def starts_and_exits(events: Path) -> list[str]:
+    """The engines' `started` and `exiting` events, in order."""
+    return [
+        e["event"]
+        for e in map(json.loads, events.read_text().splitlines())
+        if e["event"] in ("started", "exiting")
+    ]
+
+
 def test_eviction_waits_for_the_evicted_engine_to_exit(start: Start, tmp_path: Path, events: Path) -> None:
     daemon = start(env={"FAKE_STOP_DELAY": "1"}, max_runners=1)
     package(daemon, tmp_path, "one", seed=1)
     package(daemon, tmp_path, "two", seed=2)
     assert chat(daemon, "one").status_code == 200
     assert chat(daemon, "two").status_code == 200
-    order = [
-        e["event"]
-        for e in map(json.loads, events.read_text().splitlines())
-        if e["event"] in ("started", "exiting")
-    ]
+    order = starts_and_exits(events)
     # the evicted engine said it was exiting before the next one was started: never two at once
     assert order == ["started", "exiting", "started"]
     assert [r["model_name"] for r in daemon.ps()] == ["two"]
@@ -421,11 +426,7 @@ def test_eviction_within_the_memory_budget_waits_too(start: Start, tmp_path: Pat
     package(daemon, tmp_path, "two", seed=2)
     assert chat(daemon, "one").status_code == 200
     assert chat(daemon, "two").status_code == 200
-    order = [
-        e["event"]
-        for e in map(json.loads, events.read_text().splitlines())
-        if e["event"] in ("started", "exiting")
-    ]
+    order = starts_and_exits(events)
     assert order == ["started", "exiting", "started"]
 
 
