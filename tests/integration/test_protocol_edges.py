@@ -4,6 +4,7 @@ closes), slow request bodies, request ids and access lines, and the switch that 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -175,13 +176,23 @@ class _Lines(logging.Handler):
         self.lines.append(self.format(record))
 
 
-def test_one_access_line_per_request_with_the_request_id(daemon: InProcessDaemon) -> None:
+@contextlib.contextmanager
+def access_lines() -> Iterator[_Lines]:
+    """The access log's lines while the block runs, at INFO whatever the level was."""
     lines = _Lines()
     access = logging.getLogger("modelrunner.access")
     access.addHandler(lines)
     level = access.level
     access.setLevel(logging.INFO)
     try:
+        yield lines
+    finally:
+        access.removeHandler(lines)
+        access.setLevel(level)
+
+
+def test_one_access_line_per_request_with_the_request_id(daemon: InProcessDaemon) -> None:
+    with access_lines() as lines:
         for headers in ({}, {"origin": "http://localhost"}):  # the front, then the ASGI stack
             body = {"model": "tiny", "messages": HI, "stream": True}
             response = daemon.http("POST", "/v1/chat/completions", json=body, headers=headers)
@@ -198,9 +209,6 @@ def test_one_access_line_per_request_with_the_request_id(daemon: InProcessDaemon
                 assert field in line, line
             assert "ttfb_ms=" in line and "duration_ms=" in line and "outcome=complete" in line
             assert int(line.split("bytes=")[1].split()[0]) >= len(response.content)
-    finally:
-        access.removeHandler(lines)
-        access.setLevel(level)
 
 
 def test_a_client_that_closes_as_soon_as_its_stream_ended_was_answered_completely(
@@ -210,13 +218,8 @@ def test_a_client_that_closes_as_soon_as_its_stream_ended_was_answered_completel
     # however soon the close comes after the last chunk. It used to race the relaying task's next step and
     # lost under load (a full test run on 2 busy cores); on an idle machine the race is rarely lost, so this
     # test catches a regression only sometimes.
-    lines = _Lines()
-    access = logging.getLogger("modelrunner.access")
-    access.addHandler(lines)
-    level = access.level
-    access.setLevel(logging.INFO)
     rounds = 30
-    try:
+    with access_lines() as lines:
         for _ in range(rounds):
             with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as sock:
                 sock.sendall(chat_request({"model": "tiny", "messages": HI, "stream": True}))
@@ -230,9 +233,6 @@ def test_a_client_that_closes_as_soon_as_its_stream_ended_was_answered_completel
         )
         outcomes = [line.split("outcome=")[1].split()[0] for line in lines.lines if "event=request" in line]
         assert outcomes == ["complete"] * rounds
-    finally:
-        access.removeHandler(lines)
-        access.setLevel(level)
 
 
 def test_the_front_can_be_switched_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
