@@ -56,6 +56,20 @@ GOLDEN_CNCF_CONFIG = (
 ).encode()
 GOLDEN_CNCF_CONFIG_DIGEST = "sha256:9b361c56094622645a8ec4a1575578ce90c3aa6ab9de90515b2c444f2e7a33dc"
 GOLDEN_CNCF_ID = "sha256:ec88bea25bf464e17605a54477c7d9b6d38f221df4fe059f1d965a20d03f3aac"
+# what the API serves for it, tagged dummy-cncf and built at FIXED_EPOCH (DMR's inference/models/adapter.go:
+# normalizeConfig: a ModelPack model's size is its parameter size)
+GOLDEN_CNCF_API = {
+    "id": GOLDEN_CNCF_ID,
+    "tags": ["docker.io/ai/dummy-cncf:latest"],
+    "created": FIXED_EPOCH,
+    "config": {
+        "format": "gguf",
+        "quantization": "Unknown",
+        "parameters": "183",
+        "architecture": "llama",
+        "size": "183",
+    },
+}
 # + WithLicense(license.txt), WithChatTemplateFile(template.jinja), WithMultimodalProjector(dummy.mmproj)
 GOLDEN_CNCF_EXTRAS_ID = "sha256:214d0d51d824f930bb7feecbac5fe1651aee0def215f7e99fbdc16feaa8a100e"
 # FromModel(the Docker-format dummy of dmr_layout, WithFormat(cncf)) + WithLicense(license.txt)
@@ -386,18 +400,7 @@ def test_the_id_is_the_same_through_the_store(tmp_path: Path, utc: None) -> None
     assert store.add_model(built.manifest_bytes, ["dummy-cncf"]) == GOLDEN_CNCF_ID
     assert store.read_blob(GOLDEN_CNCF_CONFIG_DIGEST) == GOLDEN_CNCF_CONFIG
     model = store.get("dummy-cncf")
-    assert model.to_api() == {
-        "id": GOLDEN_CNCF_ID,
-        "tags": ["docker.io/ai/dummy-cncf:latest"],
-        "created": FIXED_EPOCH,
-        "config": {
-            "format": "gguf",
-            "quantization": "Unknown",
-            "parameters": "183",
-            "architecture": "llama",
-            "size": "183",
-        },
-    }
+    assert model.to_api() == GOLDEN_CNCF_API
 
 
 def test_dduf_with_cncf(tmp_path: Path) -> None:

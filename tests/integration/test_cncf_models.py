@@ -21,6 +21,7 @@ import pytest
 from modelrunner.artifact import mediatypes as mt
 from tests.conformance.dmr_layout import ASSETS, FIXED_EPOCH, GOLDEN_ID, fixed_copy
 from tests.conformance.test_config_cncf import (
+    GOLDEN_CNCF_API,
     GOLDEN_CNCF_CONFIG,
     GOLDEN_CNCF_CONFIG_DIGEST,
     GOLDEN_CNCF_CONVERTED_ID,
@@ -78,18 +79,7 @@ def test_cli_package_cncf_gives_dmrs_model_and_values(daemon: Daemon, dummy: dic
     assert 'Model "dummy-cncf" packaged successfully' in out
     inspected = json.loads(daemon.cli("inspect", "dummy-cncf").stdout)
     # the values DMR's API serves for it (inference/models/adapter.go: normalizeConfig)
-    assert inspected == {
-        "id": GOLDEN_CNCF_ID,
-        "tags": ["docker.io/ai/dummy-cncf:latest"],
-        "created": FIXED_EPOCH,
-        "config": {
-            "format": "gguf",
-            "quantization": "Unknown",
-            "parameters": "183",
-            "architecture": "llama",
-            "size": "183",
-        },
-    }
+    assert inspected == GOLDEN_CNCF_API
     assert (
         daemon.store_root / "blobs/sha256" / GOLDEN_CNCF_CONFIG_DIGEST[7:]
     ).read_bytes() == GOLDEN_CNCF_CONFIG
