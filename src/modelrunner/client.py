@@ -45,6 +45,13 @@ def _error_message(status: int, body: bytes) -> str:
     return text[:500] or f"HTTP {status}"
 
 
+def _streamed(response: client_http.Response) -> Iterator[bytes]:
+    """A response's body as its bytes arrive (logs and records that are followed)."""
+    with response:
+        while chunk := response.read1(64 * 1024):
+            yield chunk
+
+
 def model_path(name: str) -> str:
     return quote(name.strip(), safe="/:@")
 
@@ -121,14 +128,7 @@ class Client:
     @property
     def is_local(self) -> bool:
         """True when the daemon runs on this machine, so it can read files by path."""
-        if self._socket_path is not None or self._host == "localhost":
-            return True
-        import ipaddress
-
-        try:
-            return ipaddress.ip_address(self._host).is_loopback
-        except ValueError:
-            return False
+        return self._socket_path is not None or config.is_loopback_host(self._host)
 
     def _connect(self, timeout: float) -> socket.socket:
         """A connection to the daemon; when nothing listens and `start_daemon` is set, the daemon is
@@ -400,10 +400,7 @@ class Client:
         params = {"follow": str(follow).lower(), "no-engines": str(no_engines).lower()}
         if model:
             params["model"] = model
-        response = self.open("GET", "/logs", params=params, timeout=1e9 if follow else None)
-        with response:
-            while chunk := response.read1(64 * 1024):
-                yield chunk
+        yield from _streamed(self.open("GET", "/logs", params=params, timeout=1e9 if follow else None))
 
     def requests(self, model: str | None, follow: bool, include_existing: bool) -> Iterator[bytes]:
         """The request recorder (`GET /engines/requests`): its JSON, or with `follow` its event stream, as
@@ -413,16 +410,15 @@ class Client:
             params["include_existing"] = "true"
         accept = "text/event-stream" if follow else "application/json"
         headers = {"Accept": accept, "Cache-Control": "no-cache"} if follow else {"Accept": accept}
-        response = self.open(
-            "GET",
-            "/engines/requests",
-            params=params or None,
-            headers=headers,
-            timeout=1e9 if follow else None,
+        yield from _streamed(
+            self.open(
+                "GET",
+                "/engines/requests",
+                params=params or None,
+                headers=headers,
+                timeout=1e9 if follow else None,
+            )
         )
-        with response:
-            while chunk := response.read1(64 * 1024):
-                yield chunk
 
     # -- engines ------------------------------------------------------------------------------------
 
