@@ -37,6 +37,7 @@ from modelrunner.server.errors import install_error_handlers
 from modelrunner.server.front import FastPath
 from modelrunner.server.inference import InferenceHandler, match_route
 from modelrunner.server.lifecycle import Inference, Lifecycle, LifecycleMiddleware
+from modelrunner.server.localuser import ensure_token
 from modelrunner.server.models_api import build_models_router
 from modelrunner.server.ollama_api import build_ollama_router
 from modelrunner.server.ollama_create import build_ollama_create_router
@@ -151,7 +152,8 @@ def build_daemon(
     inference = Inference(store, scheduler, engines, lifecycle)  # every API gets its runners here
     transfers = TransferManager(store)  # one for every API: shared downloads, one limit on concurrent pulls
     api.include_router(build_distribution_router(store, transfers))
-    api.include_router(build_models_router(store))
+    token = ensure_token(config.local_token_file())  # proves a local caller is the daemon's user
+    api.include_router(build_models_router(store, token))
     api.include_router(build_openai_router(store))
     api.include_router(build_admin_router(store, scheduler, engines, logs_dir, lifecycle))
     reach = [str(address) for address in extra_listen]  # where containers reach us (`status --json`)
@@ -161,7 +163,7 @@ def build_daemon(
     api.include_router(build_ollama_create_router(store))
     api.include_router(build_anthropic_router(inference))
     api.include_router(build_responses_router(inference))
-    api.include_router(build_dashboard_router(store, scheduler))
+    api.include_router(build_dashboard_router(store, scheduler, token))
     handler = InferenceHandler(inference)
     policy = SecurityPolicy.from_env(bind_host, [address.host for address in extra_listen])
     asgi = LifecycleMiddleware(SecurityMiddleware(Dispatcher(api, handler), policy), lifecycle)

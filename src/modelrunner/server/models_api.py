@@ -12,7 +12,6 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from modelrunner import config
 from modelrunner.artifact.builder import (
     BuiltArtifact,
     PackageSpec,
@@ -25,7 +24,7 @@ from modelrunner.compat.bodies import json_body
 from modelrunner.errors import BadRequest, PermissionDenied
 from modelrunner.reference import parse_reference
 from modelrunner.server.body_stream import consume_in_thread
-from modelrunner.server.localuser import TOKEN_HEADER, ensure_token, is_daemon_user
+from modelrunner.server.localuser import TOKEN_HEADER, is_daemon_user
 from modelrunner.store.archive import export_chunks, load_archive
 from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore, full_tag
@@ -108,9 +107,9 @@ def check_caller_may_read_files(request: Request, token: str) -> None:
         )
 
 
-def build_models_router(store: ModelStore) -> APIRouter:
+def build_models_router(store: ModelStore, token: str) -> APIRouter:
+    """`token`: the local token ($MODEL_RUNNER_HOME/daemon.token) proving a caller is the daemon's user."""
     router = APIRouter()
-    token = ensure_token(config.local_token_file())
 
     @router.get("/models")
     def list_models() -> list[dict[str, Any]]:

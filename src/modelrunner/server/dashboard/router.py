@@ -26,11 +26,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from modelrunner import __version__, config
+from modelrunner import __version__
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.errors import BadRequest, ModelNotFound, PermissionDenied
 from modelrunner.scheduler.scheduler import Scheduler
-from modelrunner.server.localuser import ensure_token
 from modelrunner.server.models_api import check_caller_may_read_files
 from modelrunner.store.store import ModelStore
 
@@ -126,11 +125,10 @@ def model_files(store: ModelStore, name: str) -> dict[str, Any]:
     return {"id": model.id, "tags": model.tags, "layers": layers, "licenses": licenses}
 
 
-def build_dashboard_router(store: ModelStore, scheduler: Scheduler) -> APIRouter:
+def build_dashboard_router(store: ModelStore, scheduler: Scheduler, token: str) -> APIRouter:
     router = APIRouter()
     assets = load_assets()
     page = assets["index.html"]
-    token = ensure_token(config.local_token_file())
 
     @router.get("/dashboard", include_in_schema=False)
     @router.get("/dashboard/", include_in_schema=False)
