@@ -342,7 +342,10 @@ def parallel_args(layout: ray_cluster.Layout) -> list[str]:
 
 
 def layout_of(gpu: str, settings: RunnerSettings) -> ray_cluster.Layout:
-    local_devices = cuda_device_count() if gpu == "cuda" else 0
+    # the GPUs are counted (nvidia-smi) only when they decide something: several workers and no Ray cluster
+    workers = (settings.tensor_parallel_size or 1) * (settings.pipeline_parallel_size or 1)
+    on_ray = bool(settings.ray_address or ray_cluster.address_from_env())
+    local_devices = cuda_device_count() if gpu == "cuda" and workers > 1 and not on_ray else 0
     return ray_cluster.layout_for(
         settings.tensor_parallel_size, settings.pipeline_parallel_size, settings.ray_address, local_devices
     )
