@@ -148,7 +148,7 @@ def local_share(info: GGUFInfo, kv: KvSettings, n_gpu_layers: int | None) -> Mem
     output layer (counted as one more) go to the devices, the first ones stay; the token embeddings always
     stay. KV cells live with their layer. None = all offloaded (`-ngl 999`, `auto`).
     """
-    n_layer = len(info.block_tensor_bytes) or (info.block_count or 0)
+    n_layer = len(info.block_tensor_bytes)  # the blocks whose tensors were found
     offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else n_gpu_layers
     first_offloaded = max(n_layer + 1 - offloaded, 0)
     local_blocks = range(min(first_offloaded, n_layer))

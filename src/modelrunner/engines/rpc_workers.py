@@ -65,13 +65,6 @@ class WorkerInfo:
     protocol: str  # "7.0.0"
     devices: tuple[tuple[int, int], ...]  # (free, total) bytes per device the worker exposes
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "endpoint": str(self.endpoint),
-            "protocol": self.protocol,
-            "devices": [{"free_bytes": free, "total_bytes": total} for free, total in self.devices],
-        }
-
 
 def parse_endpoint(text: str) -> Endpoint:
     """`HOST:PORT` as llama.cpp parses it (the host up to the first colon, so no IPv6 literals)."""
