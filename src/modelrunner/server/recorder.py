@@ -422,7 +422,7 @@ class Record:
         }
         if self.finished:
             status = self.status_code or 408  # DMR: nothing was answered (the request was cancelled)
-            raw = unchunk(bytes(self._response)) if self.framed_by_chunks else bytes(self._response)
+            raw = bytes(self._response)  # unframed by finish()
             if status >= 400:
                 response, error = "", normalize_error(raw.decode("utf-8", "replace"))
             else:
@@ -459,6 +459,16 @@ class _Follower:
     )
 
 
+def _entry(model: str, config: dict[str, Any], records: list[Record]) -> dict[str, Any]:
+    """One model's entry of DMR's ModelRecordsResponse (its JSON field order)."""
+    return {
+        "count": len(records),
+        "model": model,
+        "config": config,
+        "records": [r.to_json() for r in records],
+    }
+
+
 class Recorder:
     """The records of every model (by model ID, the last RECORDS_PER_MODEL each) and their followers."""
 
@@ -466,7 +476,6 @@ class Recorder:
 
     def __init__(self) -> None:
         self.models: OrderedDict[str, deque[Record]] = OrderedDict()
-        self.configs: dict[str, dict[str, Any]] = {}
         self._followers: set[_Follower] = set()
         self._runner_configs: weakref.WeakKeyDictionary[Runner, dict[str, Any]] = weakref.WeakKeyDictionary()
 
@@ -487,10 +496,8 @@ class Recorder:
         if records is None:
             records = self.models[model_id] = deque(maxlen=RECORDS_PER_MODEL)
             while len(self.models) > MAX_MODELS:
-                dropped, _ = self.models.popitem(last=False)
-                self.configs.pop(dropped, None)
+                self.models.popitem(last=False)
         self.models.move_to_end(model_id)
-        self.configs[model_id] = record.config
         records.append(record)
         return record
 
@@ -508,23 +515,15 @@ class Recorder:
                     follower.queue.put_nowait(event)
 
     def _payload(self, model: str, config: dict[str, Any], records: list[Record]) -> bytes:
-        """DMR's ModelRecordsResponse list (its JSON field order)."""
-        entry = {
-            "count": len(records),
-            "model": model,
-            "config": config,
-            "records": [r.to_json() for r in records],
-        }
-        return json.dumps([entry]).encode()
+        """DMR's ModelRecordsResponse list of one entry."""
+        return json.dumps([_entry(model, config, records)]).encode()
 
     def listing(self, model_id: str | None) -> list[dict[str, Any]]:
         ids = list(self.models) if model_id is None else [model_id] if model_id in self.models else []
         out = []
         for key in ids:
-            records = [r.to_json() for r in self.models[key]]
-            out.append(
-                {"count": len(records), "model": key, "config": self.configs.get(key, {}), "records": records}
-            )
+            records = list(self.models[key])
+            out.append(_entry(key, records[-1].config, records))  # the newest record's configuration
         return out
 
     async def follow(self, model_id: str | None, include_existing: bool) -> AsyncIterator[bytes]:
@@ -533,8 +532,9 @@ class Recorder:
         try:
             if include_existing:
                 for key in list(self.models) if model_id is None else [model_id]:
-                    for record in list(self.models.get(key, ())):
-                        payload = self._payload(key, self.configs.get(key, {}), [record])
+                    records = list(self.models.get(key, ()))
+                    for record in records:
+                        payload = self._payload(key, records[-1].config, [record])
                         yield b"event: existing_request\ndata: " + payload + b"\n\n"
             yield b'event: connected\ndata: {"status": "connected"}\n\n'
             while (event := await follower.queue.get()) is not None:
