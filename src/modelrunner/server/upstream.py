@@ -26,6 +26,7 @@ from modelrunner.errors import ModelRunnerError
 from modelrunner.http1 import MAX_HEAD, UpstreamError, body_chunks, read_head
 from modelrunner.scheduler.runner import Runner
 from modelrunner.server import lifecycle
+from modelrunner.server.errors import error_body
 from modelrunner.server.lifecycle import Exchange, Inference
 from modelrunner.server.proxy import request_bytes, retry_full_backlog
 
@@ -153,7 +154,8 @@ class EngineCall:
             if self.status >= 400:
                 failed = self.error(self.status, body)
                 if failed.status_code != self.status:
-                    return failed.status_code, json.dumps(_openai_error(failed)).encode()
+                    answer = error_body(failed.status_code, failed.message)
+                    return failed.status_code, json.dumps(answer).encode()
             return self.status, body
         assembler = assemble.assembler_for(self.assembling, self.exchange.model or "")
         try:
@@ -212,10 +214,6 @@ class EngineCall:
                 await self._writer.wait_closed()
             self._writer = None
         await self.exchange.release(self.runner)
-
-
-def _openai_error(failed: EngineFailed) -> dict[str, Any]:
-    return {"error": {"code": failed.status_code, "message": failed.message, "type": "invalid_request_error"}}
 
 
 async def call_engine(
