@@ -9,8 +9,10 @@ Follows: `cmd/cli/commands/status.go`, `ps.go`, `df.go`, `unload.go`, `configure
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,43 @@ def test_status_text_and_json(fake_daemon: InProcessDaemon, tmp_path: Path) -> N
         '"kind":"Docker Engine (Manual Install)",'
         f'"endpoint":"{fake_daemon.url}/v1/","endpointHost":"{fake_daemon.url}/v1/"}}\n'
     )
+
+
+def test_status_of_a_runner_without_our_cluster_route(tmp_path: Path) -> None:
+    """DMR's own daemon has `GET /models` and `GET /engines/status` (pkg/inference/scheduling/
+    http_handler.go) but not our `/engines/cluster`: `status` prints its table all the same."""
+
+    class DmrLike(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            answers = {"/models": b"[]", "/engines/status": b'{"llama.cpp":"Running: llama.cpp b1"}'}
+            body = answers.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            body = body if body is not None else b"404 page not found\n"
+            self.send_header("Content-Type", "application/json" if self.path in answers else "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DmrLike)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = cli_env(tmp_path, f"http://127.0.0.1:{server.server_address[1]}")
+        text = run_cli(env, "status")
+        assert text.returncode == 0, text.stderr
+        assert text.stdout == (
+            "Docker Model Runner is running\n\n"
+            "BACKEND    STATUS   DETAILS       \n"
+            "llama.cpp  Running  llama.cpp b1  \n"
+        )
+        document = run_cli(env, "status", "--json")
+        assert document.returncode == 0, document.stderr
+        assert json.loads(document.stdout)["backends"] == {"llama.cpp": "Running: llama.cpp b1"}
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_status_when_not_running(tmp_path: Path) -> None:

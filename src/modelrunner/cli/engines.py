@@ -122,7 +122,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "endpoint": endpoint,
             "endpointHost": endpoint_host,
         }
-        clusters = daemon.cluster() if running else {}
+        clusters = _clusters(daemon) if running else {}
         if clusters:  # ours, only when some model is spread over a Ray cluster (DMR's reader skips it)
             document["clusters"] = clusters
         print(go_json(document))
@@ -133,9 +133,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     print("Docker Model Runner is running\n")
     sys.stdout.write(backend_status_table(backends))
-    for line in cluster_lines(daemon.cluster()):  # ours: engines spread over a Ray cluster
+    for line in cluster_lines(_clusters(daemon)):  # ours: engines spread over a Ray cluster
         print(line)
     return 0
+
+
+def _clusters(daemon: Client) -> dict[str, list[dict[str, Any]]]:
+    """The engines' Ray clusters, or none from a runner without the route (DMR's own daemon: a 404)."""
+    from modelrunner.errors import DaemonError
+
+    try:
+        return daemon.cluster()
+    except DaemonError as exc:
+        if exc.status_code == 404:
+            return {}
+        raise
 
 
 def cluster_lines(clusters: dict[str, list[dict[str, Any]]]) -> list[str]:
