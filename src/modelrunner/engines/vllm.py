@@ -602,7 +602,8 @@ class VllmEngine(Engine):
         weights, and on CPU each allocates its own KV space."""
         folder = model_dir(model.bundle)
         weights = sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
-        gpu = self.venv()[1] if self.installed() is not None else "cpu"
+        found = self.installed()  # once: it looks for the environment on disk
+        gpu = str(found[1].get("gpu", "cpu")) if found is not None else "cpu"
         layout = layout_of(gpu, settings)
         here = local_workers(gpu, layout)
         weights_here = weights * here // layout.world_size
