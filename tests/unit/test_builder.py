@@ -483,7 +483,7 @@ def test_extend_artifact_keeps_the_base_layers_and_appends_new_ones(
     (tmp_path / "LICENSE").write_text("MIT\n")
     (tmp_path / "t.jinja").write_text(CHAT_TEMPLATE)
     spec = PackageSpec(licenses=[tmp_path / "LICENSE"], chat_template=tmp_path / "t.jinja", context_size=2048)
-    built = extend_artifact(base.manifest, base_config, spec, new_sink(), created=CREATED)
+    built = extend_artifact(base.manifest, base_config, spec, new_sink())
     new_id = store.add_model(built.manifest_bytes, ["ai/tiny-extended"])
 
     layers = built.manifest.layers
@@ -537,7 +537,7 @@ def test_extend_artifact_refuses_bad_input_and_changes_nothing(
         spec = PackageSpec(licenses=[_file(tmp_path / "other", "tiny.gguf", b"not the model")])
     sink = new_sink()
     with refuses(BadRequest, store):
-        extend_artifact(manifest, config, spec, sink, created=CREATED)
+        extend_artifact(manifest, config, spec, sink)
     assert sink.added == []
 
 

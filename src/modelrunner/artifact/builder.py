@@ -381,21 +381,19 @@ def extend_artifact(
     base_config: bytes,
     spec: PackageSpec,
     sink: BlobSink,
-    created: datetime | None = None,
     file_time_zone: tzinfo | None = None,
 ) -> BuiltArtifact:
     """`package --from MODEL`: the base model's layers reused as they are, plus new extras and settings.
 
     As DMR's builder.FromModel with mutate: the base config is kept (its `created` too) and re-encoded with
-    the new layers' diff IDs appended. (`created` is accepted for symmetry and unused; `file_time_zone`
-    is build_artifact's, for the new extras' layers.) The config media
+    the new layers' diff IDs appended. (`file_time_zone` is build_artifact's, for the new extras'
+    layers.) The config media
     type stays the base's: DMR would write v0.1 here even for a v0.2 base, which breaks its layout.
 
     The output format is the base's unless `spec.format` names one. A Docker-format base asked for as
     "cncf" is converted as builder.convertToCNCF converts it: its layers re-typed (same blobs), its config
     turned into a ModelPack config over their diff IDs. A ModelPack base cannot become a Docker-format
     model (DMR would write a ModelPack config under a Docker media type)."""
-    del created
     if any(s is not None for s in (spec.gguf, spec.safetensors_dir, spec.dduf)):
         raise BadRequest("--from cannot be combined with --gguf, --safetensors-dir or --dduf")
     base_is_cncf = modelpack.is_modelpack_config(base_config)

@@ -42,7 +42,6 @@ __all__ = [
     "reencode",
 ]
 
-MEDIA_TYPE_PREFIX = "application/vnd.cncf.model."
 WEIGHT_PREFIX = "application/vnd.cncf.model.weight."
 
 # modelpack.ClassifyLayer's explicit cases, by media type.
