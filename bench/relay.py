@@ -15,7 +15,8 @@ worker), and their ratio daemon / nginx.
         [--baseline /tmp/before/src]
 
 With `--baseline SRC` a second daemon runs that version (its `src` first on PYTHONPATH, its own stand-in
-engine) and is measured alongside: before, now and nginx in one run.
+engine) and is measured alongside: before, now and nginx in one run. `--python-relay` does the same with
+this version and MODEL_RUNNER_NATIVE_RELAY=0 (every chunk relayed in Python, no C relay).
 """
 
 from __future__ import annotations
@@ -177,6 +178,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "relay.json")
     parser.add_argument("--baseline", type=Path, help="the src folder of a version to compare with")
+    parser.add_argument(
+        "--python-relay",
+        action="store_true",
+        help="measure this version with MODEL_RUNNER_NATIVE_RELAY=0 (every chunk relayed in Python) as well",
+    )
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
 
@@ -196,18 +202,24 @@ def main() -> None:
     daemons: dict[str, Daemon] = {}
     nginx: subprocess.Popen[bytes] | None = None
     try:
-        versions = {"daemon": None} if args.baseline is None else {"before": args.baseline, "daemon": None}
-        for name, src in versions.items():
+        versions: dict[str, dict[str, str]] = {}  # name: its environment
+        if args.baseline is not None:
+            versions["before"] = {"PYTHONPATH": str(args.baseline.resolve())}
+        if args.python_relay:
+            versions["python"] = {"MODEL_RUNNER_NATIVE_RELAY": "0"}
+        versions["daemon"] = {}
+        for name, environment in versions.items():
             # each daemon with its own stand-in engine (the one of the last serves nginx too)
             os.environ["STANDIN_ANNOUNCE"] = str(work / f"socket-{name}")
-            os.environ.pop("PYTHONPATH", None)
-            if src is not None:
-                os.environ["PYTHONPATH"] = str(src.resolve())
+            for key in ("PYTHONPATH", "MODEL_RUNNER_NATIVE_RELAY"):
+                os.environ.pop(key, None)
+            os.environ.update(environment)
             daemon = daemons[name] = Daemon(work / name, free_port()).start()
             daemon.cli("package", "--gguf", str(write_tiny_gguf(work / "tiny.gguf")), "bench")
             daemon.cli("configure", "bench", "--keep-alive", "-1")
             asyncio.run(drive(daemon.port, "/engines/v1/chat/completions", body, 1, 1, args.tokens))  # load
-        os.environ.pop("PYTHONPATH", None)
+        for key in ("PYTHONPATH", "MODEL_RUNNER_NATIVE_RELAY"):
+            os.environ.pop(key, None)
         nginx, nginx_port = start_nginx(work, (work / "socket-daemon").read_text())
         paths = {"nginx": (nginx_port, "/v1/chat/completions", [nginx.pid, *children(nginx.pid)])}
         for name, daemon in daemons.items():
@@ -228,11 +240,13 @@ def main() -> None:
                     "cpu_us_per_chunk": total["cpu_s"] / total["chunks"] * 1e6,
                     "chunks": total["chunks"],
                 }
-            row["cpu_ratio"] = row["daemon"]["cpu_us_per_chunk"] / row["nginx"]["cpu_us_per_chunk"]
+            nginx_us = row["nginx"]["cpu_us_per_chunk"]
+            row["cpu_ratio"] = row["daemon"]["cpu_us_per_chunk"] / nginx_us
             ratios = f"ratio {row['cpu_ratio']:.2f}"
-            if "before" in row:
-                row["before_cpu_ratio"] = row["before"]["cpu_us_per_chunk"] / row["nginx"]["cpu_us_per_chunk"]
-                ratios = f"ratio before {row['before_cpu_ratio']:.2f} now {row['cpu_ratio']:.2f}"
+            for other in ("before", "python"):
+                if other in row:
+                    row[f"{other}_cpu_ratio"] = row[other]["cpu_us_per_chunk"] / nginx_us
+                    ratios += f" {other} {row[f'{other}_cpu_ratio']:.2f}"
             results["levels"][concurrency] = row
             cells = [
                 f"{name} {r['chunks_per_s']:>6.0f}/s {r['cpu_us_per_chunk']:>6.2f} us"

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from modelrunner.server.inference import InferenceHandler
+from modelrunner.server.native_relay import NativeRelay
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
@@ -148,3 +149,40 @@ def test_a_stopping_daemon_finishes_the_stream_in_progress(
         rest = list(lines)
     stopper.join()
     assert [line for line in rest if line.startswith("data: ")][-1] == "data: [DONE]"
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_streams_go_through_the_c_relay_unless_switched_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str
+) -> None:
+    # After the head and the first chunk, a chunked stream is relayed by the C thread
+    # (server/native_relay.py); MODEL_RUNNER_NATIVE_RELAY=0 keeps every chunk in Python. Either way: the
+    # same answer, the same record.
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
+    added: list[int] = []
+    original = NativeRelay.add
+
+    def counted(self: NativeRelay, *args: Any) -> int:
+        added.append(original(self, *args))
+        return added[-1]
+
+    monkeypatch.setattr(NativeRelay, "add", counted)
+    engine = FakeEngine(env={"FAKE_CHUNKS": "40", "FAKE_CHUNK_DELAY": "0.005"})
+    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
+    try:
+        gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+        running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
+        with httpx.Client(base_url=running.url, timeout=30) as client:
+            for _ in range(3):  # on one connection, and one engine connection from the pool
+                streamed = client.post(CHAT, json=body(True))
+                assert contents(streamed.text) == [f"t{i} " for i in range(40)]
+        assert len(added) == (3 if native == "1" else 0)
+        (entry,) = running.http("GET", "/engines/requests?model=tiny").json()
+        assert entry["count"] == 3
+        for record in entry["records"]:
+            assert record["status_code"] == 200
+            answer = json.loads(record["response"])  # the stream, reassembled whole (server/recorder.py)
+            assert answer["choices"][0]["message"]["content"] == "".join(f"t{i} " for i in range(40))
+    finally:
+        running.stop()

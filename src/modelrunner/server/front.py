@@ -39,6 +39,7 @@ from modelrunner.http1 import MAX_HEAD
 from modelrunner.server.errors import error_body
 from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, Route, error_parts, match_route
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
+from modelrunner.server.native_relay import End, Result, native_relay
 from modelrunner.server.proxy import (
     EVENT_STREAM_HEADERS,
     engine_died_body,
@@ -46,6 +47,7 @@ from modelrunner.server.proxy import (
     retry_full_backlog,
     stream_end_event,
 )
+from modelrunner.server.recorder import TAIL_KEPT
 from modelrunner.server.security import SecurityPolicy
 from modelrunner.server.upstream import EngineCall, EngineUnreachable
 
@@ -178,7 +180,11 @@ class FrontProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server_state.connections.discard(self)
         self._cancel_timer()
-        if self.exchange is not None:
+        if self.exchange is None:
+            return
+        if self.upstream is not None and self.upstream.native is not None:
+            self.upstream.client_closed()  # the C relay may have written the whole answer: its result says
+        else:
             self.exchange.client_left()  # its engine connection closes: the engine stops generating
 
     def pause_writing(self) -> None:
@@ -188,7 +194,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self.upstream is not None and self.upstream.transport is not None:
+        if self.upstream is not None and self.upstream.transport is not None and self.upstream.native is None:
             self.upstream.transport.resume_reading()
 
     # uvicorn's server interface
@@ -512,6 +518,8 @@ class Upstream(asyncio.Protocol):
         self.failure: str | None = None
         self.sent = 0  # body bytes passed to the client
         self.finished: asyncio.Future[None] | None = None
+        self.native: int | None = None  # the C relay's stream, while it relays the body (native_relay.py)
+        self.client_gone = False  # the client closed while the C relay had the body
 
     def begin(self, front: FrontProtocol, exchange: Exchange, request: bytes) -> asyncio.Future[None]:
         """Send a request; the future is done when its answer is complete or the connection ends."""
@@ -524,6 +532,7 @@ class Upstream(asyncio.Protocol):
         self.event_stream = False
         self.failure = None
         self.sent = 0
+        self.client_gone = False
         finished = self.finished = front.loop.create_future()
         front.upstream = self  # for flow control: a client that reads slowly pauses the engine
         if front.write_paused:
@@ -561,7 +570,18 @@ class Upstream(asyncio.Protocol):
             and not self.transport.is_closing()
         )
 
+    def client_closed(self) -> None:
+        """The client closed its connection while the C relay had the body."""
+        self.client_gone = True
+        relay = native_relay(asyncio.get_running_loop())
+        assert relay is not None and self.native is not None
+        relay.cancel(self.native)
+
     def close(self) -> None:
+        if self.native is not None:
+            relay = native_relay(asyncio.get_running_loop())
+            assert relay is not None
+            relay.cancel(self.native)  # its result ends the request: the relay may be writing till then
         if self.transport is not None:
             self.transport.close()
 
@@ -612,8 +632,69 @@ class Upstream(asyncio.Protocol):
             self.record.tee(data)  # framed as sent: the recorder unframes it when read
         if framing.complete:
             self._answered()
+        elif isinstance(framing, Chunked) and framing.at_boundary:
+            self._hand_to_native()
+
+    def _hand_to_native(self) -> None:
+        """The rest of a chunked body goes from the engine to the client through the C relay, when the
+        client has taken all that was written to it (the relay writes to its socket directly)."""
+        assert self.transport is not None and self.client is not None and self.front is not None
+        relay = native_relay(self.front.loop)
+        if (
+            relay is None
+            or self.front.write_paused
+            or self.client.get_write_buffer_size()
+            or self.client.is_closing()
+            or self.transport.is_closing()
+        ):
+            return
+        assert isinstance(self.framing, Chunked)
+        record = self.record
+        self.transport.pause_reading()  # the relay reads the engine's socket from here on
+        self.native = relay.add(
+            self.client.get_extra_info("socket").fileno(),
+            self.transport.get_extra_info("socket").fileno(),
+            self.framing.tail,
+            record is not None,
+            record.room() if record is not None else 0,
+            TAIL_KEPT,
+            self._native_done,
+        )
+
+    def _native_done(self, result: Result) -> None:
+        """The C relay ended the body: its account, then the request ends as if relayed here."""
+        self.native = None
+        framing = self.framing
+        assert isinstance(framing, Chunked)
+        framing.tail = result.tail
+        self.sent += result.sent
+        if self.record is not None:
+            if result.first_data and self.record.first_data is None:
+                self.record.first_data = result.first_data
+            self.record.tee(result.recorded)
+            self.record.tee(result.recorded_tail)
+        if result.end is End.COMPLETE:
+            framing.complete = True
+            self.keep_alive = self.keep_alive and not result.excess
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()  # idle in the pool, it must notice when the engine closes it
+            self._answered()
+            return
+        framing.broken = not result.at_boundary  # a chunk cut in the middle cannot be completed
+        if result.end is End.INVALID:
+            self._invalid(ValueError(result.invalid))
+        if result.end is End.CLIENT_GONE or self.client_gone:
+            if self.exchange is not None:
+                self.exchange.client_left()
+            if self.client is not None:
+                self.client.abort()
+        self.close()
+        if self.finished is not None and not self.finished.done():
+            self.finished.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.native is not None:
+            return  # closed by us while the C relay has the body: its result ends the request
         if self.framing is not None and isinstance(self.framing, UntilClose) and exc is None:
             self.framing.complete = True
         if self.finished is None or self.finished.done():

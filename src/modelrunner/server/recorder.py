@@ -380,6 +380,10 @@ class Record:
     def streamed(self) -> bool:
         return "event-stream" in self.content_type or "ndjson" in self.content_type
 
+    def room(self) -> int:
+        """How many more answer bytes are kept whole (the rest: only the last TAIL_KEPT)."""
+        return max(RESPONSE_LIMIT - len(self._response), 0)
+
     def tee(self, data: bytes) -> None:
         if self.first_data is None:
             self.first_data = time.monotonic()

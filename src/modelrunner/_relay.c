@@ -1,0 +1,528 @@
+/* The relay's per-chunk loop, out of Python (issue 14, aim 1).
+
+   server/front.py parses a streamed answer's head itself, then hands the two sockets (dups of them) to
+   this module: one thread with its own epoll reads each chunk the engine writes and writes it to the
+   client, following the chunked framing only far enough to know where the body ends, as Python's
+   `front.Chunked` does. It never runs Python per chunk. When a body ends (complete, the engine closed,
+   the client left, invalid framing, or Python cancelled it) its result is queued and an eventfd, which
+   the event loop watches, is written; Python then takes the results, ends the request as before and owns
+   the sockets again. One result per stream, always.
+
+   Back-pressure: one buffer per stream; while the client has not taken all of it, the engine socket is
+   not watched, so a slow client slows its engine down (TCP's own flow control), as before.
+   The recorder's copy: the first `head_limit` bytes written, and the last `tail_limit` bytes after them. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BUFFER_SIZE 65536
+#define MAX_CHUNK_LINE 4096 /* front.MAX_CHUNK_LINE */
+
+enum end {
+    RUNNING = 0,
+    COMPLETE = 1,       /* the last chunk and the trailers came, all written */
+    ENGINE_CLOSED = 2,  /* the engine's connection ended before the body did */
+    ENGINE_ERROR = 3,   /* reading from the engine failed */
+    INVALID = 4,        /* the engine's framing was invalid: nothing of that read was written */
+    CLIENT_GONE = 5,    /* writing to the client failed */
+    CANCELLED = 6,      /* Python asked (the client left, or a shutdown) */
+};
+
+enum parse { SIZE_LINE, DATA, TRAILERS, DONE };
+
+typedef struct stream {
+    uint64_t id;
+    int engine_fd, client_fd; /* dups, owned here */
+    int engine_watched, client_watched;
+    enum end end;
+    const char *invalid; /* why the framing was invalid */
+    /* chunked framing, followed as front.Chunked follows it */
+    enum parse state;
+    uint64_t skip; /* DATA: bytes of the chunk's data and its CRLF still to come */
+    uint64_t data_left; /* DATA: of which data */
+    char line[MAX_CHUNK_LINE + 1];
+    size_t line_len;
+    unsigned char tail[2]; /* the last two data bytes */
+    int excess; /* bytes beyond the body's end came */
+    /* bytes read, not yet written */
+    char buffer[BUFFER_SIZE];
+    size_t out_start, out_end;
+    uint64_t sent;
+    double first_data;
+    /* the recorder's copy */
+    int record;
+    char *head;
+    size_t head_len, head_cap, head_limit;
+    char *ring;
+    size_t ring_limit, ring_total;
+    struct stream *next; /* among the live streams, or the queued results */
+} stream;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int epoll_fd = -1, command_fd = -1, result_fd = -1;
+static stream *live = NULL;     /* the relay thread's own */
+static stream *added = NULL;    /* under lock: to be taken on by the thread */
+static uint64_t *cancels = NULL; /* under lock: ids Python cancelled */
+static size_t cancels_len = 0, cancels_cap = 0;
+static stream *results = NULL;  /* under lock: ended streams, for Python */
+static stream *ended_now = NULL; /* the relay thread's: ended in this batch of events, published after it
+                                    (a later event of the batch may name them; Python frees them) */
+static uint64_t next_id = 1;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic() */
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void poke(int fd) {
+    uint64_t one = 1;
+    while (write(fd, &one, sizeof one) < 0 && errno == EINTR) {
+    }
+}
+
+static void watch(stream *s, int fd, int *watched, uint32_t events, uintptr_t side, int on) {
+    if (on == *watched)
+        return;
+    struct epoll_event ev = {.events = events, .data.ptr = (void *)((uintptr_t)s | side)};
+    epoll_ctl(epoll_fd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev);
+    *watched = on;
+}
+
+static void finish(stream *s, enum end end) {
+    if (s->end != RUNNING)
+        return;
+    s->end = end;
+    watch(s, s->engine_fd, &s->engine_watched, 0, 0, 0);
+    watch(s, s->client_fd, &s->client_watched, 0, 1, 0);
+    close(s->engine_fd);
+    close(s->client_fd);
+    stream **p = &live;
+    while (*p != s)
+        p = &(*p)->next;
+    *p = s->next;
+    s->next = ended_now;
+    ended_now = s;
+}
+
+static void publish(void) {
+    if (!ended_now)
+        return;
+    pthread_mutex_lock(&lock);
+    while (ended_now) {
+        stream *s = ended_now;
+        ended_now = s->next;
+        s->next = results;
+        results = s;
+    }
+    pthread_mutex_unlock(&lock);
+    poke(result_fd);
+}
+
+/* The bytes just written: counted, and copied for the recorder (its buffers grow as needed: most
+   answers are far shorter than head_limit, and most never reach the ring). Returns 0 if out of memory. */
+static int keep(stream *s, const char *data, size_t len) {
+    if (s->first_data == 0 && len)
+        s->first_data = now();
+    s->sent += len;
+    if (!s->record)
+        return 1;
+    size_t room = s->head_limit - s->head_len;
+    size_t n = len < room ? len : room;
+    if (n) {
+        if (s->head_len + n > s->head_cap) {
+            size_t cap = s->head_cap ? s->head_cap : 16384;
+            while (cap < s->head_len + n)
+                cap *= 2;
+            if (cap > s->head_limit)
+                cap = s->head_limit;
+            char *grown = realloc(s->head, cap);
+            if (!grown)
+                return 0;
+            s->head = grown;
+            s->head_cap = cap;
+        }
+        memcpy(s->head + s->head_len, data, n);
+        s->head_len += n;
+        data += n;
+        len -= n;
+    }
+    if (!len || !s->ring_limit)
+        return 1;
+    if (!s->ring && !(s->ring = malloc(s->ring_limit)))
+        return 0;
+    if (len > s->ring_limit) {
+        s->ring_total += len - s->ring_limit;
+        data += len - s->ring_limit;
+        len = s->ring_limit;
+    }
+    while (len) {
+        size_t at = s->ring_total % s->ring_limit;
+        size_t part = s->ring_limit - at < len ? s->ring_limit - at : len;
+        memcpy(s->ring + at, data, part);
+        s->ring_total += part;
+        data += part;
+        len -= part;
+    }
+    return 1;
+}
+
+/* Follow the framing over `len` new bytes; returns how many of them belong to the body (the rest is
+   excess), or -1 if the framing is invalid. */
+static ssize_t parse(stream *s, const unsigned char *data, size_t len) {
+    size_t pos = 0;
+    while (pos < len) {
+        if (s->state == DATA) {
+            size_t n = len - pos < s->skip ? len - pos : (size_t)s->skip;
+            size_t data_n = n < s->data_left ? n : (size_t)s->data_left;
+            if (data_n >= 2) {
+                s->tail[0] = data[pos + data_n - 2];
+                s->tail[1] = data[pos + data_n - 1];
+            } else if (data_n == 1) {
+                s->tail[0] = s->tail[1];
+                s->tail[1] = data[pos];
+            }
+            s->data_left -= data_n;
+            s->skip -= n;
+            pos += n;
+            if (!s->skip)
+                s->state = SIZE_LINE;
+            continue;
+        }
+        if (s->state == DONE)
+            break;
+        const unsigned char *newline = memchr(data + pos, '\n', len - pos);
+        size_t stop = newline ? (size_t)(newline - data) : len;
+        if (s->line_len + (stop - pos) > MAX_CHUNK_LINE) {
+            s->invalid = "a chunk line is too long";
+            return -1;
+        }
+        memcpy(s->line + s->line_len, data + pos, stop - pos);
+        s->line_len += stop - pos;
+        pos = newline ? stop + 1 : len;
+        if (!newline)
+            break;
+        s->line[s->line_len] = 0;
+        size_t line_len = s->line_len;
+        s->line_len = 0;
+        if (s->state == TRAILERS) {
+            int blank = 1;
+            for (size_t i = 0; i < line_len; i++)
+                if (s->line[i] != ' ' && s->line[i] != '\t' && s->line[i] != '\r')
+                    blank = 0;
+            if (blank)
+                s->state = DONE;
+            continue;
+        }
+        /* a size line: hex digits, optionally an extension after ';' (int(line.split(";")[0], 16)) */
+        char *end_of_size = memchr(s->line, ';', line_len);
+        size_t size_len = end_of_size ? (size_t)(end_of_size - s->line) : line_len;
+        size_t i = 0, j = size_len;
+        while (i < j && (s->line[i] == ' ' || s->line[i] == '\t' || s->line[i] == '\r'))
+            i++;
+        while (j > i && (s->line[j - 1] == ' ' || s->line[j - 1] == '\t' || s->line[j - 1] == '\r'))
+            j--;
+        if (i == j || j - i > 15) {
+            s->invalid = "invalid chunk size";
+            return -1;
+        }
+        uint64_t size = 0;
+        for (size_t k = i; k < j; k++) {
+            char c = s->line[k];
+            int digit = c >= '0' && c <= '9' ? c - '0'
+                        : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                        : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                               : -1;
+            if (digit < 0) {
+                s->invalid = "invalid chunk size";
+                return -1;
+            }
+            size = size * 16 + (uint64_t)digit;
+        }
+        if (size == 0) {
+            s->state = TRAILERS;
+        } else {
+            s->state = DATA;
+            s->data_left = size;
+            s->skip = size + 2;
+        }
+    }
+    if (s->state == DONE && pos < len)
+        s->excess = 1;
+    return (ssize_t)pos;
+}
+
+/* Write what is buffered; returns 1 if all went. */
+static int flush(stream *s) {
+    while (s->out_start < s->out_end) {
+        ssize_t n = send(s->client_fd, s->buffer + s->out_start, s->out_end - s->out_start,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            if (!keep(s, s->buffer + s->out_start, (size_t)n)) {
+                s->record = 0; /* out of memory: the answer goes on, unrecorded */
+                s->head_len = 0;
+                s->ring_total = 0;
+            }
+            s->out_start += (size_t)n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            watch(s, s->engine_fd, &s->engine_watched, 0, 0, 0);
+            watch(s, s->client_fd, &s->client_watched, EPOLLOUT, 1, 1);
+            return 0;
+        } else {
+            finish(s, CLIENT_GONE);
+            return 0;
+        }
+    }
+    if (s->state == DONE) {
+        finish(s, COMPLETE);
+        return 0;
+    }
+    watch(s, s->client_fd, &s->client_watched, 0, 1, 0);
+    watch(s, s->engine_fd, &s->engine_watched, EPOLLIN | EPOLLRDHUP, 0, 1);
+    return 1;
+}
+
+static void engine_ready(stream *s) {
+    ssize_t n = recv(s->engine_fd, s->buffer, BUFFER_SIZE, MSG_DONTWAIT);
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            finish(s, ENGINE_ERROR);
+        return;
+    }
+    if (n == 0) {
+        finish(s, ENGINE_CLOSED);
+        return;
+    }
+    ssize_t body = parse(s, (unsigned char *)s->buffer, (size_t)n);
+    if (body < 0) {
+        finish(s, INVALID);
+        return;
+    }
+    s->out_start = 0;
+    s->out_end = (size_t)body;
+    flush(s);
+}
+
+static void take_commands(void) {
+    uint64_t count;
+    while (read(command_fd, &count, sizeof count) < 0 && errno == EINTR) {
+    }
+    pthread_mutex_lock(&lock);
+    stream *new = added;
+    added = NULL;
+    uint64_t *ids = cancels;
+    size_t ids_len = cancels_len;
+    cancels = NULL;
+    cancels_len = cancels_cap = 0;
+    pthread_mutex_unlock(&lock);
+    while (new) {
+        stream *s = new;
+        new = new->next;
+        s->next = live;
+        live = s;
+        flush(s); /* what came with the head, if any; then the engine is watched */
+    }
+    for (size_t i = 0; i < ids_len; i++) {
+        for (stream *s = live; s; s = s->next) {
+            if (s->id == ids[i]) {
+                finish(s, CANCELLED);
+                break;
+            }
+        }
+    }
+    free(ids);
+}
+
+static void *run(void *unused) {
+    (void)unused;
+    struct epoll_event events[256];
+    for (;;) {
+        int n = epoll_wait(epoll_fd, events, 256, -1);
+        for (int i = 0; i < n; i++) {
+            uintptr_t tag = (uintptr_t)events[i].data.ptr;
+            if (!tag) {
+                take_commands();
+                continue;
+            }
+            stream *s = (stream *)(tag & ~(uintptr_t)1);
+            if (s->end != RUNNING) /* it ended earlier in this batch */
+                continue;
+            if (tag & 1)
+                flush(s);
+            else
+                engine_ready(s);
+        }
+        publish();
+    }
+    return NULL;
+}
+
+static void free_stream(stream *s) {
+    free(s->head);
+    free(s->ring);
+    free(s);
+}
+
+/* Python's side */
+
+static PyObject *relay_start(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    if (result_fd >= 0)
+        return PyLong_FromLong(result_fd);
+    epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    command_fd = eventfd(0, EFD_CLOEXEC);
+    result_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (epoll_fd < 0 || command_fd < 0 || result_fd < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, command_fd, &ev) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    pthread_t thread;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int failed = pthread_create(&thread, &attr, run, NULL);
+    pthread_attr_destroy(&attr);
+    if (failed) {
+        errno = failed;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLong(result_fd);
+}
+
+static PyObject *relay_add(PyObject *self, PyObject *args) {
+    (void)self;
+    int client_fd, engine_fd, record;
+    Py_buffer tail;
+    Py_ssize_t head_limit, tail_limit;
+    if (!PyArg_ParseTuple(args, "iiy*pnn", &client_fd, &engine_fd, &tail, &record, &head_limit, &tail_limit))
+        return NULL;
+    if (result_fd < 0 || tail.len != 2 || head_limit < 0 || tail_limit < 0) {
+        PyBuffer_Release(&tail);
+        PyErr_SetString(PyExc_ValueError, "relay not started, or invalid arguments");
+        return NULL;
+    }
+    stream *s = calloc(1, sizeof *s);
+    if (!s) {
+        PyBuffer_Release(&tail);
+        return PyErr_NoMemory();
+    }
+    memcpy(s->tail, tail.buf, 2);
+    PyBuffer_Release(&tail);
+    s->engine_fd = engine_fd;
+    s->client_fd = client_fd;
+    s->state = SIZE_LINE;
+    s->record = record;
+    s->head_limit = (size_t)head_limit;
+    s->ring_limit = (size_t)tail_limit;
+    pthread_mutex_lock(&lock);
+    s->id = next_id++;
+    s->next = added;
+    added = s;
+    pthread_mutex_unlock(&lock);
+    poke(command_fd);
+    return PyLong_FromUnsignedLongLong(s->id);
+}
+
+static PyObject *relay_cancel(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long id;
+    if (!PyArg_ParseTuple(args, "K", &id))
+        return NULL;
+    pthread_mutex_lock(&lock);
+    if (cancels_len == cancels_cap) {
+        size_t cap = cancels_cap ? cancels_cap * 2 : 16;
+        uint64_t *grown = realloc(cancels, cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&lock);
+            return PyErr_NoMemory();
+        }
+        cancels = grown;
+        cancels_cap = cap;
+    }
+    cancels[cancels_len++] = id;
+    pthread_mutex_unlock(&lock);
+    poke(command_fd);
+    Py_RETURN_NONE;
+}
+
+static PyObject *recorded_tail(stream *s) {
+    if (!s->record || !s->ring_total)
+        return PyBytes_FromStringAndSize("", 0);
+    size_t len = s->ring_total < s->ring_limit ? s->ring_total : s->ring_limit;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
+    if (!out)
+        return NULL;
+    char *to = PyBytes_AS_STRING(out);
+    size_t start = (s->ring_total - len) % s->ring_limit;
+    size_t first = s->ring_limit - start < len ? s->ring_limit - start : len;
+    memcpy(to, s->ring + start, first);
+    memcpy(to + first, s->ring, len - first);
+    return out;
+}
+
+static PyObject *relay_results(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    uint64_t count;
+    while (read(result_fd, &count, sizeof count) < 0 && errno == EINTR) {
+    }
+    pthread_mutex_lock(&lock);
+    stream *ended = results;
+    results = NULL;
+    pthread_mutex_unlock(&lock);
+    PyObject *list = PyList_New(0);
+    while (ended) {
+        stream *s = ended;
+        ended = ended->next;
+        int at_boundary = s->state == SIZE_LINE && s->line_len == 0;
+        PyObject *item = list == NULL ? NULL : Py_BuildValue(
+            "(KiiiKdy#NNz)", (unsigned long long)s->id, (int)s->end, at_boundary, s->excess,
+            (unsigned long long)s->sent, s->first_data, (const char *)s->tail, (Py_ssize_t)2,
+            PyBytes_FromStringAndSize(s->record ? s->head : "", s->record ? (Py_ssize_t)s->head_len : 0),
+            recorded_tail(s), s->invalid);
+        free_stream(s);
+        if (item == NULL || PyList_Append(list, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(list);
+            continue; /* the rest are freed all the same */
+        }
+        Py_DECREF(item);
+    }
+    return list;
+}
+
+static PyMethodDef methods[] = {
+    {"start", relay_start, METH_NOARGS, "Start the relay thread (once); returns the eventfd of results."},
+    {"add", relay_add, METH_VARARGS,
+     "add(client_fd, engine_fd, tail, record, head_limit, tail_limit) -> id: relay a chunked body from "
+     "the engine's socket to the client's, starting at a chunk boundary; both fds become the relay's."},
+    {"cancel", relay_cancel, METH_VARARGS, "cancel(id): end a stream; its result still comes."},
+    {"results", relay_results, METH_NOARGS,
+     "The ended streams: (id, end, at_boundary, excess, sent, first_data, tail, recorded head, "
+     "recorded tail, why the framing was invalid or None)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_relay",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__relay(void) { return PyModule_Create(&module); }

@@ -1,0 +1,112 @@
+"""The relay's per-chunk loop out of Python: the C thread of modelrunner/_relay.c, seen from the event loop.
+
+The front (server/front.py) reads an engine's answer head and its first bytes itself; from a chunk
+boundary on, a chunked body goes to the C thread, which moves each chunk from the engine's socket to the
+client's without waking Python, and reports once, when the body ends. Python then owns both sockets again
+and ends the request as it always does. Where the extension is not built (no C compiler at install), or
+MODEL_RUNNER_NATIVE_RELAY=0, the front relays every chunk in Python, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from enum import IntEnum
+from typing import NamedTuple
+
+log = logging.getLogger(__name__)
+
+try:
+    from modelrunner import _relay
+except ImportError:  # built at install where a C compiler is found (pyproject.toml's ext-modules)
+    _relay = None  # type: ignore[assignment]
+
+
+class End(IntEnum):
+    """How a relayed body ended (_relay.c's `enum end`)."""
+
+    COMPLETE = 1  # the last chunk and the trailers came, and all of it was written
+    ENGINE_CLOSED = 2  # the engine's connection ended before the body did
+    ENGINE_ERROR = 3  # reading from the engine failed
+    INVALID = 4  # the engine's framing was invalid: nothing of that read was written
+    CLIENT_GONE = 5  # writing to the client failed
+    CANCELLED = 6  # cancel() asked
+
+
+class Result(NamedTuple):
+    id: int
+    end: End
+    at_boundary: bool  # between chunks when it ended
+    excess: bool  # the engine sent bytes after the body's end
+    sent: int  # body bytes written to the client
+    first_data: float  # time.monotonic() of the first byte written; 0 if none
+    tail: bytes  # the last two data bytes written (front.Chunked.tail)
+    recorded: bytes  # the first `head_limit` bytes written
+    recorded_tail: bytes  # the last `tail_limit` bytes written after those
+    invalid: str | None  # why the framing was invalid
+
+
+class NativeRelay:
+    """The C relay's results, taken on one event loop when its eventfd says some are ready."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert _relay is not None
+        self.loop = loop
+        self.done: dict[int, Callable[[Result], None]] = {}
+        loop.add_reader(_relay.start(), self._take)
+
+    def add(
+        self,
+        client_fd: int,
+        engine_fd: int,
+        tail: bytes,
+        record: bool,
+        head_limit: int,
+        tail_limit: int,
+        done: Callable[[Result], None],
+    ) -> int:
+        """Relay the chunked body from `engine_fd` to `client_fd` (neither is read or written by anyone
+        else until `done` is called, on the loop); returns the stream's id for cancel()."""
+        client, engine = os.dup(client_fd), os.dup(engine_fd)  # the relay closes its own copies
+        try:
+            stream = _relay.add(client, engine, tail, record, head_limit, tail_limit)
+        except BaseException:
+            os.close(client)
+            os.close(engine)
+            raise
+        self.done[stream] = done
+        return stream
+
+    def cancel(self, stream: int) -> None:
+        """End a stream now; its `done` is still called, with CANCELLED unless it had ended already."""
+        _relay.cancel(stream)
+
+    def _take(self) -> None:
+        for item in _relay.results():
+            result = Result(item[0], End(item[1]), bool(item[2]), bool(item[3]), *item[4:])
+            done = self.done.pop(result.id, None)
+            if done is not None:
+                done(result)
+
+
+_relay_of_loop: NativeRelay | None = None
+
+
+def native_relay(loop: asyncio.AbstractEventLoop) -> NativeRelay | None:
+    """The relay for this event loop, or None where the front must relay in Python: the extension is
+    missing, MODEL_RUNNER_NATIVE_RELAY=0, or another loop of this process, still open, has it (the C
+    thread reports to one loop)."""
+    global _relay_of_loop
+    if _relay is None or os.environ.get("MODEL_RUNNER_NATIVE_RELAY", "1") == "0":
+        return None
+    relay = _relay_of_loop
+    if relay is not None and relay.loop is loop:
+        return relay
+    if relay is not None and not relay.loop.is_closed():
+        return None
+    if relay is not None and relay.done:
+        log.warning("native relay: %d streams of a closed event loop are abandoned", len(relay.done))
+    _relay_of_loop = NativeRelay(loop)
+    return _relay_of_loop

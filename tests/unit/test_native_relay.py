@@ -1,0 +1,262 @@
+"""The C relay (modelrunner/_relay.c through server/native_relay.py) on socket pairs: it follows chunked
+framing exactly as front.Chunked does, whatever the reads, keeps the recorder's head and tail, holds the
+engine back while the client does not read, and ends each stream once: complete, engine closed, invalid,
+client gone or cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from collections.abc import Callable
+
+import pytest
+
+from modelrunner.server import native_relay as native
+from modelrunner.server.front import Chunked
+from modelrunner.server.native_relay import End, Result
+
+
+def test_the_extension_is_built() -> None:
+    # The install builds it (pyproject.toml's ext-modules) where a C compiler is found; without it the
+    # front relays in Python, several times slower per chunk (bench/RESULTS.md, ## relay).
+    assert native._relay is not None, "modelrunner._relay was not built: install a C compiler, rerun setup"
+
+
+def chunked(pieces: list[bytes], trailers: bytes = b"") -> bytes:
+    out = b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces)
+    return out + b"0\r\n" + trailers + b"\r\n"
+
+
+def events(count: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [b'data: {"i":%d,"t":"%s"}\n\n' % (i, b"x" * rng.randint(0, 300)) for i in range(count)]
+
+
+class Pair:
+    """An engine and a client, each a socket pair whose far end the relay gets."""
+
+    def __init__(self) -> None:
+        self.engine, engine_far = socket.socketpair()
+        self.client, client_far = socket.socketpair()
+        for s in (engine_far, client_far):
+            s.setblocking(False)
+        self.far = (client_far, engine_far)
+
+    def close(self) -> None:
+        for s in (self.engine, self.client, *self.far):
+            s.close()
+
+
+def relay(
+    pair: Pair,
+    act: Callable[[Pair], object],
+    *,
+    tail: bytes = b"\n\n",
+    record: bool = False,
+    head_limit: int = 0,
+    tail_limit: int = 0,
+    cancel_after: float | None = None,
+) -> tuple[Result, bytes]:
+    """Start a stream, run `act` (in a thread: it writes the engine's side), then read everything the
+    client gets until the relay reports; returns the result and the client's bytes."""
+
+    async def run() -> tuple[Result, bytes]:
+        loop = asyncio.get_running_loop()
+        relay = native.native_relay(loop)
+        assert relay is not None
+        done: asyncio.Future[Result] = loop.create_future()
+        stream = relay.add(
+            pair.far[0].fileno(), pair.far[1].fileno(), tail, record, head_limit, tail_limit, done.set_result
+        )
+        writer = loop.run_in_executor(None, act, pair)
+        if cancel_after is not None:
+            await asyncio.sleep(cancel_after)
+            relay.cancel(stream)
+            pair.far[1].close()  # as Upstream.close() closes the engine transport right after
+        result = await asyncio.wait_for(done, 30)
+        await writer
+        return result
+
+    result = asyncio.run(run())
+    for far in pair.far:
+        far.close()  # the relay closed its copies: the client now reads to the end
+    received = b""
+    if pair.client.fileno() >= 0:
+        pair.client.settimeout(10)
+        while data := pair.client.recv(1 << 20):
+            received += data
+    return result, received
+
+
+def python_framing(data: bytes) -> Chunked:
+    framing = Chunked()
+    framing.feed(data)
+    return framing
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_whole_bodies_in_any_reads_end_complete_as_python_follows_them(seed: int) -> None:
+    rng = random.Random(seed)
+    body = chunked(events(rng.randint(1, 40), seed), b"x-trailer: 1\r\n" if seed % 2 else b"")
+    extra = b"HTTP/1.1 200 OK\r\n" if seed % 3 == 0 else b""  # the engine speaks beyond its answer
+    data = body + extra
+
+    def write(pair: Pair) -> None:
+        at = 0
+        while at < len(data):  # cut anywhere: in size lines, in data, between CR and LF
+            step = rng.choice([1, 2, 3, 7, 64, 500, 4096])
+            pair.engine.sendall(data[at : at + step])
+            at += step
+
+    pair = Pair()
+    try:
+        result, received = relay(pair, write)
+    finally:
+        pair.close()
+    assert result.end is End.COMPLETE
+    assert received == body and result.sent == len(body)
+    # bytes beyond the end are seen when they come in the read that ends the body; later ones, by the
+    # front on the idle connection (Upstream.data_received)
+    assert result.excess <= bool(extra) and result.at_boundary is False  # ended after the trailers
+    assert result.tail == python_framing(body).tail
+    assert result.first_data > 0 and result.invalid is None
+
+
+@pytest.mark.parametrize("cut", [0, 1, 3, 5, 9, 40, 200, -7, -5, -3, -1])
+def test_a_body_the_engine_cuts_ends_where_python_would_say(cut: int) -> None:
+    body = chunked(events(5, cut))
+    prefix = body[: cut % len(body)]
+
+    def write(pair: Pair) -> None:
+        pair.engine.sendall(prefix)
+        pair.engine.shutdown(socket.SHUT_WR)
+
+    pair = Pair()
+    try:
+        result, received = relay(pair, write)
+    finally:
+        pair.close()
+    expected = python_framing(prefix)
+    assert result.end is (End.COMPLETE if expected.complete else End.ENGINE_CLOSED)
+    assert received == prefix and result.sent == len(prefix)
+    assert result.at_boundary == expected.at_boundary
+    assert result.tail == expected.tail
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"zz\r\nhello\r\n", "invalid chunk size"),
+        (b"-5\r\nhello\r\n", "invalid chunk size"),
+        (b"1" * 5000, "a chunk line is too long"),
+    ],
+)
+def test_invalid_framing_is_not_passed_on(data: bytes, why: str) -> None:
+    first = chunked([b"data: ok\n\n"])[:-5]  # one whole chunk, then the bad one
+
+    def write(pair: Pair) -> None:
+        pair.engine.sendall(first)
+        pair.engine.sendall(data)
+
+    pair = Pair()
+    try:
+        result, received = relay(pair, write)
+    finally:
+        pair.close()
+    assert result.end is End.INVALID and result.invalid == why
+    assert first.startswith(received)  # the bad read, and nothing after it, was kept from the client
+
+
+def test_the_recorder_gets_the_head_and_the_tail() -> None:
+    body = chunked(events(200, 1))
+
+    def write(pair: Pair) -> None:
+        pair.engine.sendall(body)
+
+    pair = Pair()
+    try:
+        result, received = relay(pair, write, record=True, head_limit=1000, tail_limit=300)
+    finally:
+        pair.close()
+    assert received == body
+    assert result.recorded == body[:1000] and result.recorded_tail == body[-300:]
+    unrecorded = Pair()
+    try:
+        result, _ = relay(unrecorded, write)
+    finally:
+        unrecorded.close()
+    assert result.recorded == b"" and result.recorded_tail == b""
+
+
+def test_a_client_that_does_not_read_holds_the_engine_back() -> None:
+    body = chunked([b"y" * 60_000] * 200)  # ~12 MB: far beyond both sockets' buffers
+    pair = Pair()
+    pair.client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    written = [0]
+
+    def write(p: Pair) -> None:
+        p.engine.settimeout(0.5)
+        try:
+            while written[0] < len(body):
+                written[0] += p.engine.send(body[written[0] : written[0] + 65536])
+        except TimeoutError:
+            pass  # held back: the relay stopped reading
+
+    async def start() -> asyncio.Future[Result]:
+        loop = asyncio.get_running_loop()
+        relay = native.native_relay(loop)
+        assert relay is not None
+        done: asyncio.Future[Result] = loop.create_future()
+        relay.add(pair.far[0].fileno(), pair.far[1].fileno(), b"\n\n", False, 0, 0, done.set_result)
+        await loop.run_in_executor(None, write, pair)
+        assert written[0] < len(body) / 2, "the relay read on while its client did not"
+        received = bytearray()
+
+        def read_all() -> None:
+            pair.client.settimeout(30)
+            while len(received) < len(body):
+                left = len(body) - len(received)
+                received.extend(pair.client.recv(min(left, 1 << 20)))
+
+        reader = loop.run_in_executor(None, read_all)
+        pair.engine.settimeout(30)
+        await loop.run_in_executor(None, pair.engine.sendall, body[written[0] :])
+        await reader
+        result = await asyncio.wait_for(done, 30)
+        assert bytes(received) == body
+        return result
+
+    try:
+        result = asyncio.run(start())
+    finally:
+        pair.close()
+    assert result.end is End.COMPLETE and result.sent == len(body)
+
+
+def test_cancel_closes_the_engine_side_and_ends_the_stream() -> None:
+    def write(pair: Pair) -> None:
+        pair.engine.sendall(chunked([b"data: 1\n\n"])[:-5])
+        pair.engine.settimeout(10)
+        assert pair.engine.recv(10) == b""  # the relay closed its end: the engine would stop generating
+
+    pair = Pair()
+    try:
+        result, received = relay(pair, write, cancel_after=0.2)
+    finally:
+        pair.close()
+    assert result.end is End.CANCELLED and result.at_boundary
+    assert received == chunked([b"data: 1\n\n"])[:-5]
+
+
+def test_a_client_that_left_ends_the_stream_when_written_to() -> None:
+    def write(pair: Pair) -> None:
+        pair.client.close()
+        pair.engine.sendall(chunked([b"data: 1\n\n"])[:-5])
+
+    pair = Pair()
+    try:
+        result, _ = relay(pair, write)
+    finally:
+        pair.close()
+    assert result.end is End.CLIENT_GONE
