@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import os
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +65,44 @@ def test_the_level_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("MODEL_RUNNER_LOG_LEVEL", "loud")
     with pytest.raises(ValueError, match="MODEL_RUNNER_LOG_LEVEL"):
         eventlog.log_level()
+
+
+def test_both_handlers_write_whole_lines_and_the_file_rotates_by_bytes(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    stderr = os.fdopen(write_end, "w")
+    handlers = [
+        eventlog.StderrHandler(stderr),
+        eventlog.SizeRotatingFileHandler(tmp_path / "daemon.log", max_bytes=400, backups=2),
+    ]
+    log = logging.getLogger("modelrunner.test-handlers")
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    for handler in handlers:
+        handler.setFormatter(eventlog.LogfmtFormatter())
+        log.addHandler(handler)
+    try:
+        for n in range(6):
+            eventlog.event(log, "request", n=n, path="/v1/chat/completions", note="é")
+    finally:
+        for handler in handlers:
+            log.removeHandler(handler)
+            handler.close()
+        stderr.close()
+    with os.fdopen(read_end, "rb") as pipe:
+        piped = pipe.read().decode().splitlines()
+    assert [line.split("n=")[1].split()[0] for line in piped] == [str(n) for n in range(6)]
+    logged = [
+        *(tmp_path / "daemon.log.1").read_text().splitlines(),
+        *(tmp_path / "daemon.log").read_text().splitlines(),
+    ]
+    assert logged == piped[-len(logged) :] and len(logged) >= 2  # the oldest rotated out of the two kept
+    assert all((tmp_path / name).stat().st_size <= 400 for name in ("daemon.log", "daemon.log.1"))
+
+
+def test_a_stderr_without_a_file_gets_lines_through_its_write() -> None:
+    handler = eventlog.StderrHandler(io.StringIO())
+    handler.setFormatter(eventlog.LogfmtFormatter())
+    record = logging.LogRecord("modelrunner.x", logging.INFO, __file__, 1, "ready", None, None)
+    record.fields = {"model": "m"}
+    handler.emit(record)
+    assert handler.stream.getvalue().endswith("event=ready model=m\n")

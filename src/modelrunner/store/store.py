@@ -151,6 +151,7 @@ class ModelStore:
         # the index as last read: its file's stamp, its entries, and get()'s answers from them by reference
         # (kept with the entries they came from, so that a lookup made as the index changes cannot outlive it)
         self._index_cache: tuple[tuple[int, int, int], list[IndexEntry], dict[str, IndexEntry]] | None = None
+        self._index_path = str(self.layout.index_file)  # stat'ed on every lookup: a str is the cheapest
         self._init_layout()
 
     # -- layout ---------------------------------------------------------------------------------
@@ -254,7 +255,7 @@ class ModelStore:
         """The index as cached and the lookups made in it, after one stat to see that the file did not
         change (lookups sit on the inference path); not to be changed."""
         try:
-            st = self.layout.index_file.stat()
+            st = os.stat(self._index_path)
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if self._index_cache is not None and self._index_cache[0] == stamp:
                 return self._index_cache[1], self._index_cache[2]
