@@ -17,6 +17,8 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,9 +57,7 @@ typedef struct stream {
     size_t line_len;
     unsigned char tail[2]; /* the last two data bytes */
     int excess; /* bytes beyond the body's end came */
-    /* bytes read, not yet written */
-    char buffer[BUFFER_SIZE];
-    size_t out_start, out_end;
+    size_t out_start, out_end; /* of buffer: read, not yet written */
     uint64_t sent;
     double first_data;
     /* the recorder's copy */
@@ -67,6 +67,7 @@ typedef struct stream {
     char *ring;
     size_t ring_limit, ring_total;
     struct stream *next; /* among the live streams, or the queued results */
+    char buffer[BUFFER_SIZE]; /* last: not zeroed when a stream is made */
 } stream;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -92,12 +93,17 @@ static void poke(int fd) {
     }
 }
 
-static void watch(stream *s, int fd, int *watched, uint32_t events, uintptr_t side, int on) {
+/* Watch one side of a stream, or stop; returns 0 if epoll refused (ENOMEM, max_user_watches). Only one
+   side is watched at a time, never with no events: an fd left registered with none would still report
+   EPOLLHUP/EPOLLERR, level-triggered, in a busy loop. */
+static int watch(stream *s, int fd, int *watched, uint32_t events, uintptr_t side, int on) {
     if (on == *watched)
-        return;
+        return 1;
     struct epoll_event ev = {.events = events, .data.ptr = (void *)((uintptr_t)s | side)};
-    epoll_ctl(epoll_fd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev);
+    if (epoll_ctl(epoll_fd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev) < 0 && on)
+        return 0;
     *watched = on;
+    return 1;
 }
 
 static void finish(stream *s, enum end end) {
@@ -279,7 +285,8 @@ static int flush(stream *s) {
             continue;
         } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             watch(s, s->engine_fd, &s->engine_watched, 0, 0, 0);
-            watch(s, s->client_fd, &s->client_watched, EPOLLOUT, 1, 1);
+            if (!watch(s, s->client_fd, &s->client_watched, EPOLLOUT, 1, 1))
+                finish(s, CLIENT_GONE);
             return 0;
         } else {
             finish(s, CLIENT_GONE);
@@ -291,7 +298,10 @@ static int flush(stream *s) {
         return 0;
     }
     watch(s, s->client_fd, &s->client_watched, 0, 1, 0);
-    watch(s, s->engine_fd, &s->engine_watched, EPOLLIN | EPOLLRDHUP, 0, 1);
+    if (!watch(s, s->engine_fd, &s->engine_watched, EPOLLIN | EPOLLRDHUP, 0, 1)) {
+        finish(s, ENGINE_ERROR);
+        return 0;
+    }
     return 1;
 }
 
@@ -383,24 +393,38 @@ static PyObject *relay_start(PyObject *self, PyObject *args) {
     (void)args;
     if (result_fd >= 0)
         return PyLong_FromLong(result_fd);
-    epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-    command_fd = eventfd(0, EFD_CLOEXEC);
-    result_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (epoll_fd < 0 || command_fd < 0 || result_fd < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
+    int epoll = epoll_create1(EPOLL_CLOEXEC);
+    int commands = eventfd(0, EFD_CLOEXEC);
+    int results_ready = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
-    if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, command_fd, &ev) < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    pthread_t thread;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int failed = pthread_create(&thread, &attr, run, NULL);
-    pthread_attr_destroy(&attr);
+    int failed = epoll < 0 || commands < 0 || results_ready < 0 ? errno
+                 : epoll_ctl(epoll, EPOLL_CTL_ADD, commands, &ev) < 0 ? errno
+                                                                      : 0;
+    if (!failed) {
+        epoll_fd = epoll;
+        command_fd = commands;
+        /* the thread takes no signals: they stay with Python's main thread */
+        sigset_t all, before;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &before);
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        failed = pthread_create(&thread, &attr, run, NULL);
+        pthread_attr_destroy(&attr);
+        pthread_sigmask(SIG_SETMASK, &before, NULL);
+    }
     if (failed) {
+        int fds[3] = {epoll, commands, results_ready};
+        for (int i = 0; i < 3; i++)
+            if (fds[i] >= 0)
+                close(fds[i]);
+        epoll_fd = command_fd = -1;
         errno = failed;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
+    result_fd = results_ready; /* started: later calls return it */
     return PyLong_FromLong(result_fd);
 }
 
@@ -416,9 +440,18 @@ static PyObject *relay_add(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "relay not started, or invalid arguments");
         return NULL;
     }
-    stream *s = calloc(1, sizeof *s);
-    if (!s) {
+    stream *s = malloc(sizeof *s);
+    PyObject *id = NULL;
+    if (s) {
+        memset(s, 0, offsetof(stream, buffer));
+        pthread_mutex_lock(&lock);
+        s->id = next_id++;
+        pthread_mutex_unlock(&lock);
+        id = PyLong_FromUnsignedLongLong(s->id);
+    }
+    if (!s || !id) {
         PyBuffer_Release(&tail);
+        free(s);
         return PyErr_NoMemory();
     }
     memcpy(s->tail, tail.buf, 2);
@@ -429,13 +462,13 @@ static PyObject *relay_add(PyObject *self, PyObject *args) {
     s->record = record;
     s->head_limit = (size_t)head_limit;
     s->ring_limit = (size_t)tail_limit;
+    /* from here on both fds are the relay's, and this call cannot fail */
     pthread_mutex_lock(&lock);
-    s->id = next_id++;
     s->next = added;
     added = s;
     pthread_mutex_unlock(&lock);
     poke(command_fd);
-    return PyLong_FromUnsignedLongLong(s->id);
+    return id;
 }
 
 static PyObject *relay_cancel(PyObject *self, PyObject *args) {
@@ -489,7 +522,9 @@ static PyObject *relay_results(PyObject *self, PyObject *args) {
     while (ended) {
         stream *s = ended;
         ended = ended->next;
-        int at_boundary = s->state == SIZE_LINE && s->line_len == 0;
+        /* between chunks, and all that was read went out (a stream cancelled while its client was slow
+           drops what it had not written yet) */
+        int at_boundary = s->state == SIZE_LINE && s->line_len == 0 && s->out_start == s->out_end;
         PyObject *item = list == NULL ? NULL : Py_BuildValue(
             "(KiiiKdy#NNz)", (unsigned long long)s->id, (int)s->end, at_boundary, s->excess,
             (unsigned long long)s->sent, s->first_data, (const char *)s->tail, (Py_ssize_t)2,

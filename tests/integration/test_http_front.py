@@ -186,3 +186,23 @@ def test_streams_go_through_the_c_relay_unless_switched_off(
             assert answer["choices"][0]["message"]["content"] == "".join(f"t{i} " for i in range(40))
     finally:
         running.stop()
+
+
+def test_a_stream_the_c_relay_cannot_take_is_relayed_in_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+
+    def refused(self: NativeRelay, *args: Any) -> int:
+        raise OSError(24, "Too many open files")  # os.dup at the descriptor limit
+
+    monkeypatch.setattr(NativeRelay, "add", refused)
+    engine = FakeEngine(env={"FAKE_CHUNKS": "20"})
+    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
+    try:
+        gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+        running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
+        streamed = running.http("POST", CHAT, json=body(True))
+        assert contents(streamed.text) == [f"t{i} " for i in range(20)]
+    finally:
+        running.stop()

@@ -260,3 +260,23 @@ def test_a_client_that_left_ends_the_stream_when_written_to() -> None:
     finally:
         pair.close()
     assert result.end is End.CLIENT_GONE
+
+
+def test_a_stream_cancelled_while_its_client_is_slow_is_not_at_a_boundary() -> None:
+    # What was read and not yet written is dropped: the front must not append an error event as a chunk
+    # (it closes the connection instead), so the relay does not say "between chunks" even when the bytes
+    # it read ended at a chunk's end, as here (60 whole chunks in one read, the client reading nothing).
+    whole_chunks = chunked([b"z" * 1000] * 60)[:-5]
+    pair = Pair()
+    pair.far[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # a Unix socket's limit is the sender's
+
+    def write(p: Pair) -> None:
+        p.engine.sendall(whole_chunks)
+
+    try:
+        result, received = relay(pair, write, cancel_after=0.3)
+    finally:
+        pair.close()
+    assert result.end is End.CANCELLED
+    assert 0 < result.sent == len(received) < len(whole_chunks)
+    assert not result.at_boundary

@@ -39,7 +39,7 @@ from modelrunner.http1 import MAX_HEAD
 from modelrunner.server.errors import error_body
 from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, Route, error_parts, match_route
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
-from modelrunner.server.native_relay import End, Result, native_relay
+from modelrunner.server.native_relay import End, NativeRelay, Result, native_relay
 from modelrunner.server.proxy import (
     EVENT_STREAM_HEADERS,
     engine_died_body,
@@ -519,6 +519,7 @@ class Upstream(asyncio.Protocol):
         self.sent = 0  # body bytes passed to the client
         self.finished: asyncio.Future[None] | None = None
         self.native: int | None = None  # the C relay's stream, while it relays the body (native_relay.py)
+        self.relay: NativeRelay | None = None  # the relay that has it
         self.client_gone = False  # the client closed while the C relay had the body
 
     def begin(self, front: FrontProtocol, exchange: Exchange, request: bytes) -> asyncio.Future[None]:
@@ -571,17 +572,14 @@ class Upstream(asyncio.Protocol):
         )
 
     def client_closed(self) -> None:
-        """The client closed its connection while the C relay had the body."""
+        """The client closed its connection while the C relay had the body: the relay's result says whether
+        it had written the whole answer by then; the engine is told at once."""
         self.client_gone = True
-        relay = native_relay(asyncio.get_running_loop())
-        assert relay is not None and self.native is not None
-        relay.cancel(self.native)
+        self.close()
 
     def close(self) -> None:
-        if self.native is not None:
-            relay = native_relay(asyncio.get_running_loop())
-            assert relay is not None
-            relay.cancel(self.native)  # its result ends the request: the relay may be writing till then
+        if self.native is not None and self.relay is not None:
+            self.relay.cancel(self.native)  # its result ends the request: the relay may be writing till then
         if self.transport is not None:
             self.transport.close()
 
@@ -650,20 +648,25 @@ class Upstream(asyncio.Protocol):
             return
         assert isinstance(self.framing, Chunked)
         record = self.record
+        try:
+            self.native = relay.add(
+                self.client.get_extra_info("socket").fileno(),
+                self.transport.get_extra_info("socket").fileno(),
+                self.framing.tail,
+                record is not None,
+                record.room() if record is not None else 0,
+                TAIL_KEPT,
+                self._native_done,
+            )
+        except (OSError, MemoryError) as exc:  # out of file descriptors: relayed here, as before
+            log.warning("native relay refused a stream (%s): relayed in Python", exc)
+            return
+        self.relay = relay
         self.transport.pause_reading()  # the relay reads the engine's socket from here on
-        self.native = relay.add(
-            self.client.get_extra_info("socket").fileno(),
-            self.transport.get_extra_info("socket").fileno(),
-            self.framing.tail,
-            record is not None,
-            record.room() if record is not None else 0,
-            TAIL_KEPT,
-            self._native_done,
-        )
 
     def _native_done(self, result: Result) -> None:
         """The C relay ended the body: its account, then the request ends as if relayed here."""
-        self.native = None
+        self.native = self.relay = None
         framing = self.framing
         assert isinstance(framing, Chunked)
         framing.tail = result.tail

@@ -83,12 +83,21 @@ class NativeRelay:
         """End a stream now; its `done` is still called, with CANCELLED unless it had ended already."""
         _relay.cancel(stream)
 
+    def cancel_all(self) -> None:
+        for stream in self.done:
+            _relay.cancel(stream)
+
     def _take(self) -> None:
         for item in _relay.results():
             result = Result(item[0], End(item[1]), bool(item[2]), bool(item[3]), *item[4:])
             done = self.done.pop(result.id, None)
-            if done is not None:
+            if done is None:
+                continue
+            try:
                 done(result)
+            except Exception as exc:  # the others' requests must still end
+                context = {"message": "native relay: a stream's end failed", "exception": exc}
+                self.loop.call_exception_handler(context)
 
 
 _relay_of_loop: NativeRelay | None = None
@@ -107,6 +116,7 @@ def native_relay(loop: asyncio.AbstractEventLoop) -> NativeRelay | None:
     if relay is not None and not relay.loop.is_closed():
         return None
     if relay is not None and relay.done:
-        log.warning("native relay: %d streams of a closed event loop are abandoned", len(relay.done))
+        log.warning("native relay: %d streams of a closed event loop are cancelled", len(relay.done))
+        relay.cancel_all()
     _relay_of_loop = NativeRelay(loop)
     return _relay_of_loop
