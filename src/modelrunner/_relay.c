@@ -10,7 +10,8 @@
 
    Back-pressure: one buffer per stream; while the client has not taken all of it, the engine socket is
    not watched, so a slow client slows its engine down (TCP's own flow control), as before.
-   The recorder's copy: the first `head_limit` bytes written, and the last `tail_limit` bytes after them. */
+   The recorder's copy: the body's data (its chunks' contents, unframed, as parsed: so Python need not
+   unframe it), the first `head_limit` bytes and the last `tail_limit` bytes after them. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -136,14 +137,23 @@ static void publish(void) {
     poke(result_fd);
 }
 
-/* The bytes just written: counted, and copied for the recorder (its buffers grow as needed: most
-   answers are far shorter than head_limit, and most never reach the ring). Returns 0 if out of memory. */
-static int keep(stream *s, const char *data, size_t len) {
-    if (s->first_data == 0 && len)
-        s->first_data = now();
-    s->sent += len;
-    if (!s->record)
-        return 1;
+/* Data bytes of the body (its chunks' contents, without the framing), copied for the recorder as they are
+   parsed; its buffers grow as needed: most answers are far shorter than head_limit, and most never reach
+   the ring. Out of memory, the recording stops (the answer goes on). */
+static int keep_or_fail(stream *s, const char *data, size_t len);
+
+static void keep(stream *s, const unsigned char *bytes, size_t len) {
+    const char *data = (const char *)bytes;
+    if (!s->record || !len)
+        return;
+    if (!keep_or_fail(s, data, len)) {
+        s->record = 0;
+        s->head_len = 0;
+        s->ring_total = 0;
+    }
+}
+
+static int keep_or_fail(stream *s, const char *data, size_t len) {
     size_t room = s->head_limit - s->head_len;
     size_t n = len < room ? len : room;
     if (n) {
@@ -192,6 +202,7 @@ static ssize_t parse(stream *s, const unsigned char *data, size_t len) {
         if (s->state == DATA) {
             size_t n = len - pos < s->skip ? len - pos : (size_t)s->skip;
             size_t data_n = n < s->data_left ? n : (size_t)s->data_left;
+            keep(s, data + pos, data_n);
             if (data_n >= 2) {
                 s->tail[0] = data[pos + data_n - 2];
                 s->tail[1] = data[pos + data_n - 1];
@@ -275,11 +286,9 @@ static int flush(stream *s) {
         ssize_t n = send(s->client_fd, s->buffer + s->out_start, s->out_end - s->out_start,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
-            if (!keep(s, s->buffer + s->out_start, (size_t)n)) {
-                s->record = 0; /* out of memory: the answer goes on, unrecorded */
-                s->head_len = 0;
-                s->ring_total = 0;
-            }
+            if (s->first_data == 0)
+                s->first_data = now();
+            s->sent += (size_t)n;
             s->out_start += (size_t)n;
         } else if (n < 0 && errno == EINTR) {
             continue;
@@ -545,7 +554,8 @@ static PyMethodDef methods[] = {
     {"start", relay_start, METH_NOARGS, "Start the relay thread (once); returns the eventfd of results."},
     {"add", relay_add, METH_VARARGS,
      "add(client_fd, engine_fd, tail, record, head_limit, tail_limit) -> id: relay a chunked body from "
-     "the engine's socket to the client's, starting at a chunk boundary; both fds become the relay's."},
+     "the engine's socket to the client's, starting at a chunk boundary; both fds become the relay's. "
+     "Recorded: the body's data, unframed."},
     {"cancel", relay_cancel, METH_VARARGS, "cancel(id): end a stream; its result still comes."},
     {"results", relay_results, METH_NOARGS,
      "The ended streams: (id, end, at_boundary, excess, sent, first_data, tail, recorded head, "

@@ -59,6 +59,16 @@ def run_in(container: str, *command: str, volume: str | None = None) -> list[str
     return [*argv, container, "--", *command]
 
 
+def test_the_image_has_the_c_relay(container: str) -> None:
+    done = subprocess.run(
+        run_in(container, "/opt/modelrunner/bin/python", "-c", "import modelrunner._relay"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr  # built at install (python3-dev in the build stage)
+
+
 def test_the_image_refuses_to_listen_beyond_loopback_without_a_key(container: str) -> None:
     done = subprocess.run(
         run_in(container, "model", "serve", "--host", "0.0.0.0"), capture_output=True, text=True, timeout=120

@@ -47,7 +47,7 @@ from modelrunner.server.proxy import (
     retry_full_backlog,
     stream_end_event,
 )
-from modelrunner.server.recorder import TAIL_KEPT
+from modelrunner.server.recorder import RESPONSE_LIMIT, TAIL_KEPT
 from modelrunner.server.security import SecurityPolicy
 from modelrunner.server.upstream import EngineCall, EngineUnreachable
 
@@ -647,20 +647,24 @@ class Upstream(asyncio.Protocol):
         ):
             return
         assert isinstance(self.framing, Chunked)
-        record = self.record
+        kept = self.record.unframed() if self.record is not None else b""  # the relay keeps data unframed
+        if kept is None:
+            return
         try:
             self.native = relay.add(
                 self.client.get_extra_info("socket").fileno(),
                 self.transport.get_extra_info("socket").fileno(),
                 self.framing.tail,
-                record is not None,
-                record.room() if record is not None else 0,
+                self.record is not None,
+                RESPONSE_LIMIT - len(kept),
                 TAIL_KEPT,
                 self._native_done,
             )
         except (OSError, MemoryError) as exc:  # out of file descriptors: relayed here, as before
             log.warning("native relay refused a stream (%s): relayed in Python", exc)
             return
+        if self.record is not None:
+            self.record.go_unframed(kept)
         self.relay = relay
         self.transport.pause_reading()  # the relay reads the engine's socket from here on
 

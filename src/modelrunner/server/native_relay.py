@@ -43,8 +43,8 @@ class Result(NamedTuple):
     sent: int  # body bytes written to the client
     first_data: float  # time.monotonic() of the first byte written; 0 if none
     tail: bytes  # the last two data bytes written (front.Chunked.tail)
-    recorded: bytes  # the first `head_limit` bytes written
-    recorded_tail: bytes  # the last `tail_limit` bytes written after those
+    recorded: bytes  # the first `head_limit` bytes of the body's data (unframed)
+    recorded_tail: bytes  # the last `tail_limit` bytes of it after those
     invalid: str | None  # why the framing was invalid
 
 

@@ -380,9 +380,16 @@ class Record:
     def streamed(self) -> bool:
         return "event-stream" in self.content_type or "ndjson" in self.content_type
 
-    def room(self) -> int:
-        """How many more answer bytes are kept whole (the rest: only the last TAIL_KEPT)."""
-        return max(RESPONSE_LIMIT - len(self._response), 0)
+    def unframed(self) -> bytes | None:
+        """What is kept of the answer so far, unframed: for the C relay, which keeps the rest of a chunked
+        answer unframed (switch with `go_unframed`); None when the answer is past RESPONSE_LIMIT already."""
+        if self._tail:
+            return None
+        return unchunk(bytes(self._response)) if self.framed_by_chunks else bytes(self._response)
+
+    def go_unframed(self, kept: bytes) -> None:
+        self._response = bytearray(kept)
+        self.framed_by_chunks = False
 
     def tee(self, data: bytes) -> None:
         if self.first_data is None:
