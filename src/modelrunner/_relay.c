@@ -72,9 +72,8 @@ typedef struct stream {
 } stream;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int epoll_fd = -1, command_fd = -1, result_fd = -1;
-static stream *live = NULL;     /* the relay thread's own */
-static stream *added = NULL;    /* under lock: to be taken on by the thread */
+static int epoll_fd = -1, cancel_fd = -1, result_fd = -1;
+static stream *live = NULL;     /* under lock: linked by add (Python), unlinked by the thread when they end */
 static uint64_t *cancels = NULL; /* under lock: ids Python cancelled */
 static size_t cancels_len = 0, cancels_cap = 0;
 static stream *results = NULL;  /* under lock: ended streams, for Python */
@@ -115,10 +114,12 @@ static void finish(stream *s, enum end end) {
     watch(s, s->client_fd, &s->client_watched, 0, 1, 0);
     close(s->engine_fd);
     close(s->client_fd);
+    pthread_mutex_lock(&lock);
     stream **p = &live;
     while (*p != s)
         p = &(*p)->next;
     *p = s->next;
+    pthread_mutex_unlock(&lock);
     s->next = ended_now;
     ended_now = s;
 }
@@ -335,32 +336,25 @@ static void engine_ready(stream *s) {
     flush(s);
 }
 
-static void take_commands(void) {
+static void take_cancels(void) {
     uint64_t count;
-    while (read(command_fd, &count, sizeof count) < 0 && errno == EINTR) {
+    while (read(cancel_fd, &count, sizeof count) < 0 && errno == EINTR) {
     }
     pthread_mutex_lock(&lock);
-    stream *new = added;
-    added = NULL;
     uint64_t *ids = cancels;
     size_t ids_len = cancels_len;
     cancels = NULL;
     cancels_len = cancels_cap = 0;
     pthread_mutex_unlock(&lock);
-    while (new) {
-        stream *s = new;
-        new = new->next;
-        s->next = live;
-        live = s;
-        flush(s); /* what came with the head, if any; then the engine is watched */
-    }
     for (size_t i = 0; i < ids_len; i++) {
-        for (stream *s = live; s; s = s->next) {
-            if (s->id == ids[i]) {
-                finish(s, CANCELLED);
-                break;
-            }
-        }
+        stream *found = NULL;
+        pthread_mutex_lock(&lock);
+        for (stream *s = live; s && !found; s = s->next)
+            if (s->id == ids[i])
+                found = s;
+        pthread_mutex_unlock(&lock);
+        if (found) /* else it had ended: its result is on its way */
+            finish(found, CANCELLED);
     }
     free(ids);
 }
@@ -373,7 +367,7 @@ static void *run(void *unused) {
         for (int i = 0; i < n; i++) {
             uintptr_t tag = (uintptr_t)events[i].data.ptr;
             if (!tag) {
-                take_commands();
+                take_cancels();
                 continue;
             }
             stream *s = (stream *)(tag & ~(uintptr_t)1);
@@ -403,15 +397,15 @@ static PyObject *relay_start(PyObject *self, PyObject *args) {
     if (result_fd >= 0)
         return PyLong_FromLong(result_fd);
     int epoll = epoll_create1(EPOLL_CLOEXEC);
-    int commands = eventfd(0, EFD_CLOEXEC);
+    int cancel_events = eventfd(0, EFD_CLOEXEC);
     int results_ready = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
-    int failed = epoll < 0 || commands < 0 || results_ready < 0 ? errno
-                 : epoll_ctl(epoll, EPOLL_CTL_ADD, commands, &ev) < 0 ? errno
+    int failed = epoll < 0 || cancel_events < 0 || results_ready < 0 ? errno
+                 : epoll_ctl(epoll, EPOLL_CTL_ADD, cancel_events, &ev) < 0 ? errno
                                                                       : 0;
     if (!failed) {
         epoll_fd = epoll;
-        command_fd = commands;
+        cancel_fd = cancel_events;
         /* the thread takes no signals: they stay with Python's main thread */
         sigset_t all, before;
         sigfillset(&all);
@@ -425,11 +419,11 @@ static PyObject *relay_start(PyObject *self, PyObject *args) {
         pthread_sigmask(SIG_SETMASK, &before, NULL);
     }
     if (failed) {
-        int fds[3] = {epoll, commands, results_ready};
+        int fds[3] = {epoll, cancel_events, results_ready};
         for (int i = 0; i < 3; i++)
             if (fds[i] >= 0)
                 close(fds[i]);
-        epoll_fd = command_fd = -1;
+        epoll_fd = cancel_fd = -1;
         errno = failed;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
@@ -471,13 +465,25 @@ static PyObject *relay_add(PyObject *self, PyObject *args) {
     s->record = record;
     s->head_limit = (size_t)head_limit;
     s->ring_limit = (size_t)tail_limit;
-    /* from here on both fds are the relay's, and this call cannot fail */
+    /* The engine's socket is watched from here, by this thread: the relay thread wakes when the engine
+       writes, not once more now. Only it touches the stream from then on (Python: cancel by id). */
     pthread_mutex_lock(&lock);
-    s->next = added;
-    added = s;
+    s->next = live;
+    live = s;
     pthread_mutex_unlock(&lock);
-    poke(command_fd);
-    return id;
+    s->engine_watched = 1;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = s};
+    if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, engine_fd, &ev) < 0) {
+        int failed = errno;
+        pthread_mutex_lock(&lock);
+        live = s->next; /* still first: only this thread links, and the relay cannot have seen it */
+        pthread_mutex_unlock(&lock);
+        free(s);
+        Py_DECREF(id);
+        errno = failed;
+        return PyErr_SetFromErrno(PyExc_OSError); /* the fds stay the caller's */
+    }
+    return id; /* from here on both fds are the relay's */
 }
 
 static PyObject *relay_cancel(PyObject *self, PyObject *args) {
@@ -498,7 +504,7 @@ static PyObject *relay_cancel(PyObject *self, PyObject *args) {
     }
     cancels[cancels_len++] = id;
     pthread_mutex_unlock(&lock);
-    poke(command_fd);
+    poke(cancel_fd);
     Py_RETURN_NONE;
 }
 
