@@ -139,8 +139,9 @@ static void publish(void) {
 }
 
 /* Data bytes of the body (its chunks' contents, without the framing), copied for the recorder as they are
-   parsed; its buffers grow as needed: most answers are far shorter than head_limit, and most never reach
-   the ring. Out of memory, the recording stops (the answer goes on). */
+   parsed (so a read found invalid further on, or left unwritten by a cancel, is recorded as far as it was
+   parsed: what the engine sent); its buffers grow as needed: most answers are far shorter than head_limit,
+   and most never reach the ring. Out of memory, the recording stops (the answer goes on). */
 static int keep_or_fail(stream *s, const char *data, size_t len);
 
 static void keep(stream *s, const unsigned char *bytes, size_t len) {

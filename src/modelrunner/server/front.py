@@ -521,6 +521,7 @@ class Upstream(asyncio.Protocol):
         self.native: int | None = None  # the C relay's stream, while it relays the body (native_relay.py)
         self.relay: NativeRelay | None = None  # the relay that has it
         self.client_gone = False  # the client closed while the C relay had the body
+        self.native_refused = False  # the C relay could not take this answer: no more tries
 
     def begin(self, front: FrontProtocol, exchange: Exchange, request: bytes) -> asyncio.Future[None]:
         """Send a request; the future is done when its answer is complete or the connection ends."""
@@ -534,6 +535,7 @@ class Upstream(asyncio.Protocol):
         self.failure = None
         self.sent = 0
         self.client_gone = False
+        self.native_refused = False
         finished = self.finished = front.loop.create_future()
         front.upstream = self  # for flow control: a client that reads slowly pauses the engine
         if front.write_paused:
@@ -630,7 +632,7 @@ class Upstream(asyncio.Protocol):
             self.record.tee(data)  # framed as sent: the recorder unframes it when read
         if framing.complete:
             self._answered()
-        elif isinstance(framing, Chunked) and framing.at_boundary:
+        elif isinstance(framing, Chunked) and framing.at_boundary and not self.native_refused:
             self._hand_to_native()
 
     def _hand_to_native(self) -> None:
@@ -648,7 +650,8 @@ class Upstream(asyncio.Protocol):
             return
         assert isinstance(self.framing, Chunked)
         kept = self.record.unframed() if self.record is not None else b""  # the relay keeps data unframed
-        if kept is None:
+        if kept is None:  # over 1 MiB relayed here already (a slow client): the rest too, framed as it was
+            self.native_refused = True
             return
         try:
             self.native = relay.add(
@@ -662,6 +665,7 @@ class Upstream(asyncio.Protocol):
             )
         except (OSError, MemoryError) as exc:  # out of file descriptors: relayed here, as before
             log.warning("native relay refused a stream (%s): relayed in Python", exc)
+            self.native_refused = True
             return
         if self.record is not None:
             self.record.go_unframed(kept)

@@ -101,14 +101,15 @@ class NativeRelay:
 
 
 _relay_of_loop: NativeRelay | None = None
+_start_failed = False
 
 
 def native_relay(loop: asyncio.AbstractEventLoop) -> NativeRelay | None:
     """The relay for this event loop, or None where the front must relay in Python: the extension is
     missing, MODEL_RUNNER_NATIVE_RELAY=0, or another loop of this process, still open, has it (the C
     thread reports to one loop)."""
-    global _relay_of_loop
-    if _relay is None or os.environ.get("MODEL_RUNNER_NATIVE_RELAY", "1") == "0":
+    global _relay_of_loop, _start_failed
+    if _relay is None or _start_failed or os.environ.get("MODEL_RUNNER_NATIVE_RELAY", "1") == "0":
         return None
     relay = _relay_of_loop
     if relay is not None and relay.loop is loop:
@@ -118,5 +119,10 @@ def native_relay(loop: asyncio.AbstractEventLoop) -> NativeRelay | None:
     if relay is not None and relay.done:
         log.warning("native relay: %d streams of a closed event loop are cancelled", len(relay.done))
         relay.cancel_all()
-    _relay_of_loop = NativeRelay(loop)
+    try:
+        _relay_of_loop = NativeRelay(loop)
+    except OSError as exc:  # no thread or descriptors for it: every stream is relayed in Python
+        log.warning("native relay: not started (%s): streams are relayed in Python", exc)
+        _start_failed = True
+        return None
     return _relay_of_loop
