@@ -3,7 +3,8 @@
    server/front.py parses a streamed answer's head itself, then hands the two sockets (dups of them) to
    this module: one thread with its own epoll reads each chunk the engine writes and writes it to the
    client, following the chunked framing only far enough to know where the body ends, as Python's
-   `front.Chunked` does. It never runs Python per chunk. When a body ends (complete, the engine closed,
+   `front.Chunked` does. It never runs Python per chunk. A hand-off does not wake the thread: add()
+   registers the engine's socket in its epoll from Python's thread; it wakes when the engine writes. When a body ends (complete, the engine closed,
    the client left, invalid framing, or Python cancelled it) its result is queued and an eventfd, which
    the event loop watches, is written; Python then takes the results, ends the request as before and owns
    the sockets again. One result per stream, always.
@@ -282,8 +283,8 @@ static ssize_t parse(stream *s, const unsigned char *data, size_t len) {
     return (ssize_t)pos;
 }
 
-/* Write what is buffered; returns 1 if all went. */
-static int flush(stream *s) {
+/* Write what is buffered; then watch the engine again, or the client until it takes the rest. */
+static void flush(stream *s) {
     while (s->out_start < s->out_end) {
         ssize_t n = send(s->client_fd, s->buffer + s->out_start, s->out_end - s->out_start,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -298,22 +299,19 @@ static int flush(stream *s) {
             watch(s, s->engine_fd, &s->engine_watched, 0, 0, 0);
             if (!watch(s, s->client_fd, &s->client_watched, EPOLLOUT, 1, 1))
                 finish(s, CLIENT_GONE);
-            return 0;
+            return;
         } else {
             finish(s, CLIENT_GONE);
-            return 0;
+            return;
         }
     }
     if (s->state == DONE) {
         finish(s, COMPLETE);
-        return 0;
+        return;
     }
     watch(s, s->client_fd, &s->client_watched, 0, 1, 0);
-    if (!watch(s, s->engine_fd, &s->engine_watched, EPOLLIN | EPOLLRDHUP, 0, 1)) {
+    if (!watch(s, s->engine_fd, &s->engine_watched, EPOLLIN | EPOLLRDHUP, 0, 1))
         finish(s, ENGINE_ERROR);
-        return 0;
-    }
-    return 1;
 }
 
 static void engine_ready(stream *s) {
