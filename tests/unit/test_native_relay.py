@@ -18,7 +18,7 @@ from modelrunner.server.native_relay import End, Result
 
 
 def test_the_extension_is_built() -> None:
-    # The install builds it (pyproject.toml's ext-modules) where a C compiler is found; without it the
+    # The install builds it (setup.py) where a C compiler and Python's headers are found; without it the
     # front relays in Python, several times slower per chunk (bench/RESULTS.md, ## relay).
     assert native._relay is not None, "modelrunner._relay was not built: install a C compiler, rerun setup"
 

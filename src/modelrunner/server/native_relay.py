@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 try:
     from modelrunner import _relay
-except ImportError:  # built at install where a C compiler is found (pyproject.toml's ext-modules)
+except ImportError:  # built at install (setup.py) where a C compiler and Python's headers are found
     _relay = None  # type: ignore[assignment]
 
 
