@@ -5,9 +5,10 @@ tested separately). Run as a script it serves a small OpenAI-compatible API on a
 
 Behaviour comes from FAKE_* environment variables: FAKE_START_DELAY (seconds before /health says 200),
 FAKE_EXIT_AT_START (exit code, before serving), FAKE_CHUNKS / FAKE_CHUNK_DELAY (streamed answer),
-FAKE_CRASH_AFTER (exit after that many streamed chunks), FAKE_EVENTS (a file it appends events to: started,
-request, token, completed, cancelled), FAKE_CHILD (start a child process, as vLLM starts its workers; its
-pid is in the `child` event), FAKE_STOP_DELAY (seconds between SIGTERM and exiting, logged as `exiting`).
+FAKE_CHUNK_PAD (x's after each token's text), FAKE_CRASH_AFTER (exit after that many streamed chunks),
+FAKE_EVENTS (a file it appends events to: started, request, token, completed, cancelled), FAKE_CHILD
+(start a child process, as vLLM starts its workers; its pid is in the `child` event), FAKE_STOP_DELAY
+(seconds between SIGTERM and exiting, logged as `exiting`).
 Connections are kept alive (HTTP/1.1); each `request` event says how many requests its connection has
 carried (`served`). On a connection's second and later requests FAKE_REUSED scripts an engine's idle-close
 race: `drop` closes it unanswered, `cut` closes it after the head and one chunk (event `reused_closed`).
@@ -156,6 +157,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         chunks = int(os.environ.get("FAKE_CHUNKS", "5"))
         crash_after = int(os.environ.get("FAKE_CRASH_AFTER", "-1"))
+        pad = int(os.environ.get("FAKE_CHUNK_PAD", "0"))
         top = {
             "id": "chatcmpl-fake",
             "created": 1,
@@ -167,7 +169,8 @@ class Handler(BaseHTTPRequestHandler):
                 if i == crash_after:
                     _event("crash")
                     os._exit(3)
-                data = json.dumps({**top, "choices": [{"index": 0, "delta": {"content": f"t{i} "}}]})
+                content = f"t{i} " + "x" * pad
+                data = json.dumps({**top, "choices": [{"index": 0, "delta": {"content": content}}]})
                 self._chunk(f"data: {data}\n\n".encode())
                 if reused == "cut":
                     _event("reused_closed", served=self.served)

@@ -18,6 +18,7 @@ import pytest
 
 from modelrunner.server.inference import InferenceHandler
 from modelrunner.server.native_relay import NativeRelay
+from modelrunner.server.recorder import unchunk
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
@@ -204,5 +205,49 @@ def test_a_stream_the_c_relay_cannot_take_is_relayed_in_python(
         running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
         streamed = running.http("POST", CHAT, json=body(True))
         assert contents(streamed.text) == [f"t{i} " for i in range(20)]
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_client_that_stops_reading_holds_the_engine_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str
+) -> None:
+    # ~15 MB of stream, far beyond the sockets' buffers: while the client reads nothing the engine must
+    # stop (its writes block), not the daemon buffer the answer; then every chunk arrives, in order.
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
+    events = tmp_path / "events"
+    chunks, pad = 5000, 3000
+    env = {"FAKE_CHUNKS": str(chunks), "FAKE_CHUNK_PAD": str(pad), "FAKE_EVENTS": str(events)}
+    engine = FakeEngine(env=env)
+    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
+
+    def tokens() -> int:
+        return events.read_text().count('"token"')
+
+    try:
+        gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+        running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+            sock.settimeout(60)
+            sock.connect(("127.0.0.1", running.port))
+            sock.sendall(raw_request(CHAT, body(True)))
+            answer = bytearray(sock.recv(4096))
+            deadline = time.monotonic() + 30
+            while True:  # the engine runs until the buffers on the way are full, then waits
+                before = tokens()
+                time.sleep(0.5)
+                if tokens() == before or time.monotonic() > deadline:
+                    break
+            assert 0 < tokens() == before < chunks
+            while not answer.endswith(b"\r\n0\r\n\r\n"):
+                data = sock.recv(1 << 20)
+                assert data, "the stream ended early"
+                answer += data
+        head, _, framed = bytes(answer).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+        assert contents(unchunk(framed).decode()) == [f"t{i} " + "x" * pad for i in range(chunks)]
     finally:
         running.stop()
