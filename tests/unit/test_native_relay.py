@@ -47,28 +47,33 @@ class Pair:
         for s in (self.engine, self.client, *self.far):
             s.close()
 
+    def __enter__(self) -> Pair:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def relay(
-    pair: Pair,
     act: Callable[[Pair], object],
     *,
-    tail: bytes = b"\n\n",
+    pair: Pair | None = None,
     record: bool = False,
     head_limit: int = 0,
     tail_limit: int = 0,
     cancel_after: float | None = None,
 ) -> tuple[Result, bytes]:
-    """Start a stream, run `act` (in a thread: it writes the engine's side), then read everything the
-    client gets until the relay reports; returns the result and the client's bytes."""
+    """Start a stream on `pair` (a new one by default; closed at the end), run `act` (in a thread: it
+    writes the engine's side), then read everything the client gets until the relay reports; returns the
+    result and the client's bytes."""
 
-    async def run() -> tuple[Result, bytes]:
+    async def run(pair: Pair) -> Result:
         loop = asyncio.get_running_loop()
         relay = native.native_relay(loop)
         assert relay is not None
         done: asyncio.Future[Result] = loop.create_future()
-        stream = relay.add(
-            pair.far[0].fileno(), pair.far[1].fileno(), tail, record, head_limit, tail_limit, done.set_result
-        )
+        client_fd, engine_fd = pair.far[0].fileno(), pair.far[1].fileno()
+        stream = relay.add(client_fd, engine_fd, b"\n\n", record, head_limit, tail_limit, done.set_result)
         writer = loop.run_in_executor(None, act, pair)
         if cancel_after is not None:
             await asyncio.sleep(cancel_after)
@@ -78,14 +83,15 @@ def relay(
         await writer
         return result
 
-    result = asyncio.run(run())
-    for far in pair.far:
-        far.close()  # the relay closed its copies: the client now reads to the end
-    received = b""
-    if pair.client.fileno() >= 0:
-        pair.client.settimeout(10)
-        while data := pair.client.recv(1 << 20):
-            received += data
+    with pair or Pair() as used:
+        result = asyncio.run(run(used))
+        for far in used.far:
+            far.close()  # the relay closed its copies: the client now reads to the end
+        received = b""
+        if used.client.fileno() >= 0:
+            used.client.settimeout(10)
+            while data := used.client.recv(1 << 20):
+                received += data
     return result, received
 
 
@@ -109,11 +115,7 @@ def test_whole_bodies_in_any_reads_end_complete_as_python_follows_them(seed: int
             pair.engine.sendall(data[at : at + step])
             at += step
 
-    pair = Pair()
-    try:
-        result, received = relay(pair, write)
-    finally:
-        pair.close()
+    result, received = relay(write)
     assert result.end is End.COMPLETE
     assert received == body and result.sent == len(body)
     # bytes beyond the end are seen when they come in the read that ends the body; later ones, by the
@@ -132,11 +134,7 @@ def test_a_body_the_engine_cuts_ends_where_python_would_say(cut: int) -> None:
         pair.engine.sendall(prefix)
         pair.engine.shutdown(socket.SHUT_WR)
 
-    pair = Pair()
-    try:
-        result, received = relay(pair, write)
-    finally:
-        pair.close()
+    result, received = relay(write)
     expected = python_framing(prefix)
     assert result.end is (End.COMPLETE if expected.complete else End.ENGINE_CLOSED)
     assert received == prefix and result.sent == len(prefix)
@@ -159,11 +157,7 @@ def test_invalid_framing_is_not_passed_on(data: bytes, why: str) -> None:
         pair.engine.sendall(first)
         pair.engine.sendall(data)
 
-    pair = Pair()
-    try:
-        result, received = relay(pair, write)
-    finally:
-        pair.close()
+    result, received = relay(write)
     assert result.end is End.INVALID and result.invalid == why
     assert first.startswith(received)  # the bad read, and nothing after it, was kept from the client
 
@@ -176,18 +170,10 @@ def test_the_recorder_gets_the_head_and_the_tail_of_the_data_unframed() -> None:
     def write(pair: Pair) -> None:
         pair.engine.sendall(body)
 
-    pair = Pair()
-    try:
-        result, received = relay(pair, write, record=True, head_limit=1000, tail_limit=300)
-    finally:
-        pair.close()
+    result, received = relay(write, record=True, head_limit=1000, tail_limit=300)
     assert received == body
     assert result.recorded == unframed[:1000] and result.recorded_tail == unframed[-300:]
-    unrecorded = Pair()
-    try:
-        result, _ = relay(unrecorded, write)
-    finally:
-        unrecorded.close()
+    result, _ = relay(write)
     assert result.recorded == b"" and result.recorded_tail == b""
 
 
@@ -229,10 +215,8 @@ def test_a_client_that_does_not_read_holds_the_engine_back() -> None:
         assert bytes(received) == body
         return result
 
-    try:
+    with pair:
         result = asyncio.run(start())
-    finally:
-        pair.close()
     assert result.end is End.COMPLETE and result.sent == len(body)
 
 
@@ -242,11 +226,7 @@ def test_cancel_closes_the_engine_side_and_ends_the_stream() -> None:
         pair.engine.settimeout(10)
         assert pair.engine.recv(10) == b""  # the relay closed its end: the engine would stop generating
 
-    pair = Pair()
-    try:
-        result, received = relay(pair, write, cancel_after=0.2)
-    finally:
-        pair.close()
+    result, received = relay(write, cancel_after=0.2)
     assert result.end is End.CANCELLED and result.at_boundary
     assert received == chunked([b"data: 1\n\n"])[:-5]
 
@@ -256,11 +236,7 @@ def test_a_client_that_left_ends_the_stream_when_written_to() -> None:
         pair.client.close()
         pair.engine.sendall(chunked([b"data: 1\n\n"])[:-5])
 
-    pair = Pair()
-    try:
-        result, _ = relay(pair, write)
-    finally:
-        pair.close()
+    result, _ = relay(write)
     assert result.end is End.CLIENT_GONE
 
 
@@ -275,10 +251,7 @@ def test_a_stream_cancelled_while_its_client_is_slow_is_not_at_a_boundary() -> N
     def write(p: Pair) -> None:
         p.engine.sendall(whole_chunks)
 
-    try:
-        result, received = relay(pair, write, cancel_after=0.3)
-    finally:
-        pair.close()
+    result, received = relay(write, pair=pair, cancel_after=0.3)
     assert result.end is End.CANCELLED
     assert 0 < result.sent == len(received) < len(whole_chunks)
     assert not result.at_boundary
