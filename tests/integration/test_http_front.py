@@ -3,6 +3,7 @@ keep-alive and the hand-over of a connection to uvicorn, pipelining, split reque
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import json
@@ -40,17 +41,27 @@ def asgi_inference_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+@contextlib.contextmanager
+def serving_tiny(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine_env: dict[str, str]
+) -> Iterator[InProcessDaemon]:
+    """An in-process daemon whose llama.cpp is the scripted engine (`engine_env`), the tiny model packaged
+    as `tiny`; stopped at the end."""
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": FakeEngine(env=engine_env)}).start()
+    try:
+        gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+        packaged = running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
+        assert packaged.status_code == 201
+        yield running
+    finally:
+        running.stop()
+
+
 @pytest.fixture
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessDaemon]:
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-    engine = FakeEngine(env={"FAKE_CHUNKS": "3"})
-    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
-    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-    assert (
-        running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)}).status_code == 201
-    )
-    yield running
-    running.stop()
+    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "3"}) as running:
+        yield running
 
 
 def body(stream: bool) -> dict[str, Any]:
@@ -159,7 +170,6 @@ def test_streams_go_through_the_c_relay_unless_switched_off(
     # After the head and the first chunk, a chunked stream is relayed by the C thread
     # (server/native_relay.py); MODEL_RUNNER_NATIVE_RELAY=0 keeps every chunk in Python. Either way: the
     # same answer, the same record.
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
     added: list[int] = []
     original = NativeRelay.add
@@ -169,11 +179,7 @@ def test_streams_go_through_the_c_relay_unless_switched_off(
         return added[-1]
 
     monkeypatch.setattr(NativeRelay, "add", counted)
-    engine = FakeEngine(env={"FAKE_CHUNKS": "40", "FAKE_CHUNK_DELAY": "0.005"})
-    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
-    try:
-        gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-        running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
+    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "40", "FAKE_CHUNK_DELAY": "0.005"}) as running:
         with httpx.Client(base_url=running.url, timeout=30) as client:
             for _ in range(3):  # on one connection, and one engine connection from the pool
                 streamed = client.post(CHAT, json=body(True))
@@ -185,28 +191,18 @@ def test_streams_go_through_the_c_relay_unless_switched_off(
             assert record["status_code"] == 200
             answer = json.loads(record["response"])  # the stream, reassembled whole (server/recorder.py)
             assert answer["choices"][0]["message"]["content"] == "".join(f"t{i} " for i in range(40))
-    finally:
-        running.stop()
 
 
 def test_a_stream_the_c_relay_cannot_take_is_relayed_in_python(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-
     def refused(self: NativeRelay, *args: Any) -> int:
         raise OSError(24, "Too many open files")  # os.dup at the descriptor limit
 
     monkeypatch.setattr(NativeRelay, "add", refused)
-    engine = FakeEngine(env={"FAKE_CHUNKS": "20"})
-    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
-    try:
-        gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-        running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
+    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "20"}) as running:
         streamed = running.http("POST", CHAT, json=body(True))
         assert contents(streamed.text) == [f"t{i} " for i in range(20)]
-    finally:
-        running.stop()
 
 
 @pytest.mark.parametrize("native", ["1", "0"])
@@ -215,39 +211,31 @@ def test_a_client_that_stops_reading_holds_the_engine_back(
 ) -> None:
     # ~15 MB of stream, far beyond the sockets' buffers: while the client reads nothing the engine must
     # stop (its writes block), not the daemon buffer the answer; then every chunk arrives, in order.
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
     events = tmp_path / "events"
     chunks, pad = 5000, 3000
     env = {"FAKE_CHUNKS": str(chunks), "FAKE_CHUNK_PAD": str(pad), "FAKE_EVENTS": str(events)}
-    engine = FakeEngine(env=env)
-    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
 
     def tokens() -> int:
         return events.read_text().count('"token"')
 
-    try:
-        gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-        running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-            sock.settimeout(60)
-            sock.connect(("127.0.0.1", running.port))
-            sock.sendall(raw_request(CHAT, body(True)))
-            answer = bytearray(sock.recv(4096))
-            deadline = time.monotonic() + 30
-            while True:  # the engine runs until the buffers on the way are full, then waits
-                before = tokens()
-                time.sleep(0.5)
-                if tokens() == before or time.monotonic() > deadline:
-                    break
-            assert 0 < tokens() == before < chunks
-            while not answer.endswith(b"\r\n0\r\n\r\n"):
-                data = sock.recv(1 << 20)
-                assert data, "the stream ended early"
-                answer += data
-        head, _, framed = bytes(answer).partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
-        assert contents(unchunk(framed).decode()) == [f"t{i} " + "x" * pad for i in range(chunks)]
-    finally:
-        running.stop()
+    with serving_tiny(tmp_path, monkeypatch, env) as running, socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.settimeout(60)
+        sock.connect(("127.0.0.1", running.port))
+        sock.sendall(raw_request(CHAT, body(True)))
+        answer = bytearray(sock.recv(4096))
+        deadline = time.monotonic() + 30
+        while True:  # the engine runs until the buffers on the way are full, then waits
+            before = tokens()
+            time.sleep(0.5)
+            if tokens() == before or time.monotonic() > deadline:
+                break
+        assert 0 < tokens() == before < chunks
+        while not answer.endswith(b"\r\n0\r\n\r\n"):
+            data = sock.recv(1 << 20)
+            assert data, "the stream ended early"
+            answer += data
+    head, _, framed = bytes(answer).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    assert contents(unchunk(framed).decode()) == [f"t{i} " + "x" * pad for i in range(chunks)]
