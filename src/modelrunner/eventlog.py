@@ -18,6 +18,7 @@ import sys
 import time
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
+from typing import TextIO
 
 REQUEST_ID_HEADER = b"x-request-id"
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
@@ -134,14 +135,19 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Lines to the process's stderr, each with one write(2) where it has a file (a StreamHandler writes
     through the text stream's buffer, then flushes it: several microseconds more per line)."""
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
         try:
-            fd = self.stream.fileno()
+            self.fd: int | None = stream.fileno()
         except (AttributeError, OSError, ValueError):  # an object without a file (a test's capture)
+            self.fd = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.fd is None:
             super().emit(record)
             return
         try:
-            write_line(fd, self.format(record))
+            write_line(self.fd, self.format(record))
         except Exception:
             self.handleError(record)
 

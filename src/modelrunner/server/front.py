@@ -519,7 +519,6 @@ class Upstream(asyncio.Protocol):
         self.sent = 0  # body bytes passed to the client
         self.finished: asyncio.Future[None] | None = None
         self.native: int | None = None  # the C relay's stream, while it relays the body (native_relay.py)
-        self.relay: NativeRelay | None = None  # the relay that has it
         self.client_gone = False  # the client closed while the C relay had the body
         self.native_refused = False  # the C relay could not take this answer: no more tries
 
@@ -580,8 +579,8 @@ class Upstream(asyncio.Protocol):
         self.close()
 
     def close(self) -> None:
-        if self.native is not None and self.relay is not None:
-            self.relay.cancel(self.native)  # its result ends the request: the relay may be writing till then
+        if self.native is not None:
+            NativeRelay.cancel(self.native)  # its result ends the request: the relay may be writing till then
         if self.transport is not None:
             self.transport.close()
 
@@ -639,14 +638,16 @@ class Upstream(asyncio.Protocol):
         """The rest of a chunked body goes from the engine to the client through the C relay, when the
         client has taken all that was written to it (the relay writes to its socket directly)."""
         assert self.transport is not None and self.client is not None and self.front is not None
-        relay = native_relay(self.front.loop)
         if (
-            relay is None
-            or self.front.write_paused
+            self.front.write_paused
             or self.client.get_write_buffer_size()
             or self.client.is_closing()
             or self.transport.is_closing()
         ):
+            return  # perhaps at the next chunk boundary
+        relay = native_relay(self.front.loop)
+        if relay is None:  # switched off, or not built: every chunk of this answer here
+            self.native_refused = True
             return
         assert isinstance(self.framing, Chunked)
         kept = self.record.unframed() if self.record is not None else b""  # the relay keeps data unframed
@@ -669,19 +670,16 @@ class Upstream(asyncio.Protocol):
             return
         if self.record is not None:
             self.record.go_unframed(kept)
-        self.relay = relay
         self.transport.pause_reading()  # the relay reads the engine's socket from here on
 
     def _native_done(self, result: Result) -> None:
         """The C relay ended the body: its account, then the request ends as if relayed here."""
-        self.native = self.relay = None
+        self.native = None
         framing = self.framing
         assert isinstance(framing, Chunked)
         framing.tail = result.tail
         self.sent += result.sent
-        if self.record is not None:
-            if result.first_data and self.record.first_data is None:
-                self.record.first_data = result.first_data
+        if self.record is not None:  # its first_data was set by the bytes relayed here before the hand-off
             self.record.tee(result.recorded)
             self.record.tee(result.recorded_tail)
         if result.end is End.COMPLETE:

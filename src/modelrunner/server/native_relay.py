@@ -79,7 +79,8 @@ class NativeRelay:
         self.done[stream] = done
         return stream
 
-    def cancel(self, stream: int) -> None:
+    @staticmethod
+    def cancel(stream: int) -> None:
         """End a stream now; its `done` is still called, with CANCELLED unless it had ended already."""
         _relay.cancel(stream)
 

@@ -149,7 +149,7 @@ def _cut_parts(content: Any) -> bool:
 # -- answers ---------------------------------------------------------------------------------------------
 
 
-def unchunk(data: bytes) -> bytes:
+def unchunk(data: bytes | bytearray) -> bytes:
     """A body in chunked transfer encoding, decoded as far as it is whole (a recorded copy may be cut)."""
     out = bytearray()
     pos = 0
@@ -383,9 +383,7 @@ class Record:
     def unframed(self) -> bytes | None:
         """What is kept of the answer so far, unframed: for the C relay, which keeps the rest of a chunked
         answer unframed (switch with `go_unframed`); None when the answer is past RESPONSE_LIMIT already."""
-        if self._tail:
-            return None
-        return unchunk(bytes(self._response)) if self.framed_by_chunks else bytes(self._response)
+        return None if self._tail else unchunk(self._response)
 
     def go_unframed(self, kept: bytes) -> None:
         self._response = bytearray(kept)
