@@ -1,7 +1,7 @@
 """The real diffusers environment for tests, and a tiny Stable Diffusion pipeline packaged as DDUF.
 
 `diffusers_python` is session-scoped and never skips: it takes the installer's cached environment, creating
-it first on a fresh machine (~1-2 minutes of pip, once; `.ci/run` does it before the tests). The pipeline is
+it first on a fresh machine (~1-2 min of pip, once; scripts/test does it before the tests). The pipeline is
 built by the environment's own python (the project venv has no torch): random weights, the tiny configs of
 diffusers' own tests, a byte-level CLIP tokenizer made in code, so nothing is downloaded. It is ~370 KB and
 makes a 64x64 image in 2 steps in well under a second. In a test module: `from tests.diffusers_env import

@@ -1,7 +1,7 @@
 """Real llama.cpp engines for tests: the installer's cached `llama-server`, and tiny models ready to serve.
 
 `llama_server` is session-scoped and never skips: on a machine without a cached build it builds one
-(~7 minutes on 2 cores, once; `.ci/run` does it before the tests), and if building is impossible the tests
+(~7 minutes on 2 cores, once; scripts/test does it before the tests), and if building is impossible the tests
 that need it fail with the build's error. In a test module: `from tests.engines import llama_server`,
 `__all__ = ["llama_server"]` (so linters see it used) and a `llama_server: Path` parameter; a daemon uses
 it through `LLAMA_SERVER_PATH`.

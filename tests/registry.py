@@ -41,10 +41,10 @@ USERS = {"alice": "wonderland"}
 
 
 def require_tool(binary: str, package: str) -> None:
-    """The test command never skips for a missing tool: it fails, naming it (`.ci/run` installs them)."""
+    """The test command never skips for a missing tool: it fails, naming it (`scripts/test` installs them)."""
     if shutil.which(binary) is None:
         pytest.fail(
-            f"{binary} is missing: apt-get install {package} (.ci/run installs what the tests need)",
+            f"{binary} is missing: apt-get install {package} (scripts/test installs what the tests need)",
             pytrace=False,
         )
 

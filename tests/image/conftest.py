@@ -1,5 +1,5 @@
 """The image test builds a container image (minutes to tens of minutes): it runs only when asked, with
-MODELRUNNER_IMAGE_TEST=1 (`deploy/image/test` does; `.ci/run` runs it when the image definition changed)."""
+MODELRUNNER_IMAGE_TEST=1 (deploy/image/test does; scripts/test runs it when the image definition changed)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ deploy/image/build makes it (the Debian base from debootstrap, cached), then the
 its non-root user, `/engines/status` shows the built-in llama.cpp, and a chat with the tiny GGUF answers.
 
 Slow (the first build compiles llama.cpp for the image: 10-30 minutes here), so not in the default suite:
-`.ci/run` runs it when the image's inputs change (MODELRUNNER_IMAGE_TEST=1, see tests/image/conftest.py).
+`scripts/test` runs it when the image's inputs change (MODELRUNNER_IMAGE_TEST=1, see tests/image/conftest.py).
 """
 
 from __future__ import annotations

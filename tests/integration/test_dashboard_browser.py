@@ -57,7 +57,7 @@ OTHER_UID = 65534  # nobody: a browser run by another user than the daemon's
 def playwright() -> Iterator[Playwright]:
     if not CHROMIUM.exists():
         raise RuntimeError(
-            "the dashboard tests need Debian's chromium: apt-get install chromium (.ci/run does)"
+            "the dashboard tests need Debian's chromium: apt-get install chromium (scripts/test does)"
         )
     with sync_playwright() as started:
         yield started

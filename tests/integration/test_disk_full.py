@@ -26,7 +26,7 @@ FILLER = ".filler"  # what fills the file system; not part of the store
 
 @pytest.fixture
 def small_store(tmp_path: Path) -> Iterator[Path]:
-    """<home>/models on a tmpfs of 4 MiB (mounting needs root: the suite runs as root in .ci/run)."""
+    """<home>/models on a tmpfs of 4 MiB (mounting needs root: the suite runs as root in CI)."""
     if os.geteuid() != 0:
         pytest.fail("this test mounts a small tmpfs as the model store, which needs root", pytrace=False)
     models = tmp_path / "home" / "models"

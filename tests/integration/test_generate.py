@@ -167,8 +167,16 @@ def test_memory_is_requested_from_the_daemons_estimate(daemon_with_a_model: Daem
     requested = stateful["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
     assert requested == manifests.mebibytes(estimate["memory_bytes"] + manifests.DAEMON_MEMORY)
     assert f"# Memory estimate of ai/tiny: {manifests.mebibytes(estimate['memory_bytes'])}." in text
-    # a model that is not in the store cannot be estimated: say so, print nothing
+    # a model that is not in the store cannot be estimated: say what to do, print nothing
     missing = daemon_with_a_model.cli("generate", "kube", "--pre-pull", "ai/absent", check=False)
-    assert missing.returncode != 0 and not missing.stdout and "ai/absent" in missing.stderr
+    assert missing.returncode == 1 and not missing.stdout
+    assert missing.stderr == (
+        "Error: ai/absent is not in the local store, so its memory cannot be estimated: pull it first "
+        "(model pull ai/absent), or give --memory (e.g. --memory 8GiB)\n"
+    )
+    assert (
+        "--memory 4096MiB"
+        in daemon_with_a_model.cli("generate", "kube", "--pre-pull", "ai/absent", "--memory", "4GiB").stdout
+    )
     refused = daemon_with_a_model.cli("generate", "compose", "--replicas", "0", check=False)
     assert refused.returncode == 2 and "--replicas" in refused.stderr

@@ -24,7 +24,7 @@ def _size(text: str) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from modelrunner import manifests
-    from modelrunner.errors import BadRequest
+    from modelrunner.errors import BadRequest, DaemonError
 
     estimates: dict[str, int] = {}
     if args.pre_pull and args.memory is None:
@@ -32,7 +32,16 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
         daemon = client()
         for model in args.pre_pull:
-            estimates[model] = int(daemon.estimate(model)["memory_bytes"])
+            try:
+                estimates[model] = int(daemon.estimate(model)["memory_bytes"])
+            except DaemonError as exc:
+                if exc.status_code != 404:
+                    raise
+                raise DaemonError(
+                    404,
+                    f"{model} is not in the local store, so its memory cannot be estimated: pull it first "
+                    f"(model pull {model}), or give --memory (e.g. --memory 8GiB)",
+                ) from None
     options = manifests.DeployOptions(
         name=args.name,
         namespace=args.namespace,
