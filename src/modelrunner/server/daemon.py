@@ -270,6 +270,7 @@ def serve(
     import uvicorn  # noqa: F401 - fail here, before anything is bound, if the server is missing
 
     from modelrunner import eventlog
+    from modelrunner.scheduler.rundir import UnsafeRuntimeDir
     from modelrunner.server.app import build_daemon
 
     extra = extra or []
@@ -292,7 +293,10 @@ def serve(
         raise SystemExit(str(exc)) from None
     setup_logging()
     log = logging.getLogger("modelrunner.server")
-    daemon = build_daemon(bind_host=host, extra_listen=extra)
+    try:
+        daemon = build_daemon(bind_host=host, extra_listen=extra)
+    except UnsafeRuntimeDir as exc:
+        raise SystemExit(f"model serve: {exc.message}") from None
     main = config.ListenAddress(host, port)
     sockets = [bind_tcp(main), *(bind_tcp(address) for address in extra)]
     companions: list[tuple[uvicorn.Config, socket.socket]] = []

@@ -27,6 +27,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from uvicorn.config import Config
@@ -36,6 +37,7 @@ from uvicorn.server import ServerState
 from modelrunner import eventlog
 from modelrunner.errors import ModelRunnerError
 from modelrunner.http1 import MAX_HEAD
+from modelrunner.scheduler.rundir import untrusted_socket
 from modelrunner.server.errors import error_body
 from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, Route, error_parts, match_route
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
@@ -450,6 +452,10 @@ class EnginePool:
         return None
 
     async def connect(self, socket: str) -> Upstream:
+        untrusted = untrusted_socket(Path(socket))
+        if untrusted is not None:  # another user's socket would see (and answer) the prompt
+            eventlog.event(log, "engine_socket_refused", logging.ERROR, reason=untrusted)
+            raise PermissionError(untrusted)
         loop = asyncio.get_running_loop()
         _, upstream = await retry_full_backlog(
             lambda: loop.create_unix_connection(lambda: Upstream(self, socket), socket)
