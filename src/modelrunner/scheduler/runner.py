@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import ctypes
 import enum
 import json
 import logging
@@ -19,6 +20,7 @@ import re
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
@@ -145,6 +147,23 @@ def rotate_if_large(path: Path) -> None:
             handler.close()
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(parent: int) -> Callable[[], None]:
+    """What a child runs before it becomes the engine: SIGTERM to it when the daemon dies, so that a
+    `kill -9` of the daemon does not leave the engine (and its memory) behind until the next start. libc is
+    found here, before the fork: the child only calls it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the daemon died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 class Runner:
     def __init__(
         self,
@@ -224,6 +243,7 @@ class Runner:
                 stderr=log_file,
                 env={**os.environ, **self.spec.env, TAG_ENV: self.tag},
                 start_new_session=True,  # a process group of its own: our signals reach all of it
+                preexec_fn=end_with_parent(os.getpid()),
             )
         self._record_pid()
         # outlives the request that started the engine: its lines carry no request id (a fresh context)
