@@ -43,6 +43,7 @@ from modelrunner.errors import (
     ModelNotFound,
     StoreCorrupted,
     UnsupportedMediaType,
+    is_no_space,
 )
 from modelrunner.eventlog import event
 from modelrunner.fileio import (
@@ -560,8 +561,18 @@ class ModelStore:
                 events.append({"Untagged": tag})
             if not entry.tags:
                 entries.remove(entry)
-                self._write_index(entries)
-                self._remove_model_files(entry, entries)
+                try:
+                    self._write_index(entries)
+                except OSError as exc:
+                    if not is_no_space(exc):
+                        raise
+                    # A full disk has no room for the new index: the model's files go first, to make that
+                    # room (were the write to fail still, the entry is left without files; rm again ends it).
+                    event(log, "store_full_delete", logging.WARNING, model=entry.id)
+                    self._remove_model_files(entry, entries)
+                    self._write_index(entries)
+                else:
+                    self._remove_model_files(entry, entries)
                 events.append({"Deleted": entry.id})
             else:
                 self._write_index(entries)
