@@ -272,6 +272,7 @@ def serve(
     from modelrunner import eventlog
     from modelrunner.scheduler.rundir import UnsafeRuntimeDir
     from modelrunner.server.app import build_daemon
+    from modelrunner.server.fdlimit import raise_nofile_limit
 
     extra = extra or []
     beyond_loopback = [a.host for a in extra if not config.is_loopback_host(a.host)]
@@ -293,6 +294,7 @@ def serve(
         raise SystemExit(str(exc)) from None
     setup_logging()
     log = logging.getLogger("modelrunner.server")
+    eventlog.event(log, "open_files_limit", soft=raise_nofile_limit())  # before the front sizes itself on it
     try:
         daemon = build_daemon(bind_host=host, extra_listen=extra)
     except UnsafeRuntimeDir as exc:
