@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -48,6 +49,7 @@ class Daemon:
     home: Path
     port: int
     process: subprocess.Popen[bytes] | None = None
+    nofile: tuple[int, int] | None = None  # the daemon's RLIMIT_NOFILE (soft, hard) as it starts
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -73,6 +75,7 @@ class Daemon:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=self._limits if self.nofile else None,
             )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -86,6 +89,10 @@ class Daemon:
             time.sleep(0.05)
         self.stop()  # a daemon that never answered is not left running
         raise RuntimeError("daemon did not start:\n" + self.log.read_text())
+
+    def _limits(self) -> None:
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.nofile)
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

@@ -6,6 +6,9 @@ Every error carries the HTTP status it maps to; the server turns it into a JSON 
 
 from __future__ import annotations
 
+import errno
+from typing import TypeGuard
+
 
 class ModelRunnerError(Exception):
     """Base class: a failure with a user-facing message and an HTTP status."""
@@ -65,6 +68,11 @@ class StorageFull(ModelRunnerError):
     """The disk (or quota) of the model store is full: HTTP 507, as DMR and WebDAV mean it."""
 
     status_code = 507
+
+
+def is_no_space(exc: BaseException) -> TypeGuard[OSError]:
+    """Whether an error is a full disk or quota (what StorageFull reports)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 class DaemonError(ModelRunnerError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import fcntl
 import functools
 import hashlib
 import os
@@ -229,6 +230,7 @@ def copy_and_hash(source: Path, dest: Path, what: str = "file") -> tuple[str, in
     fd = open_regular_file(source, what)
     try:
         out = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fcntl.flock(out, fcntl.LOCK_EX)  # while it is written: a store's clean-up of partials leaves it
     except BaseException:
         os.close(fd)
         raise

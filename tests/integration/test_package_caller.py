@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -19,8 +18,7 @@ from modelrunner.store.archive import export_chunks
 from modelrunner.store.store import ModelStore
 from tests.daemon import Daemon, free_port, snapshot
 from tests.models import write_tiny_gguf
-
-OTHER_UID = 65534  # nobody
+from tests.users import OTHER_UID, as_other_user
 
 REQUEST = r"""
 import json, sys, urllib.error, urllib.request
@@ -32,13 +30,6 @@ try:
 except urllib.error.HTTPError as error:
     print(json.dumps({"status": error.code, "body": error.read().decode()}))
 """
-
-
-def as_other_user(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    if os.geteuid() != 0:
-        pytest.fail("this test runs a client as another user with setpriv, which needs root", pytrace=False)
-    command = ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", *argv]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
 
 
 def post_as_other_user(url: str, body: object, headers: dict[str, str] | None = None) -> tuple[int, str]:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,3 +65,49 @@ def test_the_error_tail_quotes_only_the_last_run(tmp_path: Path) -> None:
         60,
     )
     assert runner.error_tail() == "error: cannot open model.gguf\n--- not a header"
+
+
+# A daemon, as far as engines are concerned: starts one runner of the fake engine, says its pid, waits.
+DAEMON = """
+import asyncio, sys, time
+from pathlib import Path
+from modelrunner.engines.base import LaunchSpec, Mode, ModelForEngine
+from modelrunner.scheduler.runner import Runner, RunnerKey
+folder, script = Path(sys.argv[1]), sys.argv[2]
+model = ModelForEngine("sha256:" + "0" * 64, "ai/x", folder, "gguf", None, 1)
+socket = folder / "runner-1.sock"
+spec = LaunchSpec(argv=[sys.executable, script, str(socket)], socket=socket)
+key = RunnerKey("llama.cpp", model.id, Mode.COMPLETION)
+runner = Runner(key, model, spec, 1, folder / "e.log", folder / "pids", 60)
+asyncio.run(runner.start())
+print(runner.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_engines_end_when_their_daemon_is_killed(tmp_path: Path) -> None:
+    from tests.fake_engine import SCRIPT
+
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", DAEMON, str(tmp_path), str(SCRIPT)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert daemon.stdout is not None
+        engine = int(daemon.stdout.readline())
+        assert alive(engine)
+    finally:
+        daemon.kill()  # kill -9: the daemon stops nothing itself
+        daemon.wait()
+    deadline = time.monotonic() + 30
+    try:
+        while alive(engine) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(engine), "the engine outlived its daemon"
+    finally:
+        if alive(engine):
+            os.kill(engine, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    stat = process_stat(pid)
+    return stat is not None and stat[0] != "Z"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -40,7 +41,7 @@ from modelrunner.fileio import (
     write_file_atomic,
 )
 from modelrunner.store.layout import StoreLayout
-from modelrunner.store.store import INCOMPLETE_MAX_AGE, STRAY_INGEST_MAX_AGE, ModelStore
+from modelrunner.store.store import INCOMPLETE_MAX_AGE, STRAY_INGEST_IDLE, ModelStore
 from tests.models import (
     CHAT_TEMPLATE,
     write_tiny_dduf,
@@ -850,12 +851,48 @@ def test_stale_partials_are_removed_at_init_and_fresh_ones_kept(store: ModelStor
         path.write_bytes(b"partial")
     os.utime(stale, (now - INCOMPLETE_MAX_AGE - 3600,) * 2)
     os.utime(fresh, (now - INCOMPLETE_MAX_AGE + 3600,) * 2)
-    os.utime(stale_ingest, (now - STRAY_INGEST_MAX_AGE - 3600,) * 2)
+    os.utime(stale_ingest, (now - STRAY_INGEST_IDLE - 3600,) * 2)
     ModelStore(store.layout.root)
     assert not stale.exists()
     assert not stale_ingest.exists()
     assert fresh.exists()
     assert fresh_ingest.exists()
+
+
+def test_copies_left_by_a_killed_writer_are_removed_at_init_and_those_being_written_kept(
+    store: ModelStore,
+) -> None:
+    """A kill -9 during `package` or `load` leaves a `.ingest-`/`.load-` copy nobody can finish: the next
+    open removes it once nothing writes it (no writer's lock, no recent byte), not a day later."""
+    blobs = store.layout.blobs_dir
+    idle = time.time() - STRAY_INGEST_IDLE - 60
+    orphans = [blobs / ".ingest-0123", blobs / ".load-4567"]
+    fresh, locked = blobs / ".load-89ab", blobs / ".ingest-cdef"
+    for path in (*orphans, fresh, locked):
+        path.write_bytes(b"partial")
+    for path in (*orphans, locked):
+        os.utime(path, (idle, idle))
+    with open(locked, "rb") as writer:  # a writer at work in another process holds this lock
+        fcntl.flock(writer, fcntl.LOCK_EX)
+        ModelStore(store.layout.root)
+        assert locked.exists() and fresh.exists()
+    assert not any(path.exists() for path in orphans)
+
+
+def test_a_blob_being_streamed_is_not_taken_for_a_stray(store: ModelStore) -> None:
+    data = b"weights" * 1000
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+
+    def chunks() -> Iterator[bytes]:
+        yield data[:10]
+        [partial] = store.layout.blobs_dir.glob(".load-*")
+        os.utime(partial, (0, 0))  # as if it had stalled for ever: only its writer's lock keeps it
+        ModelStore(store.layout.root)
+        assert partial.exists()
+        yield data[10:]
+
+    assert store.write_blob_stream(digest, len(data), chunks())
+    assert store.read_blob(digest) == data
 
 
 def test_adopting_a_downloaded_file_moves_it_into_the_blobs(store: ModelStore) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import ctypes
 import enum
 import json
 import logging
@@ -19,6 +20,7 @@ import re
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
@@ -28,6 +30,7 @@ from modelrunner import http1
 from modelrunner.engines.base import LaunchSpec, Mode, ModelForEngine
 from modelrunner.errors import ModelRunnerError
 from modelrunner.eventlog import DEFAULT_BACKUPS, event, log_max_bytes
+from modelrunner.scheduler import rundir
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +68,16 @@ class RunnerState(enum.StrEnum):
 
 
 async def http_status(socket: Path, path: str, timeout: float = 1.0) -> int | None:
+    if rundir.untrusted_socket(socket):
+        return None
     result = await http1.get(str(socket), path, timeout=timeout)
     return result[0] if result else None
 
 
 async def http_get(socket: Path, path: str) -> str | None:
     """Body of a successful GET on a runner's socket (e.g. its /metrics), else None."""
+    if rundir.untrusted_socket(socket):
+        return None
     result = await http1.get(str(socket), path)
     return result[1].decode("utf-8", "replace") if result and result[0] == 200 else None
 
@@ -138,6 +145,23 @@ def rotate_if_large(path: Path) -> None:
             handler = RotatingFileHandler(path, backupCount=DEFAULT_BACKUPS, delay=True)
             handler.doRollover()
             handler.close()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(parent: int) -> Callable[[], None]:
+    """What a child runs before it becomes the engine: SIGTERM to it when the daemon dies, so that a
+    `kill -9` of the daemon does not leave the engine (and its memory) behind until the next start. libc is
+    found here, before the fork: the child only calls it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the daemon died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 class Runner:
@@ -219,6 +243,7 @@ class Runner:
                 stderr=log_file,
                 env={**os.environ, **self.spec.env, TAG_ENV: self.tag},
                 start_new_session=True,  # a process group of its own: our signals reach all of it
+                preexec_fn=end_with_parent(os.getpid()),
             )
         self._record_pid()
         # outlives the request that started the engine: its lines carry no request id (a fresh context)
@@ -231,6 +256,11 @@ class Runner:
         while time.monotonic() < deadline:
             if self.exited.is_set():
                 raise LoadError(f"unable to load runner: {self.error_tail()}")
+            untrusted = rundir.untrusted_socket(self.socket)
+            if untrusted is not None:  # not the engine's: never connected to, never made ready
+                event(log, "engine_socket_refused", logging.ERROR, model=self.name, reason=untrusted)
+                await self.stop(grace=0)
+                raise LoadError(f"unable to load runner: {untrusted}")
             if await http_status(self.socket, self.spec.health_path) == 200:
                 self.state = RunnerState.READY
                 self.load_seconds = time.monotonic() - started
@@ -277,7 +307,7 @@ class Runner:
     def _record_pid(self) -> None:
         """So a daemon restarted after a crash can find and end engines it orphaned."""
         assert self.process is not None and self.pid_file is not None
-        self.pid_dir.mkdir(parents=True, exist_ok=True)
+        rundir.ensure_private_dir(self.pid_dir)
         record = {
             "pid": self.process.pid,
             "socket": str(self.socket),
@@ -286,7 +316,7 @@ class Runner:
             "model": self.name,
             "mode": self.key.mode.value,
         }
-        self.pid_file.write_text(json.dumps(record))
+        rundir.write_private_file(self.pid_file, json.dumps(record).encode())
 
     def error_tail(self) -> str:
         """The end of the engine's output: what it said before dying (DMR shows the last 1 KiB)."""
@@ -348,9 +378,10 @@ def end_orphans(pid_dir: Path) -> list[dict[str, Any]]:
     ended: list[dict[str, Any]] = []
     if not pid_dir.is_dir():
         return ended
+    rundir.ensure_private_dir(pid_dir)
     for record_file in pid_dir.glob("*.json"):
         try:
-            record = json.loads(record_file.read_text())
+            record = json.loads(rundir.read_private_file(record_file))
             pid, socket = int(record["pid"]), str(record["socket"])
         except (OSError, ValueError, KeyError, TypeError):
             record_file.unlink(missing_ok=True)

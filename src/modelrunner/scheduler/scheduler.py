@@ -32,6 +32,7 @@ from modelrunner import eventlog
 from modelrunner.engines.base import Engine, Mode, ModelForEngine
 from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
 from modelrunner.eventlog import event
+from modelrunner.scheduler import rundir
 from modelrunner.scheduler.durations import NEVER, format_keep_alive
 from modelrunner.scheduler.runner import (
     STOP_GRACE,
@@ -132,7 +133,7 @@ class Scheduler:
         self._closing = False
         self._next_slot = 0
         self._tasks: set[asyncio.Task[Any]] = set()  # every task the scheduler starts, until it ends
-        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.ensure_private_dir(run_dir)  # UnsafeRuntimeDir when another user could reach into it
 
     def end_orphans(self) -> int:
         """End engines a killed predecessor left running. Only the daemon that holds the runner home's lock

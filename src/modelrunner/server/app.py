@@ -10,9 +10,7 @@ holds, the request recorder.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from fastapi.responses import PlainTextResponse
 from modelrunner import __version__, config
 from modelrunner.distribution.jobs import TransferManager
 from modelrunner.engines.base import Engine
+from modelrunner.scheduler import rundir
 from modelrunner.scheduler.memory import memory_budget
 from modelrunner.scheduler.scheduler import Scheduler, SchedulerLimits
 from modelrunner.scheduler.settings import SettingsStore
@@ -58,10 +57,8 @@ def default_engines() -> Mapping[str, Engine]:
 
 
 def runtime_dir() -> Path:
-    """Sockets and pid records of runners. Short, because a Unix socket path is limited to 107 bytes;
-    derived from the runner home, so a restarted daemon finds what its predecessor left."""
-    digest = hashlib.sha256(str(config.runner_home().resolve()).encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"modelrunner-{os.getuid()}-{digest}"
+    """Sockets and pid records of runners (scheduler/rundir.py)."""
+    return rundir.runtime_dir(config.runner_home())
 
 
 def scheduler_limits() -> SchedulerLimits:

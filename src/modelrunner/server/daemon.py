@@ -270,7 +270,9 @@ def serve(
     import uvicorn  # noqa: F401 - fail here, before anything is bound, if the server is missing
 
     from modelrunner import eventlog
+    from modelrunner.scheduler.rundir import UnsafeRuntimeDir
     from modelrunner.server.app import build_daemon
+    from modelrunner.server.fdlimit import raise_nofile_limit
 
     extra = extra or []
     beyond_loopback = [a.host for a in extra if not config.is_loopback_host(a.host)]
@@ -292,7 +294,11 @@ def serve(
         raise SystemExit(str(exc)) from None
     setup_logging()
     log = logging.getLogger("modelrunner.server")
-    daemon = build_daemon(bind_host=host, extra_listen=extra)
+    eventlog.event(log, "open_files_limit", soft=raise_nofile_limit())  # before the front sizes itself on it
+    try:
+        daemon = build_daemon(bind_host=host, extra_listen=extra)
+    except UnsafeRuntimeDir as exc:
+        raise SystemExit(f"model serve: {exc.message}") from None
     main = config.ListenAddress(host, port)
     sockets = [bind_tcp(main), *(bind_tcp(address) for address in extra)]
     companions: list[tuple[uvicorn.Config, socket.socket]] = []

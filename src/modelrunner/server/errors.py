@@ -11,7 +11,6 @@ disk is a 507 "no space left on device"; anything else a 500 whose traceback goe
 
 from __future__ import annotations
 
-import errno
 import logging
 import re
 from typing import Any
@@ -23,12 +22,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from modelrunner.compat import anthropic
-from modelrunner.errors import ModelRunnerError, StorageFull
+from modelrunner.errors import ModelRunnerError, StorageFull, is_no_space
 from modelrunner.eventlog import event
 from modelrunner.server.proxy import App, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 OPENAI, OLLAMA, ANTHROPIC, RESPONSES, DMR = "openai", "ollama", "anthropic", "responses", "dmr"
 
@@ -75,7 +73,7 @@ def unexpected_error(exc: Exception, method: str, path: str) -> ModelRunnerError
     """What to answer for an exception no route turned into a ModelRunnerError, with its log line."""
     if isinstance(exc, ModelRunnerError):
         return exc
-    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+    if is_no_space(exc):
         event(log, "storage_full", logging.ERROR, method=method, path=path, error=exc.strerror)
         return StorageFull(
             "no space left on device: free disk space where the models are stored (MODELS_PATH), "

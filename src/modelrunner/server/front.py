@@ -27,6 +27,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from uvicorn.config import Config
@@ -36,6 +37,8 @@ from uvicorn.server import ServerState
 from modelrunner import eventlog
 from modelrunner.errors import ModelRunnerError
 from modelrunner.http1 import MAX_HEAD
+from modelrunner.scheduler.rundir import untrusted_socket
+from modelrunner.server import fdlimit
 from modelrunner.server.errors import error_body
 from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, Route, error_parts, match_route
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
@@ -58,6 +61,7 @@ log = logging.getLogger(__name__)
 
 UVICORN_TESTED = ("0.54.",)  # the uvicorn releases this protocol was tested with (pyproject pins them)
 REQUEST_STALL_SECONDS = 60.0  # a request whose bytes stop coming for this long is answered 408
+REFUSED_LINGER = 2.0  # a connection refused for want of descriptors is closed after this at the latest
 # Response headers the engine must not decide: hop-by-hop ones, ours (server, date) and CORS.
 _DROPPED = {b"connection", b"keep-alive", b"access-control-allow-origin", b"server", b"date"}
 _ALNUM = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -87,6 +91,7 @@ class FastPath:
     policy: SecurityPolicy
     lifecycle: Lifecycle
     pool: EnginePool = field(default_factory=lambda: EnginePool())
+    max_connections: int = field(default_factory=fdlimit.max_connections)  # what the fd limit has room for
 
     def accept(self, head: bytes) -> Request | None:
         """The request, if it is a plain inference request; None hands it to the full ASGI stack."""
@@ -158,15 +163,23 @@ class FrontProtocol(asyncio.Protocol):
         self.upstream: Upstream | None = None
         self.exchange: Exchange | None = None  # of the request being answered
         self.timer: asyncio.TimerHandle | None = None
+        self.refused = False  # no descriptors to spare for it: answered 503 (server/fdlimit.py)
 
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        if len(self.server_state.connections) >= self.fast.max_connections:
+            self._refuse_full()
+            return
         self.server_state.connections.add(self)  # type: ignore[arg-type]  # uvicorn calls shutdown() only
         self._arm_timer(self.config.timeout_keep_alive)
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:  # its 503 is written: the request has been read, the descriptor goes
+            if self.transport is not None:
+                self.transport.close()
+            return
         self.buffer += data
         if not self.busy:
             # A request is arriving: it may take its time, as long as its bytes keep coming (uvicorn, too,
@@ -196,6 +209,33 @@ class FrontProtocol(asyncio.Protocol):
         self.write_paused = False
         if self.upstream is not None and self.upstream.transport is not None and self.upstream.native is None:
             self.upstream.transport.resume_reading()
+
+    def _refuse_full(self) -> None:
+        """503 with Retry-After, before reading the request; then the write side is closed, and the
+        connection once the request is read (closing with unread bytes would reset it, and the client could
+        lose the answer), or after REFUSED_LINGER seconds."""
+        assert self.transport is not None
+        self.refused = True
+        eventlog.event(
+            log,
+            "refused",
+            logging.WARNING,
+            status=503,
+            reason="file_descriptors",
+            max=self.fast.max_connections,
+        )
+        message = "the model runner has too many open connections; retry later"
+        body = json.dumps(error_body(503, message)).encode()
+        self.transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            b"retry-after: %d\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%b"
+            % (fdlimit.RETRY_AFTER, len(body), body)
+        )
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.timer = self.loop.call_later(REFUSED_LINGER, self.transport.close)
+        else:
+            self.transport.close()
 
     # uvicorn's server interface
 
@@ -450,6 +490,10 @@ class EnginePool:
         return None
 
     async def connect(self, socket: str) -> Upstream:
+        untrusted = untrusted_socket(Path(socket))
+        if untrusted is not None:  # another user's socket would see (and answer) the prompt
+            eventlog.event(log, "engine_socket_refused", logging.ERROR, reason=untrusted)
+            raise PermissionError(untrusted)
         loop = asyncio.get_running_loop()
         _, upstream = await retry_full_backlog(
             lambda: loop.create_unix_connection(lambda: Upstream(self, socket), socket)

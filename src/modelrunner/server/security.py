@@ -81,10 +81,17 @@ class SecurityPolicy:
         if not self.check_host or host_header is None:
             return True
         host = host_header.strip().lower()
-        if host.startswith("["):
-            host = host[1 : host.find("]")] if "]" in host else host
+        if host.startswith("["):  # [v6 address], then an optional port
+            end = host.find("]")
+            host, rest = (host[1:end], host[end + 1 :]) if end > 0 else (host, "")
+        elif host.count(":") == 1:  # name:port (an unbracketed v6 address has more colons)
+            host, rest = host.split(":")
+            rest = ":" + rest
         else:
-            host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+            rest = ""
+        # what follows the host must be a port and nothing else: "127.0.0.1:80@evil.example" is refused
+        if rest and not (rest[0] == ":" and rest[1:].isdigit() and rest[1:].isascii()):
+            return False
         return host in _LOCAL_HOSTS or host in self.allowed_hosts
 
     def origin_allowed(self, origin: str) -> bool:

@@ -43,6 +43,7 @@ from modelrunner.errors import (
     ModelNotFound,
     StoreCorrupted,
     UnsupportedMediaType,
+    is_no_space,
 )
 from modelrunner.eventlog import event
 from modelrunner.fileio import (
@@ -59,7 +60,7 @@ from modelrunner.store.layout import LAYOUT_VERSION, StoreLayout
 log = logging.getLogger(__name__)
 
 INCOMPLETE_MAX_AGE = 7 * 24 * 3600
-STRAY_INGEST_MAX_AGE = 24 * 3600
+STRAY_INGEST_IDLE = 60.0  # seconds without a change after which an unlocked copy has no writer left
 CHUNK_SIZE = 4 * 1024 * 1024  # reads of a partial download when resuming it
 
 
@@ -225,7 +226,13 @@ class ModelStore:
             except FileNotFoundError:
                 continue  # renamed or removed by another process meanwhile
             stale_download = path.suffix == ".incomplete" and age > INCOMPLETE_MAX_AGE
-            stale_ingest = path.name.startswith((".ingest-", ".load-")) and age > STRAY_INGEST_MAX_AGE
+            # a copy (package, load) whose writer died (kill -9) can never be finished: gone as soon as
+            # nothing writes it (its writer's lock is free and its bytes stopped changing)
+            stale_ingest = (
+                path.name.startswith((".ingest-", ".load-"))
+                and age > STRAY_INGEST_IDLE
+                and not _being_written(path)
+            )
             if stale_download or stale_ingest:
                 with contextlib.suppress(OSError):
                     path.unlink()
@@ -409,6 +416,7 @@ class ModelStore:
         tmp = self.layout.blobs_dir / f".load-{uuid.uuid4().hex}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # while it is written: the clean-up of partials leaves it
             self._fill(fd, digest, size, 0, hashlib.sha256(), chunks)
         except BaseException:
             os.close(fd)
@@ -560,8 +568,18 @@ class ModelStore:
                 events.append({"Untagged": tag})
             if not entry.tags:
                 entries.remove(entry)
-                self._write_index(entries)
-                self._remove_model_files(entry, entries)
+                try:
+                    self._write_index(entries)
+                except OSError as exc:
+                    if not is_no_space(exc):
+                        raise
+                    # A full disk has no room for the new index: the model's files go first, to make that
+                    # room (were the write to fail still, the entry is left without files; rm again ends it).
+                    event(log, "store_full_delete", logging.WARNING, model=entry.id)
+                    self._remove_model_files(entry, entries)
+                    self._write_index(entries)
+                else:
+                    self._remove_model_files(entry, entries)
                 events.append({"Deleted": entry.id})
             else:
                 self._write_index(entries)
@@ -630,6 +648,22 @@ class ModelStore:
                     child.unlink()
             self._cache.clear()
         self._init_layout()
+
+
+def _being_written(path: Path) -> bool:
+    """Whether a writer holds the lock on the partial file `path` (ModelStore.write_blob_stream, and
+    fileio.copy_and_hash, lock their file while they write it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _newest_mtime(path: Path) -> float:
