@@ -18,6 +18,14 @@ def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The embedded chat model, SmolLM2-135M-Instruct, from its PyPI package (scripts/setup installs it)."""
+    from modelrunner.embedded import smollm2_gguf
+
+    return smollm2_gguf()
+
+
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     running = Daemon(tmp_path / "home", free_port()).start()

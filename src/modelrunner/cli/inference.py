@@ -309,8 +309,7 @@ def cmd_configure(args: argparse.Namespace) -> None:
         request["speculative"] = speculative
     if len(request) == 1:
         raise UsageError("nothing to configure: give --context-size, --keep-alive, --think, --mode or flags")
-    daemon.configure(request, args.backend)
-    print(f'Model "{args.model}" configured')
+    daemon.configure(request, args.backend)  # and nothing printed, as DMR's configure.go prints nothing
 
 
 def cmd_logs(args: argparse.Namespace) -> None:
