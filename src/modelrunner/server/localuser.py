@@ -27,7 +27,9 @@ import secrets
 import socket
 import struct
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 TOKEN_HEADER = "x-model-runner-token"
 _IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -103,6 +105,20 @@ def is_daemon_user(
         uid = peer_uid(client, server) if server is not None else None
         return uid is not None and uid in (os.geteuid(), 0)  # root may read anything anyway
     return bool(token_sent) and hmac.compare_digest((token_sent or "").encode(), token.encode())
+
+
+def caller_is_daemon_user(scope: Mapping[str, Any], token: str) -> bool:
+    """`is_daemon_user` for an ASGI request: its connection's two addresses (the transport's own: the daemon
+    trusts no X-Forwarded-For, see server/daemon.py) and the token it sent."""
+    client, server = scope.get("client"), scope.get("server")
+    name = TOKEN_HEADER.encode()
+    sent = next((value.decode("latin-1") for key, value in scope["headers"] if key.lower() == name), None)
+    return is_daemon_user(
+        (str(client[0]), int(client[1])) if client else None,
+        (str(server[0]), int(server[1])) if server and server[1] is not None else None,
+        sent,
+        token,
+    )
 
 
 def unix_peer_uid(sock: socket.socket) -> int | None:
