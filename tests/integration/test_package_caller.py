@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -137,6 +138,25 @@ def test_the_token_does_not_let_another_user_in(daemon: Daemon, shared: Path) ->
         while len(package_lines(daemon)) == seen and time.monotonic() < deadline:
             time.sleep(0.05)
         assert "status=403" in package_lines(daemon)[-1]
+    assert daemon.models() == []
+
+
+def test_a_forged_client_address_does_not_make_another_user_the_daemons(daemon: Daemon, shared: Path) -> None:
+    """The caller's user is looked up by its connection's real address: an X-Forwarded-For naming the
+    address of a connection of the daemon's user (here one following the logs) is no way in."""
+    with socket.create_connection(("127.0.0.1", daemon.port)) as held:
+        held.sendall(b"GET /logs?follow=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert held.recv(12) == b"HTTP/1.1 200"
+        address = "{}:{}".format(*held.getsockname())
+        request = {
+            "target": "stolen",
+            "gguf": str(shared / "public.gguf"),
+            "licenses": [str(shared / "secret.txt")],
+        }
+        status, body = post_as_other_user(
+            daemon.url + "/models/package", request, {"X-Forwarded-For": address}
+        )
+        assert status == 403, body
     assert daemon.models() == []
 
 
