@@ -181,8 +181,10 @@ class Client:
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
+        with_token: bool = False,
     ) -> client_http.Response:
-        """Send a request and return the open response; raises DaemonError on >= 400."""
+        """Send a request and return the open response; raises DaemonError on >= 400. `with_token`: a
+        route only for the daemon's own user, who may have to prove it with the local token."""
         url = self._prefix + path + (f"?{urlencode(params)}" if params else "")
         all_headers = {"User-Agent": "modelrunner-cli", **(headers or {})}
         if self.api_key:
@@ -190,6 +192,8 @@ class Client:
         sock = None
         try:
             sock = self._connect(self.timeout if timeout is None else timeout)
+            if with_token:
+                all_headers.update(_token_headers(sock))
             client_http.send_request(sock, method, url, self._host_header(), all_headers, body)
             response = client_http.Response(sock, method)
         except OSError as exc:  # first: a failed certificate check is a ValueError too
@@ -270,11 +274,9 @@ class Client:
         return result
 
     def package(self, request: dict[str, Any]) -> dict[str, Any]:
-        """The daemon reads the files itself: only for its own user, who proves it with the local token
-        where the daemon cannot tell from the connection (a 403 otherwise: upload the files instead)."""
-        token = local_token()
-        headers = {"X-Model-Runner-Token": token} if token else {}
-        result: dict[str, Any] = self.call("POST", "/models/package", payload=request, headers=headers)
+        """The daemon reads the files itself: only for its own user (a 403 otherwise: upload the files
+        instead)."""
+        result: dict[str, Any] = self.call("POST", "/models/package", payload=request, with_token=True)
         return result
 
     def load(self, tar_chunks: Iterable[bytes]) -> str:
@@ -400,7 +402,8 @@ class Client:
         params = {"follow": str(follow).lower(), "no-engines": str(no_engines).lower()}
         if model:
             params["model"] = model
-        yield from _streamed(self.open("GET", "/logs", params=params, timeout=1e9 if follow else None))
+        timeout = 1e9 if follow else None
+        yield from _streamed(self.open("GET", "/logs", params=params, timeout=timeout, with_token=True))
 
     def requests(self, model: str | None, follow: bool, include_existing: bool) -> Iterator[bytes]:
         """The request recorder (`GET /engines/requests`): its JSON, or with `follow` its event stream, as
@@ -417,6 +420,7 @@ class Client:
                 params=params or None,
                 headers=headers,
                 timeout=1e9 if follow else None,
+                with_token=True,
             )
         )
 
@@ -462,6 +466,16 @@ def local_token() -> str | None:
         return config.local_token_file().read_text().strip() or None
     except OSError:
         return None
+
+
+def _token_headers(sock: socket.socket) -> dict[str, str]:
+    """The local token, for a daemon that needs it and runs as this user: one on a Unix socket whose
+    listener is this uid (server/localuser.py). Over TCP the daemon knows its caller from the connection,
+    so the token never goes there, where another user's listener on the port would get it."""
+    from modelrunner.server.localuser import unix_peer_uid
+
+    token = local_token() if unix_peer_uid(sock) == os.geteuid() else None
+    return {"X-Model-Runner-Token": token} if token else {}
 
 
 def split_tag(target: str) -> tuple[str, str]:

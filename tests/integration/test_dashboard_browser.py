@@ -628,6 +628,20 @@ def test_the_package_form_tells_another_user_why_it_is_refused(
         shutil.rmtree(shared)
 
 
+def test_the_requests_and_logs_pages_tell_another_user_why_they_are_refused(
+    other_users_browser: Browser, daemon: Daemon
+) -> None:
+    """Prompts, answers and logs are the daemon's user's (server/admin_api.py daemon_user_only): a browser
+    run by another user shows the daemon's reason instead."""
+    for name in ("requests", "logs"):
+        page = open_page(other_users_browser, daemon, name)
+        note = page.wait_for_selector(".messages .notice.error")
+        text = note.inner_text()
+        assert "only to the user the model runner runs as" in text and "MODEL_RUNNER_API_KEY" in text, text
+        assert page.query_selector("#requests-table, #log .line") is None
+        no_problems(page)
+
+
 def test_every_page_reads_well_on_a_desktop_and_a_phone(
     browser: Browser, daemon: Daemon, screens: Path
 ) -> None:

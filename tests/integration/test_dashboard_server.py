@@ -18,8 +18,8 @@ import pytest
 from modelrunner.server.dashboard.router import load_assets
 from tests.daemon import error_message
 from tests.inprocess import InProcessDaemon
-from tests.integration.test_package_caller import as_other_user
 from tests.models import write_tiny_gguf
+from tests.users import as_other_user
 
 Start = Callable[..., InProcessDaemon]
 

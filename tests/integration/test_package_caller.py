@@ -1,43 +1,64 @@
 """`POST /models/package` reads files by path only for the daemon's own user: another local user (a client
-run as uid 65534 with setpriv) cannot make it read a file that user could not read, and `model package`
-then uploads what that user can read instead. DMR's tar upload (`/models/load`) stays open to everyone."""
+run as uid 65534 with setpriv) cannot make it read a file that user could not read, not even with the
+daemon's token, and `model package` then uploads what that user can read instead. The CLI sends the token
+to no listener but its own user's daemon. DMR's tar upload (`/models/load`) stays open to everyone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from modelrunner import config
+from modelrunner.client import Client
+from modelrunner.errors import DaemonError
+from modelrunner.server.localuser import ensure_token
 from modelrunner.store.archive import export_chunks
 from modelrunner.store.store import ModelStore
 from tests.daemon import Daemon, free_port, snapshot
 from tests.models import write_tiny_gguf
-from tests.users import OTHER_UID, as_other_user
+from tests.users import OTHER_UID, as_other_user, other_user_process, post_as_other_user
 
-REQUEST = r"""
-import json, sys, urllib.error, urllib.request
-url, body, headers = sys.argv[1], sys.argv[2].encode(), json.loads(sys.argv[3])
-request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-try:
-    with urllib.request.urlopen(request) as response:
-        print(json.dumps({"status": response.status, "body": response.read().decode()}))
-except urllib.error.HTTPError as error:
-    print(json.dumps({"status": error.code, "body": error.read().decode()}))
+# A stand-in for a daemon, on a TCP port or a Unix socket: prints the head of the one request it gets, then
+# refuses it (403, as a daemon refuses a caller who is not its user).
+LISTENER = r"""
+import json, socket, sys
+where = sys.argv[1]
+server = socket.socket(socket.AF_UNIX) if where.startswith("/") else socket.socket()
+server.bind(where if where.startswith("/") else ("127.0.0.1", int(where)))
+server.listen()
+print("listening", flush=True)
+connection, _ = server.accept()
+head = b""
+while b"\r\n\r\n" not in head and (chunk := connection.recv(65536)):
+    head += chunk
+print(json.dumps(head.decode("latin-1")), flush=True)
+body = b'{"error": {"code": 403, "message": "refused"}}'
+connection.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+connection.close()
 """
 
-
-def post_as_other_user(url: str, body: object, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    headers = {"Content-Type": "application/json", **(headers or {})}
-    result = as_other_user(sys.executable, "-c", REQUEST, url, json.dumps(body), json.dumps(headers))
-    assert result.returncode == 0, result.stderr
-    answer = json.loads(result.stdout)
-    return answer["status"], answer["body"]
+# A request sent, then its connection closed at once, without waiting for the answer.
+SEND_AND_CLOSE = r"""
+import socket, sys
+port, body, token = int(sys.argv[1]), sys.argv[2].encode(), sys.argv[3]
+extra = f"X-Model-Runner-Token: {token}\r\n".encode() if token else b""
+head = (b"POST /models/package HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + extra + b"Content-Length: %d\r\n\r\n" % len(body))
+with socket.create_connection(("127.0.0.1", port)) as sock:
+    sock.sendall(head + body)
+"""
 
 
 @pytest.fixture
@@ -86,6 +107,116 @@ def test_another_user_cannot_make_the_daemon_read_files(daemon: Daemon, shared: 
     # the daemon's own user still can, secret file included
     response = daemon.http("POST", "/models/package", json=secret_as_license)
     assert response.status_code == 201, response.text
+
+
+def package_lines(daemon: Daemon) -> list[str]:
+    """The daemon's access lines of package requests."""
+    return [line for line in daemon.log.read_text().splitlines() if "path=/models/package " in line]
+
+
+def test_the_token_does_not_let_another_user_in(daemon: Daemon, shared: Path) -> None:
+    """The token leaked to another user (a listener it ran got it, say): on a TCP connection the caller's
+    user decides, whatever token it sends, even once it has closed its end of the connection (Linux then
+    lists that end as uid 0)."""
+    token = (daemon.home / "daemon.token").read_text().strip()
+    secret_as_license = {
+        "target": "stolen",
+        "gguf": str(shared / "public.gguf"),
+        "licenses": [str(shared / "secret.txt")],
+    }
+    status, body = post_as_other_user(
+        daemon.url + "/models/package", secret_as_license, {"X-Model-Runner-Token": token}
+    )
+    assert status == 403, body
+    for sent in ("", token):
+        seen = len(package_lines(daemon))
+        closed = as_other_user(
+            sys.executable, "-c", SEND_AND_CLOSE, str(daemon.port), json.dumps(secret_as_license), sent
+        )
+        assert closed.returncode == 0, closed.stderr
+        deadline = time.monotonic() + 60
+        while len(package_lines(daemon)) == seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "status=403" in package_lines(daemon)[-1]
+    assert daemon.models() == []
+
+
+def test_a_forged_client_address_does_not_make_another_user_the_daemons(daemon: Daemon, shared: Path) -> None:
+    """The caller's user is looked up by its connection's real address: an X-Forwarded-For naming the
+    address of a connection of the daemon's user (here one following the logs) is no way in."""
+    with socket.create_connection(("127.0.0.1", daemon.port)) as held:
+        held.sendall(b"GET /logs?follow=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert held.recv(12) == b"HTTP/1.1 200"
+        address = "{}:{}".format(*held.getsockname())
+        request = {
+            "target": "stolen",
+            "gguf": str(shared / "public.gguf"),
+            "licenses": [str(shared / "secret.txt")],
+        }
+        status, body = post_as_other_user(
+            daemon.url + "/models/package", request, {"X-Forwarded-For": address}
+        )
+        assert status == 403, body
+    assert daemon.models() == []
+
+
+@contextlib.contextmanager
+def listening(process: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "listening\n"
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def head_heard(listener: subprocess.Popen[str], client: Client, request: dict[str, object]) -> str:
+    """The head of the package request `client` sent, as `listener` got it (it refuses the request)."""
+    with pytest.raises(DaemonError) as refused:
+        client.package(request)
+    assert refused.value.status_code == 403
+    assert listener.stdout is not None
+    head = json.loads(listener.stdout.readline())
+    assert isinstance(head, str) and head.startswith("POST /models/package ")
+    return head
+
+
+@pytest.fixture
+def token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The token of this user's runner home, as `model serve` makes it."""
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+    return ensure_token(config.local_token_file())
+
+
+def test_the_cli_never_sends_the_token_to_a_listener_of_another_user(token: str, shared: Path) -> None:
+    request = {"target": "x", "gguf": str(shared / "public.gguf")}
+    port = free_port()
+    with listening(other_user_process(sys.executable, "-c", LISTENER, str(port))) as listener:
+        head = head_heard(listener, Client(f"http://127.0.0.1:{port}"), request)
+    assert token not in head and "token" not in head.lower()
+    sockets = shared / "sockets"
+    sockets.mkdir()
+    os.chown(sockets, OTHER_UID, OTHER_UID)
+    path = sockets / "runner.sock"
+    with listening(other_user_process(sys.executable, "-c", LISTENER, str(path))) as listener:
+        head = head_heard(listener, Client(f"unix://{path}"), request)
+    assert token not in head and "token" not in head.lower()
+
+
+def test_the_cli_sends_the_token_only_where_its_own_daemon_needs_it(token: str, tmp_path: Path) -> None:
+    """Over a Unix socket the daemon cannot tell who connects: the token says it, to a listener of this
+    user. Over TCP the daemon knows its caller's user from the connection: the token stays home."""
+    request = {"target": "x", "gguf": "/nowhere.gguf"}
+    path = tmp_path / "runner.sock"
+    listener_argv = [sys.executable, "-c", LISTENER, str(path)]
+    with listening(subprocess.Popen(listener_argv, stdout=subprocess.PIPE, text=True)) as listener:
+        head = head_heard(listener, Client(f"unix://{path}"), request)
+    assert f"X-Model-Runner-Token: {token}\r\n" in head
+    port = free_port()
+    listener_argv = [sys.executable, "-c", LISTENER, str(port)]
+    with listening(subprocess.Popen(listener_argv, stdout=subprocess.PIPE, text=True)) as listener:
+        head = head_heard(listener, Client(f"http://127.0.0.1:{port}"), request)
+    assert token not in head
 
 
 def test_model_package_as_another_user_uploads_what_that_user_can_read(daemon: Daemon, shared: Path) -> None:

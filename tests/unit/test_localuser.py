@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from modelrunner.server.localuser import ensure_token, is_daemon_user, peer_uid
+from modelrunner.server.localuser import ensure_token, is_daemon_user, peer_uid, unix_peer_uid
 
 
 @pytest.fixture(params=[("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6)])
@@ -42,11 +42,39 @@ def test_an_unknown_connection_has_no_peer(connection: tuple[tuple[str, int], tu
     assert not is_daemon_user(client, (server[0], 1), None, "token")
 
 
+def test_a_closed_connection_has_no_peer() -> None:
+    """What remains of a connection once its client closed it is listed as uid 0: that is not root."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        client = socket.create_connection(server.getsockname())
+        accepted, peer = server.accept()
+        with accepted:
+            client.close()
+            assert peer_uid(peer, accepted.getsockname()) is None
+            assert not is_daemon_user(peer, accepted.getsockname(), None, "token")
+
+
 def test_the_token_proves_the_user_where_the_connection_cannot() -> None:
     assert is_daemon_user(None, None, "s3cret", "s3cret")
     assert not is_daemon_user(None, None, "guess", "s3cret")
     assert not is_daemon_user(None, None, None, "s3cret")
     assert not is_daemon_user(None, None, "", "s3cret")
+
+
+def test_on_tcp_the_connection_decides_and_a_token_counts_for_nothing(
+    connection: tuple[tuple[str, int], tuple[str, int]],
+) -> None:
+    """A token leaked to another user must not let it in: where the peer can be looked up, it decides."""
+    client, server = connection
+    assert not is_daemon_user(client, (server[0], 1), "s3cret", "s3cret")
+
+
+def test_the_listener_of_a_unix_socket_is_known() -> None:
+    left, right = socket.socketpair(socket.AF_UNIX)
+    with left, right, socket.socket() as tcp:
+        assert unix_peer_uid(left) == os.geteuid()
+        assert unix_peer_uid(tcp) is None
 
 
 def test_the_token_file_is_private_and_stable(tmp_path: Path) -> None:

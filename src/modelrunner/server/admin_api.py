@@ -11,7 +11,7 @@ import contextlib
 import json
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from modelrunner.compat.bodies import json_body
 from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
-from modelrunner.errors import BadRequest, Conflict, ModelNotFound
+from modelrunner.errors import BadRequest, Conflict, ModelNotFound, PermissionDenied
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
 from modelrunner.server.lifecycle import KNOWN_BACKENDS, Lifecycle, model_for_engine, select_engine_name
+from modelrunner.server.localuser import caller_is_daemon_user
 from modelrunner.server.log_files import LogStreamer, ModelFilter
 from modelrunner.store.store import ModelStore
 
@@ -238,13 +239,32 @@ def backend_status(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def daemon_user_only(token: str, api_key: str | None) -> Callable[[Request], None]:
+    """A route dependency for what holds the daemon user's data: the prompts and answers the recorder keeps
+    (`GET /engines/requests`) and the logs (`GET /logs`). Without an API key every local user reaches the
+    daemon, so only its own user (server/localuser.py) is served; with one, the key (checked by the
+    security middleware) decides, as on every route."""
+
+    def check(request: Request) -> None:
+        if api_key is None and not caller_is_daemon_user(request.scope, token):
+            raise PermissionDenied(
+                "the recorded requests and the logs are served only to the user the model runner runs as "
+                "(they hold its prompts and answers); to share them, give the model runner an API key "
+                "(MODEL_RUNNER_API_KEY) and its holders read them"
+            )
+
+    return check
+
+
 def build_admin_router(
     store: ModelStore,
     scheduler: Scheduler,
     engines: Mapping[str, Engine],
     logs_dir: Path,
     lifecycle: Lifecycle,
+    daemon_user: Callable[[Request], None],
 ) -> APIRouter:
+    """`daemon_user`: the dependency of the routes only the daemon's user may read (`daemon_user_only`)."""
     router = APIRouter()
 
     @router.get("/engines/ps")
@@ -367,7 +387,7 @@ def build_admin_router(
                 out[engine.name] = found
         return out
 
-    @router.get("/logs")
+    @router.get("/logs", dependencies=[Depends(daemon_user)])
     async def logs(
         request: Request,
         follow: bool = False,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import PlainTextResponse
 
 from modelrunner import __version__, config
@@ -27,7 +27,7 @@ from modelrunner.scheduler import rundir
 from modelrunner.scheduler.memory import memory_budget
 from modelrunner.scheduler.scheduler import Scheduler, SchedulerLimits
 from modelrunner.scheduler.settings import SettingsStore
-from modelrunner.server.admin_api import build_admin_router
+from modelrunner.server.admin_api import build_admin_router, daemon_user_only
 from modelrunner.server.anthropic_api import build_anthropic_router
 from modelrunner.server.dashboard import build_dashboard_router
 from modelrunner.server.distribution_api import build_distribution_router
@@ -150,19 +150,20 @@ def build_daemon(
     transfers = TransferManager(store)  # one for every API: shared downloads, one limit on concurrent pulls
     api.include_router(build_distribution_router(store, transfers))
     token = ensure_token(config.local_token_file())  # proves a local caller is the daemon's user
+    policy = SecurityPolicy.from_env(bind_host, [address.host for address in extra_listen])
+    daemon_user = daemon_user_only(token, policy.api_key)  # prompts, answers and logs: not for everyone
     api.include_router(build_models_router(store, token))
     api.include_router(build_openai_router(store))
-    api.include_router(build_admin_router(store, scheduler, engines, logs_dir, lifecycle))
+    api.include_router(build_admin_router(store, scheduler, engines, logs_dir, lifecycle, daemon_user))
     reach = [str(address) for address in extra_listen]  # where containers reach us (`status --json`)
     api.include_router(build_engines_router(engines, lambda name: scheduler.unload(None, name), reach))
-    api.include_router(build_recorder_router(recorder, store))
+    api.include_router(build_recorder_router(recorder, store), dependencies=[Depends(daemon_user)])
     api.include_router(build_ollama_router(inference, transfers))
     api.include_router(build_ollama_create_router(store))
     api.include_router(build_anthropic_router(inference))
     api.include_router(build_responses_router(inference))
     api.include_router(build_dashboard_router(store, scheduler, token))
     handler = InferenceHandler(inference)
-    policy = SecurityPolicy.from_env(bind_host, [address.host for address in extra_listen])
     asgi = LifecycleMiddleware(SecurityMiddleware(Dispatcher(api, handler), policy), lifecycle)
     fast = FastPath(handler, policy, lifecycle)
     scheduler.on_retire.append(lambda runner: fast.pool.close_idle(str(runner.socket)))

@@ -134,6 +134,7 @@ def uvicorn_config(daemon: Daemon, host: str, port: int, front: bool | None = No
         lifespan="on",
         log_config=None,
         access_log=False,
+        proxy_headers=False,  # the client's real address: it says who a caller is (server/localuser.py)
         timeout_graceful_shutdown=round(shutdown_grace()),  # what our drain (daemon_server) leaves
     )
 
@@ -255,6 +256,7 @@ def companion_config(daemon: Daemon, tls: tuple[Path, Path] | None = None) -> uv
         lifespan="off",
         log_config=None,
         access_log=False,
+        proxy_headers=False,  # as in uvicorn_config
         timeout_graceful_shutdown=round(shutdown_grace()),
         ssl_certfile=str(tls[0]) if tls else None,
         ssl_keyfile=str(tls[1]) if tls else None,

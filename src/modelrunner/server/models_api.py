@@ -24,7 +24,7 @@ from modelrunner.compat.bodies import json_body
 from modelrunner.errors import BadRequest, PermissionDenied
 from modelrunner.reference import parse_reference
 from modelrunner.server.body_stream import consume_in_thread
-from modelrunner.server.localuser import TOKEN_HEADER, is_daemon_user
+from modelrunner.server.localuser import caller_is_daemon_user
 from modelrunner.store.archive import export_chunks, load_archive
 from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore, full_tag
@@ -98,9 +98,7 @@ def check_caller_may_read_files(request: Request, token: str) -> None:
     """Files named in a package request are read only for a local caller that is the daemon's own user."""
     if not _is_loopback(request):
         raise BadRequest("packaging from file paths is only allowed for clients on this machine")
-    client = (request.client.host, request.client.port) if request.client else None
-    server = tuple(request.scope["server"]) if request.scope.get("server") else None
-    if not is_daemon_user(client, server, request.headers.get(TOKEN_HEADER), token):
+    if not caller_is_daemon_user(request.scope, token):
         raise PermissionDenied(
             "the model runner reads files by path only for the user it runs as; as another user, "
             "`model package` uploads the files instead"
