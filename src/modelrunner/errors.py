@@ -15,9 +15,10 @@ class ModelRunnerError(Exception):
 
     status_code = 500
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param  # the request field at fault, for OpenAI's `error.param`
 
 
 class BadRequest(ModelRunnerError):

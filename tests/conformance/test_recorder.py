@@ -6,16 +6,20 @@ with the scripted engine."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
 
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
 from modelrunner.server import recorder as rec
@@ -454,6 +458,117 @@ def test_bodies_are_bounded() -> None:
     for _ in range(3):
         ex.answered(b"y" * rec.RESPONSE_LIMIT, False)
     assert len(ex.record._response) == rec.RESPONSE_LIMIT
+
+
+# -- the byte budget ---------------------------------------------------------------------------------------
+
+
+def model_id(n: int) -> str:
+    return f"sha256:{n:064x}"
+
+
+def record_of(recorder: rec.Recorder, model: int, request: bytes, answer: bytes) -> rec.Record:
+    """A streamed chat recorded for model `model`, its request and answer (one content delta) as given."""
+    ex = exchange(recorder, body=request)
+    ex.record = recorder.start(ex, "ai/m", model_id(model), {"context-size": model})
+    top = {"id": "c", "created": 5, "model": "ai/m", "object": "chat.completion.chunk"}
+    delta = {**top, "choices": [{"index": 0, "delta": {"content": answer.decode()}, "finish_reason": "stop"}]}
+    body = sse(delta, {**top, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}})
+    finish(
+        recorder, ex, 200, b"text/event-stream", *(body[at : at + 65536] for at in range(0, len(body), 65536))
+    )
+    return ex.record
+
+
+def held(recorder: rec.Recorder) -> int:
+    """What the records kept hold, counted afresh."""
+    return sum(record.size for records in recorder.models.values() for record in records)
+
+
+def test_all_records_together_hold_at_most_the_budget_oldest_out_first() -> None:
+    budget = 3 * 2**20
+    recorder = rec.Recorder(max_bytes=budget)
+    made = []
+    for i in range(60):  # 30 models, 2 records each, ~250 KB apiece: ~15 MB recorded in all
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": letters(100_000)}]})
+        made.append(record_of(recorder, i % 30, body.encode(), letters(150_000).encode()))
+        assert held(recorder) == recorder.size <= budget
+        if i % 7 == 0:  # shown: its bodies give way to its JSON, counted in their place
+            recorder.listing(None)
+            assert held(recorder) == recorder.size <= budget
+    kept = [record for records in recorder.models.values() for record in records]
+    assert 0 < len(kept) < len(made)
+    assert set(kept) == set(made[-len(kept) :])  # the newest, whichever model they are of
+    assert all(recorder.models.values())  # a model whose records all went is gone from the listing
+    listed = recorder.listing(None)
+    assert sum(entry["count"] for entry in listed) == len(kept) and held(recorder) <= budget
+
+
+def test_a_record_larger_than_the_whole_budget_is_not_kept() -> None:
+    recorder = rec.Recorder(max_bytes=200_000)
+    small = record_of(recorder, 1, b'{"model": "m"}', b"hi")
+    record_of(recorder, 2, b'{"model": "m"}', letters(300_000).encode())
+    assert list(recorder.models) == [model_id(1)] and list(recorder.models[model_id(1)]) == [small]
+    assert recorder.size == small.size
+
+
+def test_a_request_in_progress_holds_a_bounded_copy() -> None:
+    """The first RESPONSE_LIMIT bytes of an answer and at most 2 * TAIL_KEPT of its end, however long."""
+    recorder = rec.Recorder()
+    ex = exchange(recorder, body=b"x" * (3 * rec.REQUEST_LIMIT))
+    ex.record = recorder.start(ex, "ai/m", model_id(1), {})
+    ex.started_answer(200, [(b"content-type", b"text/event-stream")])
+    bound = rec.REQUEST_LIMIT + 100 + rec.RESPONSE_LIMIT + 2 * rec.TAIL_KEPT
+    for size in (1000, 65536, 300_000, 17) * 20:  # ~7 MB streamed
+        ex.answered(b"y" * size, False)
+        assert ex.record.size <= bound and recorder.size == ex.record.size
+    recorder.finish(ex, ex.access_fields())
+    assert recorder.size == ex.record.size <= rec.REQUEST_LIMIT + 100 + rec.RESPONSE_LIMIT
+
+
+def listing_response(recorder: rec.Recorder, model: str | None = None) -> Any:
+    store = SimpleNamespace(get=lambda name: SimpleNamespace(id=name))  # names are IDs here
+    router = rec.build_recorder_router(recorder, store)  # type: ignore[arg-type]
+    [route] = router.routes
+    scope = {"type": "http", "method": "GET", "path": "/engines/requests", "headers": [], "query_string": b""}
+    return asyncio.run(route.endpoint(Request(scope), model, ""))  # type: ignore[attr-defined]
+
+
+async def chunks_of(response: StreamingResponse) -> list[bytes]:
+    return [bytes(chunk) async for chunk in response.body_iterator]  # type: ignore[arg-type]
+
+
+def test_the_listing_is_written_a_record_at_a_time_as_it_was_written_whole() -> None:
+    recorder = rec.Recorder()
+    for i in range(12):
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "é<" * 20_000}]})
+        record_of(recorder, i % 3, body.encode(), letters(50_000 + i).encode())
+    ex = exchange(recorder)
+    ex.record = recorder.start(ex, "ai/m", model_id(1), {})  # one still answered
+    # the listing as one body, as the route answered it before: Starlette's JSONResponse of the entries
+    whole = JSONResponse(
+        [
+            {
+                "count": len(records),
+                "model": key,
+                "config": records[-1].config,
+                "records": [r.to_json() for r in records],
+            }
+            for key, records in recorder.models.items()
+        ]
+    ).body
+    response = listing_response(recorder)
+    assert isinstance(response, StreamingResponse) and response.media_type == "application/json"
+    chunks = asyncio.run(chunks_of(response))
+    assert b"".join(chunks) == whole
+    largest = max(len(r.shown()) for records in recorder.models.values() for r in records)
+    assert len(chunks) > 13 and max(len(chunk) for chunk in chunks) <= largest < len(whole) / 10
+    assert asyncio.run(chunks_of(listing_response(recorder, model_id(2)))) == [
+        b"[",
+        *rec._entry(model_id(2), {"context-size": 2}, list(recorder.models[model_id(2)]), rec.Record.shown),
+        b"]",
+    ]
+    assert asyncio.run(chunks_of(listing_response(rec.Recorder(), None))) == [b"[", b"]"]
 
 
 # -- the routes and the verb -----------------------------------------------------------------------------

@@ -26,6 +26,14 @@ def raw(doc: dict[str, Any], **literals: str) -> bytes:
     return text.encode()
 
 
+# OpenAI's limits: at most 16 pairs, keys of at most 64 characters, values strings of at most 512
+METADATA_BEYOND_LIMITS: list[Any] = [
+    {f"k{i}": "v" for i in range(17)},
+    {"k" * 65: "v"},
+    {"k": "v" * 9_000_000},
+    {"k": {"nested": "v"}},
+]
+
 # (method, path, body: dict = JSON, bytes = as is, status, shape)
 CASES: list[tuple[str, str, Any, int, str]] = [
     # OpenAI
@@ -76,6 +84,10 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     ("POST", "/v1/responses", {"model": "tiny", "input": "hi", "background": True}, 400, "openai"),
     ("POST", "/v1/responses", b"{not json", 400, "openai"),
     ("POST", "/v1/responses", {"model": "absent", "input": "hi"}, 404, "openai"),
+    *(
+        ("POST", "/v1/responses", {"model": "tiny", "input": "hi", "metadata": metadata}, 400, "openai")
+        for metadata in METADATA_BEYOND_LIMITS
+    ),
     # DMR
     ("POST", "/engines/_configure", raw({"model": "tiny"}, keep_alive="NaN"), 400, "openai"),
     ("POST", "/engines/_configure", {"model": "tiny", "keep_alive": "1e400h"}, 400, "openai"),
@@ -121,3 +133,16 @@ def test_bad_input_is_a_4xx_in_the_apis_shape_and_changes_nothing(
     assert daemon.ps() == []
     assert daemon.http("GET", "/engines/_configure").json() == []
     assert snapshot(store) == before
+
+
+@pytest.mark.parametrize("metadata", METADATA_BEYOND_LIMITS[:2])
+def test_metadata_beyond_openais_limits_is_refused_as_openai_refuses_it(
+    daemon: InProcessDaemon, metadata: Any
+) -> None:
+    body = {"model": "tiny", "input": "hi", "metadata": metadata}
+    for prefix in ("/v1/responses", "/engines/llama.cpp/v1/responses"):
+        response = daemon.http("POST", prefix, json=body)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == "metadata", error
+    assert daemon.ps() == []  # refused before any engine was asked: nothing to store

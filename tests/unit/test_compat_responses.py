@@ -102,6 +102,72 @@ def test_store_is_bounded_in_count_and_age(monkeypatch: pytest.MonkeyPatch) -> N
     assert store.delete("d") and not store.delete("d")
 
 
+def stored(name: str, text_size: int = 0) -> shapes.StoredResponse:
+    return shapes.StoredResponse({"id": name, "output": "x" * text_size}, [], [])
+
+
+def test_store_is_bounded_in_bytes_least_recently_used_first() -> None:
+    size = stored("a", 1000).size
+    store = shapes.ResponseStore(max_bytes=2 * size + 10)
+    store.put(stored("a", 1000))
+    store.put(stored("b", 1000))
+    assert store.get("a") is not None  # a is now used more recently than b
+    store.put(stored("c", 1000))
+    assert store.get("b") is None and store.get("a") is not None and store.get("c") is not None
+    assert store.size == 2 * size <= store.max_bytes
+    store.put(stored("d", 1500))  # larger: both a and c go to make room
+    assert [name for name in "acd" if store.get(name)] == ["d"] and store.size == stored("d", 1500).size
+    assert store.delete("d") and store.size == 0
+
+
+def test_a_response_larger_than_the_whole_budget_is_not_stored() -> None:
+    store = shapes.ResponseStore(max_bytes=5000)
+    store.put(stored("small"))
+    store.put(stored("huge", 10_000))
+    assert store.get("huge") is None and store.get("small") is not None and len(store) == 1
+
+
+def test_the_store_holds_responses_as_json() -> None:
+    """What the store counts is what it holds: the response as JSON bytes, decoded (a copy) when read."""
+    item = shapes.StoredResponse({"id": "r", "output": "é"}, [{"id": "m"}], [{"role": "user"}])
+    assert item.size == len('{"id": "r", "output": "é"}'.encode()) + len('[{"id": "m"}]') + len(
+        '[{"role": "user"}]'
+    )
+    item.response["output"] = "changed"
+    assert item.response == {"id": "r", "output": "é"} and item.conversation == [{"role": "user"}]
+
+
+def test_the_store_budget_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODEL_RUNNER_RESPONSES_MAX_BYTES", "2MiB")
+    assert shapes.ResponseStore().max_bytes == 2 * 2**20
+    monkeypatch.delenv("MODEL_RUNNER_RESPONSES_MAX_BYTES")
+    assert shapes.ResponseStore().max_bytes == shapes.DEFAULT_STORE_BYTES
+    monkeypatch.setenv("MODEL_RUNNER_RESPONSES_MAX_BYTES", "lots")
+    with pytest.raises(ValueError, match="MODEL_RUNNER_RESPONSES_MAX_BYTES"):
+        shapes.ResponseStore()
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {f"k{i}": "v" for i in range(17)},
+        {"k" * 65: "v"},
+        {"k": "v" * 513},
+        {"k": 1},
+        ["k", "v"],
+    ],
+)
+def test_metadata_beyond_openais_limits_is_refused(metadata: object) -> None:
+    with pytest.raises(BadRequest) as refused:
+        shapes.check_request({"model": "m", "input": "hi", "metadata": metadata})
+    assert refused.value.param == "metadata" and "metadata" in refused.value.message
+
+
+def test_metadata_within_openais_limits_is_kept() -> None:
+    metadata = {f"{i:064d}": "v" * 512 for i in range(16)}
+    assert shapes.check_request({"model": "m", "input": "hi", "metadata": metadata}).metadata == metadata
+
+
 def test_event_writer_sequence() -> None:
     writer = shapes.EventWriter()
     raw = writer.text("he") + writer.text("llo")

@@ -11,16 +11,19 @@ import json
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.compat.bodies import validated
 from modelrunner.errors import BadRequest
+from modelrunner.scheduler.memory import env_bytes
 
 MAX_STORED = 1000
 MAX_AGE_SECONDS = 3600.0
+DEFAULT_STORE_BYTES = 128 * 2**20
+# OpenAI's limits of `metadata`: at most 16 pairs, keys up to 64 characters, values strings up to 512
+METADATA_PAIRS, METADATA_KEY_LENGTH, METADATA_VALUE_LENGTH = 16, 64, 512
 
 # Parameters we cannot honour: refused rather than silently ignored (the contract's list).
 _REJECTED = (
@@ -59,7 +62,37 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
 
 
+def check_metadata(metadata: Any) -> None:
+    """OpenAI's limits of `metadata`, with its messages: it is kept with the stored response."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise BadRequest("Invalid 'metadata': expected an object", param="metadata")
+    if len(metadata) > METADATA_PAIRS:
+        raise BadRequest(
+            f"Invalid 'metadata': too many properties. Expected an object with at most {METADATA_PAIRS} "
+            f"properties, but got an object with {len(metadata)} properties instead.",
+            param="metadata",
+        )
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_LENGTH:
+            raise BadRequest(
+                f"Invalid 'metadata': a key is too long. Expected keys of at most {METADATA_KEY_LENGTH} "
+                f"characters, but got a key of {len(key)} characters instead.",
+                param="metadata",
+            )
+        if not isinstance(value, str):
+            raise BadRequest(f"Invalid 'metadata.{key}': expected a string", param="metadata")
+        if len(value) > METADATA_VALUE_LENGTH:
+            raise BadRequest(
+                f"Invalid 'metadata.{key}': string too long. Expected a string with maximum length "
+                f"{METADATA_VALUE_LENGTH}, but got a string with length {len(value)} instead.",
+                param="metadata",
+            )
+
+
 def check_request(doc: dict[str, Any]) -> ResponsesRequest:
+    check_metadata(doc.get("metadata"))
     for name in _REJECTED:
         value = doc.get(name)
         if value in (None, [], {}) or (name == "service_tier" and value in ("auto", "default")):
@@ -314,42 +347,89 @@ def response_object(
 # -- stored responses ----------------------------------------------------------------------------------
 
 
-@dataclass
 class StoredResponse:
-    response: dict[str, Any]
-    input_items: list[dict[str, Any]]
-    conversation: list[dict[str, Any]]  # chat messages up to and including this response's output
-    stored_at: float = 0.0  # set by the store
+    """A response kept for `GET`, `input_items` and `previous_response_id`: held as JSON, so that its size
+    in memory is what the store counts (and what a caller gets back is its own copy)."""
+
+    def __init__(
+        self,
+        response: dict[str, Any],
+        input_items: list[dict[str, Any]],
+        conversation: list[dict[str, Any]],  # chat messages up to and including this response's output
+    ) -> None:
+        self.id: str = response["id"]
+        self._parts = tuple(
+            json.dumps(part, ensure_ascii=False).encode() for part in (response, input_items, conversation)
+        )
+        self.size = sum(len(part) for part in self._parts)
+        self.stored_at = 0.0  # set by the store
+
+    @property
+    def response(self) -> dict[str, Any]:
+        return json.loads(self._parts[0])  # type: ignore[no-any-return]
+
+    @property
+    def input_items(self) -> list[dict[str, Any]]:
+        return json.loads(self._parts[1])  # type: ignore[no-any-return]
+
+    @property
+    def conversation(self) -> list[dict[str, Any]]:
+        return json.loads(self._parts[2])  # type: ignore[no-any-return]
+
+
+def store_budget() -> int:
+    """`MODEL_RUNNER_RESPONSES_MAX_BYTES` (e.g. `64MiB`): what stored responses may hold (128 MiB)."""
+    return env_bytes("MODEL_RUNNER_RESPONSES_MAX_BYTES", DEFAULT_STORE_BYTES)
 
 
 class ResponseStore:
-    """In memory, bounded in count (oldest out first) and in age, like DMR's 1 h store."""
+    """In memory, bounded in age (DMR's 1 h), in count and in bytes: the least recently used go first, and
+    a response larger than the whole budget is not kept (a later `previous_response_id` to it is a 404, as
+    to any response no longer kept)."""
 
-    def __init__(self, max_items: int = MAX_STORED, max_age: float = MAX_AGE_SECONDS) -> None:
+    def __init__(
+        self, max_items: int = MAX_STORED, max_age: float = MAX_AGE_SECONDS, max_bytes: int | None = None
+    ) -> None:
         self.max_items = max_items
         self.max_age = max_age
-        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self.max_bytes = store_budget() if max_bytes is None else max_bytes
+        self.size = 0  # bytes held
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()  # least recently used first
+        self._by_age: OrderedDict[str, StoredResponse] = OrderedDict()  # oldest first
+
+    def _drop(self, response_id: str) -> StoredResponse | None:
+        item = self._items.pop(response_id, None)
+        if item is not None:
+            del self._by_age[response_id]
+            self.size -= item.size
+        return item
 
     def _expire(self) -> None:
         deadline = time.monotonic() - self.max_age
-        while self._items:
-            oldest = next(iter(self._items.values()))
-            if oldest.stored_at >= deadline and len(self._items) <= self.max_items:
-                break
-            self._items.popitem(last=False)
+        while self._by_age and next(iter(self._by_age.values())).stored_at < deadline:
+            self._drop(next(iter(self._by_age)))
+        while len(self._items) > self.max_items or self.size > self.max_bytes:
+            self._drop(next(iter(self._items)))
 
     def put(self, item: StoredResponse) -> None:
+        self._drop(item.id)
+        if item.size > self.max_bytes:
+            return
         item.stored_at = time.monotonic()
-        self._items[item.response["id"]] = item
+        self._items[item.id] = self._by_age[item.id] = item
+        self.size += item.size
         self._expire()
 
     def get(self, response_id: str) -> StoredResponse | None:
         self._expire()
-        return self._items.get(response_id)
+        item = self._items.get(response_id)
+        if item is not None:
+            self._items.move_to_end(response_id)
+        return item
 
     def delete(self, response_id: str) -> bool:
         self._expire()
-        return self._items.pop(response_id, None) is not None
+        return self._drop(response_id) is not None
 
     def __len__(self) -> int:
         return len(self._items)

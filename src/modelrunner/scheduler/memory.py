@@ -33,6 +33,15 @@ def parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+def env_bytes(name: str, default: int) -> int:
+    """A size from the environment variable `name` (`64MiB`, `1GB`, a number of bytes), else `default`."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        return parse_bytes(raw) if raw else default
+    except BadRequest as exc:
+        raise ValueError(f"{name}: {exc.message}") from None
+
+
 def meminfo(field: str) -> int | None:
     try:
         with open("/proc/meminfo") as handle:

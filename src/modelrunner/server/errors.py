@@ -85,23 +85,34 @@ def unexpected_error(exc: Exception, method: str, path: str) -> ModelRunnerError
     return InternalError(f"internal error ({name}); the daemon log has the details (model logs)")
 
 
-def error_body(status: int, message: str) -> dict[str, object]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "code": status}}
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, object]:
+    error: dict[str, object] = {
+        "message": message,
+        "type": _TYPES.get(status, "server_error"),
+        "code": status,
+    }
+    if param is not None:
+        error["param"] = param
+    return {"error": error}
 
 
-def error_payload(family: str, status: int, message: str) -> dict[str, Any]:
-    """The JSON body of an error in `family`'s shape."""
+def error_payload(family: str, status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """The JSON body of an error in `family`'s shape (`param`, the field at fault: OpenAI's shape only)."""
     if family == OLLAMA:
         return {"error": message}
     if family == ANTHROPIC:
         return anthropic.error_body(status, message)
-    return error_body(status, message)
+    return error_body(status, message, param)
 
 
 def error_response(
-    status: int, message: str, family: str = DMR, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    family: str = DMR,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
 ) -> JSONResponse:
-    return JSONResponse(error_payload(family, status, message), status_code=status, headers=headers)
+    return JSONResponse(error_payload(family, status, message, param), status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -132,7 +143,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_model_runner_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ModelRunnerError)
         headers = {"Retry-After": str(exc.retry_after)} if hasattr(exc, "retry_after") else None
-        return error_response(exc.status_code, exc.message, api_family(request.url.path), headers)
+        family = api_family(request.url.path)
+        return error_response(exc.status_code, exc.message, family, headers, exc.param)
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -8,9 +8,11 @@ request: the client's request as it was sent (base64 media cut to 100 characters
 in Ollama, Anthropic and Responses bodies) and its answer; a streamed answer is shown whole, put back
 together when the records are read, so the relay only keeps a bounded copy of the bytes it sends.
 
-Beyond DMR: bodies are bounded (REQUEST_LIMIT, RESPONSE_LIMIT), so are the models kept (MAX_MODELS); the
-records of a model outlive its runner (DMR drops them at unload); `MODEL_RUNNER_RECORD_REQUESTS=0` turns
-the recorder off. Each record also carries fields of ours after DMR's (Go's decoder skips them):
+Beyond DMR: bodies are bounded (REQUEST_LIMIT, RESPONSE_LIMIT), so are the models kept (MAX_MODELS), and
+all records together hold at most `MODEL_RUNNER_RECORD_MAX_BYTES` (64 MiB; the oldest go first, whichever
+model they are of); a listing is written record by record, never whole in memory; the records of a model
+outlive its runner (DMR drops them at unload); `MODEL_RUNNER_RECORD_REQUESTS=0` turns the recorder off.
+Each record also carries fields of ours after DMR's (Go's decoder skips them):
 `request_id` (its `X-Request-Id`); once finished, `duration_ms` and `ttfb_ms` (its access line's), and
 `prompt_tokens` and `completion_tokens` where the answer says them (its usage, Ollama's counts, llama.cpp's
 timings). The daemon's request metrics read the same counts, and the time of the answer's first body byte
@@ -26,7 +28,7 @@ import os
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from modelrunner.compat import assemble
 from modelrunner.compat.sse import sse_events
 from modelrunner.errors import ModelNotFound, ModelRunnerError
+from modelrunner.scheduler.memory import env_bytes
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
 from modelrunner.server.errors import ANTHROPIC, OLLAMA, RESPONSES
@@ -52,12 +55,25 @@ REQUEST_LIMIT = 512 * 1024
 RESPONSE_LIMIT = 1024 * 1024
 TAIL_KEPT = 64 * 1024  # the end of an answer longer than RESPONSE_LIMIT, where its token counts are
 MAX_MODELS = 100
+DEFAULT_MAX_BYTES = 64 * 2**20
 # DMR's X-Request-Origin values, set by its Ollama and Anthropic handlers; Responses is ours.
 ORIGINS = {OLLAMA: "ollama/completion", ANTHROPIC: "anthropic/messages", RESPONSES: "openai/responses"}
 
 
 def recording_enabled() -> bool:
     return os.environ.get("MODEL_RUNNER_RECORD_REQUESTS", "1").strip().lower() not in ("0", "false", "no")
+
+
+def recorder_budget() -> int:
+    """`MODEL_RUNNER_RECORD_MAX_BYTES` (e.g. `16MiB`): what all records together may hold."""
+    return env_bytes("MODEL_RUNNER_RECORD_MAX_BYTES", DEFAULT_MAX_BYTES)
+
+
+def compact_json(value: Any) -> bytes:
+    """`value` as the listing writes it: as Starlette's JSONResponse did when the listing was one body. A lone
+    surrogate (a request may carry `"\\ud800"`) is written as its JSON escape, not refused mid-listing."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+    return text.encode("utf-8", "backslashreplace")
 
 
 # -- request bodies ------------------------------------------------------------------------------------
@@ -340,7 +356,8 @@ def answer_usage(raw: bytes | bytearray) -> tuple[int | None, int | None]:
 
 
 class Record:
-    """One request and its answer; the answer's bytes are kept as sent (bounded) and read when shown."""
+    """One request and its answer; the answer's bytes are kept as sent (bounded) and read when shown. Once
+    finished and shown, only its JSON is kept (`size` counts what it holds)."""
 
     def __init__(
         self, exchange: Exchange, model: str, model_id: str, config: dict[str, Any], request: bytes
@@ -368,7 +385,9 @@ class Record:
         self.completion_tokens: int | None = None
         self._response = bytearray()
         self._tail = bytearray()  # the last bytes beyond RESPONSE_LIMIT, until finished
-        self._shown: dict[str, Any] | None = None
+        self._shown: bytes | None = None
+        self.owner: Recorder | None = None  # the recorder that keeps it, until it goes
+        self.accounted = 0  # its size as the owner last counted it
 
     def answer_head(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self.status_code = status
@@ -380,6 +399,12 @@ class Record:
     def streamed(self) -> bool:
         return "event-stream" in self.content_type or "ndjson" in self.content_type
 
+    @property
+    def size(self) -> int:
+        """The bytes it holds: its bodies (while it runs, at most REQUEST_LIMIT, RESPONSE_LIMIT and
+        2 * TAIL_KEPT of the answer's end), or its JSON once shown."""
+        return len(self.request) + len(self._response) + len(self._tail) + len(self._shown or b"")
+
     def unframed(self) -> bytes | None:
         """What is kept of the answer so far, unframed: for the C relay, which keeps the rest of a chunked
         answer unframed (switch with `go_unframed`); None when the answer is past RESPONSE_LIMIT already."""
@@ -388,6 +413,8 @@ class Record:
     def go_unframed(self, kept: bytes) -> None:
         self._response = bytearray(kept)
         self.framed_by_chunks = False
+        if self.owner is not None:
+            self.owner.account(self)
 
     def tee(self, data: bytes) -> None:
         if self.first_data is None:
@@ -395,14 +422,15 @@ class Record:
         room = RESPONSE_LIMIT - len(self._response)
         if room >= len(data):  # the common case: no slices to copy
             self._response += data
-            return
-        if room > 0:
-            self._response += data[:room]
-            data = data[room:]
-        if data:
+        else:
+            if room > 0:
+                self._response += data[:room]
+                data = data[room:]
             self._tail += data
             if len(self._tail) > 2 * TAIL_KEPT:
                 del self._tail[:-TAIL_KEPT]
+        if self.owner is not None:  # counted as it grows: the budget holds while requests run too
+            self.owner.account(self)
 
     def finish(self, access: Mapping[str, Any]) -> None:
         """The request is over: its timing from the access line, its token counts from its answer."""
@@ -418,10 +446,22 @@ class Record:
                 self.prompt_tokens = answer_usage(self._response)[0]
         self._tail = bytearray()
 
-    def to_json(self) -> dict[str, Any]:
-        """DMR's RequestResponsePair (empty `response`, `error`, `user_agent`, `origin` left out)."""
+    def shown(self) -> bytes:
+        """The record's JSON as listed; once it is finished, computed once and kept instead of its bodies."""
         if self._shown is not None:
             return self._shown
+        data = compact_json(self._document())
+        if self.finished:
+            self._shown = data
+            self.request = b""  # the JSON holds what is shown of them: the bytes are no longer needed
+            self._response = bytearray()
+        return data
+
+    def to_json(self) -> dict[str, Any]:
+        """DMR's RequestResponsePair (empty `response`, `error`, `user_agent`, `origin` left out)."""
+        return json.loads(self.shown())  # type: ignore[no-any-return]
+
+    def _document(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": self.id,
             "model": self.model,
@@ -455,8 +495,6 @@ class Record:
                 out["prompt_tokens"] = self.prompt_tokens
             if self.completion_tokens is not None:
                 out["completion_tokens"] = self.completion_tokens
-            self._shown = out
-            self._response = bytearray()  # shown once computed: the bytes are no longer needed
         return out
 
 
@@ -468,23 +506,30 @@ class _Follower:
     )
 
 
-def _entry(model: str, config: dict[str, Any], records: list[Record]) -> dict[str, Any]:
-    """One model's entry of DMR's ModelRecordsResponse (its JSON field order)."""
-    return {
-        "count": len(records),
-        "model": model,
-        "config": config,
-        "records": [r.to_json() for r in records],
-    }
+def _entry(
+    model: str, config: dict[str, Any], records: list[Record], shown: Callable[[Record], bytes]
+) -> Iterator[bytes]:
+    """One model's entry of DMR's ModelRecordsResponse (its JSON field order), written a record at a time."""
+    head = compact_json({"count": len(records), "model": model, "config": config})
+    yield head[:-1] + b',"records":['
+    for i, record in enumerate(records):
+        if i:
+            yield b","
+        yield shown(record)  # as it is kept: not copied
+    yield b"]}"
 
 
 class Recorder:
-    """The records of every model (by model ID, the last RECORDS_PER_MODEL each) and their followers."""
+    """The records of every model (by model ID, the last RECORDS_PER_MODEL each) and their followers, all
+    of them together within `max_bytes` (the oldest records go first, whichever model they are of)."""
 
     request_limit = REQUEST_LIMIT
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = recorder_budget() if max_bytes is None else max_bytes
+        self.size = 0  # the bytes the records hold, as last counted
         self.models: OrderedDict[str, deque[Record]] = OrderedDict()
+        self._oldest: OrderedDict[Record, None] = OrderedDict()  # every record kept, oldest first
         self._followers: set[_Follower] = set()
         self._runner_configs: weakref.WeakKeyDictionary[Runner, dict[str, Any]] = weakref.WeakKeyDictionary()
 
@@ -503,12 +548,47 @@ class Recorder:
         record = Record(exchange, model, model_id, config, request)
         records = self.models.get(model_id)
         if records is None:
-            records = self.models[model_id] = deque(maxlen=RECORDS_PER_MODEL)
+            records = self.models[model_id] = deque()
             while len(self.models) > MAX_MODELS:
-                self.models.popitem(last=False)
+                for old in list(next(iter(self.models.values()))):
+                    self._forget(old)
         self.models.move_to_end(model_id)
+        if len(records) == RECORDS_PER_MODEL:
+            self._forget(records[0])
         records.append(record)
+        self._oldest[record] = None
+        record.owner = self
+        self.account(record)
         return record
+
+    def _forget(self, record: Record) -> None:
+        if record in self._oldest:
+            del self._oldest[record]
+            record.owner = None
+            records = self.models[record.model_id]
+            records.remove(record)
+            if not records:
+                del self.models[record.model_id]
+            self.size -= record.accounted
+
+    def account(self, record: Record) -> None:
+        """Count what `record` holds now, then keep within the budget: a record larger than all of it is
+        not kept, else the oldest go until the rest fit. A record that goes while it is still answered is
+        bounded by itself (REQUEST_LIMIT, RESPONSE_LIMIT, TAIL_KEPT) and still reaches the followers."""
+        if record not in self._oldest:
+            return
+        size = record.size
+        self.size += size - record.accounted
+        record.accounted = size
+        if size > self.max_bytes:
+            self._forget(record)
+        while self.size > self.max_bytes and self._oldest:
+            self._forget(next(iter(self._oldest)))
+
+    def _shown(self, record: Record) -> bytes:
+        data = record.shown()
+        self.account(record)  # its bodies may have given way to its JSON
+        return data
 
     def finish(self, exchange: Exchange, access: Mapping[str, Any]) -> None:
         """The exchange's request is over (`access`: the fields of its access line)."""
@@ -516,6 +596,7 @@ class Recorder:
         if record is None:
             return
         record.finish(access)
+        self.account(record)
         if self._followers:
             payload = self._payload(record.model, record.config, [record])
             event = b"event: new_request\ndata: " + payload + b"\n\n"
@@ -525,15 +606,28 @@ class Recorder:
 
     def _payload(self, model: str, config: dict[str, Any], records: list[Record]) -> bytes:
         """DMR's ModelRecordsResponse list of one entry."""
-        return json.dumps([_entry(model, config, records)]).encode()
+        return b"[" + b"".join(_entry(model, config, records, self._shown)) + b"]"
+
+    def listing_chunks(self, model_id: str | None) -> Iterator[bytes]:
+        """DMR's ModelRecordsResponse list of every model (or one), written a record at a time: each chunk
+        is a record's JSON as kept, or a few bytes around it. Records may come and go between chunks: each
+        model's are taken when its turn comes."""
+        ids = list(self.models) if model_id is None else [model_id] if model_id in self.models else []
+        yield b"["
+        first = True
+        for key in ids:
+            records = list(self.models.get(key, ()))
+            if not records:
+                continue
+            if not first:
+                yield b","
+            first = False
+            yield from _entry(key, records[-1].config, records, self._shown)  # the newest one's configuration
+        yield b"]"
 
     def listing(self, model_id: str | None) -> list[dict[str, Any]]:
-        ids = list(self.models) if model_id is None else [model_id] if model_id in self.models else []
-        out = []
-        for key in ids:
-            records = list(self.models[key])
-            out.append(_entry(key, records[-1].config, records))  # the newest record's configuration
-        return out
+        """The listing as documents, whole (the route writes `listing_chunks` as they come)."""
+        return json.loads(b"".join(self.listing_chunks(model_id)))  # type: ignore[no-any-return]
 
     async def follow(self, model_id: str | None, include_existing: bool) -> AsyncIterator[bytes]:
         follower = _Follower(model_id)
@@ -583,6 +677,14 @@ def build_recorder_router(recorder: Recorder | None, store: ModelStore) -> APIRo
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
             )
-        return JSONResponse(recorder.listing(model_id) if recorder is not None else [])
+        if recorder is None:
+            return JSONResponse([])
+        return StreamingResponse(_each(recorder.listing_chunks(model_id)), media_type="application/json")
 
     return router
+
+
+async def _each(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    """The chunks on the event loop, where the recorder lives (Starlette would iterate them in a thread)."""
+    for chunk in chunks:
+        yield chunk

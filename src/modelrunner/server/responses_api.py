@@ -30,7 +30,10 @@ def build_responses_router(ctx: Inference) -> APIRouter:
     def stored(response_id: str) -> shapes.StoredResponse:
         item = store.get(response_id)
         if item is None:
-            raise ModelNotFound(f"no response with id {response_id[:80]!r} (responses are kept for 1 hour)")
+            raise ModelNotFound(
+                f"no response with id {response_id[:80]!r} (responses are kept for 1 hour, within "
+                "MODEL_RUNNER_RESPONSES_MAX_BYTES)"
+            )
         return item
 
     async def create(request: Request, backend: str | None) -> Response:
