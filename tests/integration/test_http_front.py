@@ -239,3 +239,53 @@ def test_a_client_that_stops_reading_holds_the_engine_back(
     head, _, framed = bytes(answer).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
     assert contents(unchunk(framed).decode()) == [f"t{i} " + "x" * pad for i in range(chunks)]
+
+
+def ended_with_error(text: str, reason: str) -> None:
+    """A stream the daemon ended for its engine: the chunks sent, then DMR's error event (the stream's end,
+    properly framed: httpx read it whole)."""
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    error = json.loads(events[-1])
+    assert error["type"] == "error" and reason in error["message"], error
+    assert all(json.loads(e)["object"] == "chat.completion.chunk" for e in events[:-1]) and len(events) > 1
+
+
+def released_and_unloaded(running: InProcessDaemon) -> None:
+    deadline = time.monotonic() + 30
+    while any(r["in_use"] for r in running.http("GET", "/engines/ps").json()):
+        assert time.monotonic() < deadline, "the runner was not released"
+        time.sleep(0.05)
+    assert running.http("POST", "/engines/unload", json={"all": True}).json() == {"unloaded_runners": 1}
+
+
+# the front relays in Python ("0") or hands the body to the C relay ("1"); a request with an Origin goes
+# to the ASGI stack (server/upstream.py reads the engine there)
+RELAYS = [("1", None), ("0", None), ("1", "http://localhost:3000")]
+
+
+@pytest.mark.parametrize(("native", "origin"), RELAYS)
+def test_an_engine_that_stops_sending_is_given_up_after_the_idle_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str, origin: str | None
+) -> None:
+    # It still answers /health: only its silence in the middle of the stream tells.
+    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
+    monkeypatch.setenv("MODEL_RUNNER_ENGINE_IDLE_TIMEOUT", "0.5")
+    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "10", "FAKE_STALL_AFTER": "3"}) as running:
+        headers = {"origin": origin} if origin else {}
+        streamed = running.http("POST", CHAT, json=body(True), headers=headers)
+        assert streamed.status_code == 200
+        ended_with_error(streamed.text, "the engine sent nothing for 0.5 seconds")
+        released_and_unloaded(running)
+
+
+@pytest.mark.parametrize(("native", "origin"), RELAYS)
+def test_invalid_framing_from_the_engine_ends_the_stream_with_an_error_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str, origin: str | None
+) -> None:
+    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
+    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "10", "FAKE_BAD_CHUNK_AFTER": "3"}) as running:
+        headers = {"origin": origin} if origin else {}
+        streamed = running.http("POST", CHAT, json=body(True), headers=headers)
+        assert streamed.status_code == 200
+        ended_with_error(streamed.text, "invalid chunk size")
+        released_and_unloaded(running)

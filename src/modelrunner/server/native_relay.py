@@ -33,6 +33,7 @@ class End(IntEnum):
     INVALID = 4  # the engine's framing was invalid: nothing of that read was written
     CLIENT_GONE = 5  # writing to the client failed
     CANCELLED = 6  # cancel() asked
+    ENGINE_IDLE = 7  # the engine sent nothing for the stream's idle limit while it was read
 
 
 class Result(NamedTuple):
@@ -65,13 +66,15 @@ class NativeRelay:
         record: bool,
         head_limit: int,
         tail_limit: int,
+        idle: float,
         done: Callable[[Result], None],
     ) -> int:
         """Relay the chunked body from `engine_fd` to `client_fd` (neither is read or written by anyone
-        else until `done` is called, on the loop); returns the stream's id for cancel()."""
+        else until `done` is called, on the loop); returns the stream's id for cancel(). An engine that
+        sends nothing for `idle` seconds (0: no limit) while it is read ends the stream (ENGINE_IDLE)."""
         client, engine = os.dup(client_fd), os.dup(engine_fd)  # the relay closes its own copies
         try:
-            stream = _relay.add(client, engine, tail, record, head_limit, tail_limit)
+            stream = _relay.add(client, engine, tail, record, head_limit, tail_limit, idle)
         except BaseException:
             os.close(client)
             os.close(engine)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
+import os
 import re
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +37,22 @@ MAX_JSON_BODY = 64 * 1024 * 1024  # embeddings of many inputs are large
 ASSEMBLING_ENGINES = frozenset({"llama.cpp"})  # vLLM aborts a generation whose client closed by itself
 _TOO_LARGE = re.compile(r"input \((\d+) tokens\) is too large to process.*current batch size: (\d+)", re.S)
 READ_ERRORS = (UpstreamError, ConnectionError, asyncio.IncompleteReadError, ValueError)
+DEFAULT_ENGINE_IDLE = 600.0
+
+
+def engine_idle_timeout() -> float:
+    """`MODEL_RUNNER_ENGINE_IDLE_TIMEOUT`: seconds an engine may send nothing in the middle of an answer's
+    body (a stream's prefill included: engines send a stream's head first) before the request ends with
+    the engine's error and its runner is released; 0: no limit; 600 by default. The wait for the head is
+    not limited: an engine that answers a request unstreamed sends its head only when its answer is done."""
+    raw = os.environ.get("MODEL_RUNNER_ENGINE_IDLE_TIMEOUT", "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_ENGINE_IDLE
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"MODEL_RUNNER_ENGINE_IDLE_TIMEOUT must be 0 or a number of seconds, got {raw!r}")
+    return value
 
 
 class EngineUnreachable(ModelRunnerError):
@@ -93,6 +111,7 @@ class EngineCall:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.assembling: str | None = None  # the path whose unstreamed answer is assembled
+        self.idle = engine_idle_timeout() or None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._forget: Any = None
@@ -121,7 +140,7 @@ class EngineCall:
 
     def chunks(self) -> AsyncIterator[bytes]:
         assert self._reader is not None
-        return body_chunks(self._reader, self.headers)
+        return body_chunks(self._reader, self.headers, self.idle)
 
     async def read(self, limit: int = MAX_JSON_BODY) -> bytes:
         data = bytearray()
