@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from modelrunner.server import front, handed_over
 from modelrunner.server.inference import InferenceHandler
 from modelrunner.server.native_relay import NativeRelay
 from modelrunner.server.recorder import unchunk
@@ -289,3 +290,57 @@ def test_invalid_framing_from_the_engine_ends_the_stream_with_an_error_event(
         assert streamed.status_code == 200
         ended_with_error(streamed.text, "invalid chunk size")
         released_and_unloaded(running)
+
+
+def read_to_the_end(sock: socket.socket) -> tuple[bytes, bytes]:
+    """The answer's head and body, read until the daemon closes the connection."""
+    answer = b""
+    while data := sock.recv(1 << 16):
+        answer += data
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    return head, rest
+
+
+ORIGIN = b"Origin: http://localhost:3000\r\n"  # the front hands such a request to the ASGI stack
+
+
+@pytest.mark.parametrize(("native", "extra"), [("1", b""), ("0", b""), ("1", ORIGIN)])
+def test_a_client_that_shuts_its_side_after_asking_for_a_stream_gets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str, extra: bytes
+) -> None:
+    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
+    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "20"}) as running:
+        for path, payload in [(CHAT, body(True)), ("/api/chat", {**body(True), "stream": None})]:
+            if "stream" in payload and payload["stream"] is None:
+                del payload["stream"]  # Ollama streams unless told not to
+            with socket.create_connection(("127.0.0.1", running.port), timeout=30) as sock:
+                sock.sendall(raw_request(path, payload, extra))
+                sock.shutdown(socket.SHUT_WR)  # a half-close: the answer is still wanted
+                head, framed = read_to_the_end(sock)
+            assert head.startswith(b"HTTP/1.1 200") and framed.endswith(b"0\r\n\r\n"), (head, framed[-200:])
+            text = unchunk(framed).decode()
+            if path == CHAT:
+                assert contents(text) == [f"t{i} " for i in range(20)]
+            else:
+                lines = [json.loads(line) for line in text.splitlines()]
+                assert "".join(line["message"]["content"] for line in lines) == "".join(
+                    f"t{i} " for i in range(20)
+                )
+                assert lines[-1]["done"] is True
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"), [(CHAT, b""), (CHAT, ORIGIN), ("/models/create", b""), ("/api/chat", b"")]
+)
+def test_a_request_whose_body_stops_coming_is_answered_408(
+    daemon: InProcessDaemon, monkeypatch: pytest.MonkeyPatch, path: str, extra: bytes
+) -> None:
+    # on the front (CHAT) and on the ASGI stack (a browser's request, management and Ollama routes)
+    monkeypatch.setattr(front, "REQUEST_STALL_SECONDS", 0.5)
+    monkeypatch.setattr(handed_over, "REQUEST_STALL_SECONDS", 0.5)
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as sock:
+        request = raw_request(path, body(False), extra)
+        sock.sendall(request[:-10])  # the head says how long the body is; its last bytes never come
+        head, answer = read_to_the_end(sock)
+    assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
+    assert json.loads(answer)["error"]["message"] == handed_over.STALLED

@@ -14,7 +14,8 @@ closed when the client leaves, its access line and its record. Answers that must
 non-streamed llama.cpp generation, assembled from the stream asked for; embeddings, whose errors may be
 reworded) go through the engine call of server/upstream.py; all others are relayed byte for byte.
 
-The protocol is built on uvicorn's (it hands connections over to `HttpToolsProtocol`): the uvicorn
+The protocol is built on uvicorn's (it hands connections over to `HttpToolsProtocol`, with the front's
+rules about stalled requests and half-closes: server/handed_over.py): the uvicorn
 releases it was tested with are pinned in pyproject.toml, and a test fails on any other.
 """
 
@@ -30,7 +31,6 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from modelrunner import eventlog
@@ -38,6 +38,7 @@ from modelrunner.chunking import MAX_CHUNK_LINE, chunk_size
 from modelrunner.errors import ModelRunnerError
 from modelrunner.http1 import MAX_HEAD, EngineIdle
 from modelrunner.server.errors import error_body
+from modelrunner.server.handed_over import REQUEST_STALL_SECONDS, HandedOver, asks_for_stream, stalled_answer
 from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, Route, error_parts, match_route
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
 from modelrunner.server.native_relay import End, NativeRelay, Result, native_relay
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UVICORN_TESTED = ("0.54.",)  # the uvicorn releases this protocol was tested with (pyproject pins them)
-REQUEST_STALL_SECONDS = 60.0  # a request whose bytes stop coming for this long is answered 408
 # Response headers the engine must not decide: hop-by-hop ones, ours (server, date) and CORS.
 _DROPPED = {b"connection", b"keep-alive", b"access-control-allow-origin", b"server", b"date"}
 _ALNUM = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -158,6 +158,7 @@ class FrontProtocol(asyncio.Protocol):
         self.read_paused = False
         self.upstream: Upstream | None = None
         self.exchange: Exchange | None = None  # of the request being answered
+        self.answering: tuple[str, bytes] | None = None  # its path and body
         self.timer: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol
@@ -187,6 +188,15 @@ class FrontProtocol(asyncio.Protocol):
             self.upstream.client_closed()  # the C relay may have written the whole answer: its result says
         else:
             self.exchange.client_left()  # its engine connection closes: the engine stops generating
+
+    def eof_received(self) -> bool | None:
+        """The client shut its side: while its request for a stream is answered, a half-close (the answer
+        goes on; a full close is seen when a write fails); otherwise it left (server/handed_over.py says
+        why)."""
+        if self.answering is None or not asks_for_stream(*self.answering):
+            return None  # closed: connection_lost ends the request
+        self.closing = True  # nothing more can come: close once answered
+        return True
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -237,7 +247,7 @@ class FrontProtocol(asyncio.Protocol):
         assert self.transport is not None
         self._cancel_timer()
         self.server_state.connections.discard(self)
-        protocol = HttpToolsProtocol(self.config, self.server_state, self.app_state, _loop=self.loop)
+        protocol = HandedOver(self.config, self.server_state, self.app_state, _loop=self.loop)
         self.transport.set_protocol(protocol)
         protocol.connection_made(self.transport)
         if self.write_paused:
@@ -252,6 +262,7 @@ class FrontProtocol(asyncio.Protocol):
         lifecycle = self.fast.lifecycle
         exchange = self.exchange = lifecycle.begin("POST", request.path, request.headers)
         exchange.keep_request(body)
+        self.answering = request.path, body
         try:
             await self._relay(request, body, exchange)
         except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out of time
@@ -263,7 +274,7 @@ class FrontProtocol(asyncio.Protocol):
                 self._write_json(500, json.dumps(error_body(500, "internal error")).encode())
             self.closing = True
         finally:
-            self.exchange = None
+            self.exchange = self.answering = None
             await lifecycle.finish(exchange)
         self.busy = False
         if self.closing or self.transport.is_closing():
@@ -426,8 +437,7 @@ class FrontProtocol(asyncio.Protocol):
             return
         if self.buffer:
             self.closing = True
-            message = b"the request was not received in full: its bytes stopped coming"
-            self._write_json(408, json.dumps(error_body(408, message.decode())).encode())
+            self._write_json(408, stalled_answer())
         self.transport.close()
 
 
