@@ -3,8 +3,8 @@ two of the front's own rules about the client's side of a connection:
 
 * a request whose bytes stop coming for REQUEST_STALL_SECONDS (its head, or its body after a head that
   announced one) is answered 408 and its connection closed: uvicorn alone would wait for the rest forever.
-  Time in which the application does not read the body (uvicorn stops reading the socket then) is not the
-  client's: the wait starts again when it reads.
+  Time in which the application does not read the body (uvicorn stops reading the socket then, or has not
+  yet sent the `100 Continue` the client waits for) is not the client's: the wait starts again when it reads.
 * a client that shuts its side of the connection (EOF) after a request for a stream still gets the answer:
   a half-close. A full close looks the same until a write fails, which each streamed event does at once.
   After a request for a whole answer, EOF still means the client left: nothing is written before the
@@ -126,7 +126,9 @@ class HandedOver(HttpToolsProtocol):
         if not self.receiving or self.transport.is_closing():
             return
         now = time.monotonic()
-        if self.flow.read_paused:  # the application does not read: not the client's delay
+        cycle = self.cycle
+        waiting = self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue)
+        if waiting:  # the application does not read (or asked for nothing yet): not the client's delay
             self.progress = now
         elif now - self.progress >= REQUEST_STALL_SECONDS:
             self._answer_stalled()
