@@ -40,7 +40,7 @@ enum end {
     COMPLETE = 1,       /* the last chunk and the trailers came, all written */
     ENGINE_CLOSED = 2,  /* the engine's connection ended before the body did */
     ENGINE_ERROR = 3,   /* reading from the engine failed */
-    INVALID = 4,        /* the engine's framing was invalid: nothing of that read was written */
+    INVALID = 4,        /* the engine's framing was invalid: of that read, only whole chunks were written */
     CLIENT_GONE = 5,    /* writing to the client failed */
     CANCELLED = 6,      /* Python asked (the client left, or a shutdown) */
     ENGINE_IDLE = 7,    /* the engine sent nothing for its idle limit while it was read */
@@ -61,6 +61,9 @@ typedef struct stream {
     char line[MAX_CHUNK_LINE + 1];
     size_t line_len;
     unsigned char tail[2]; /* the last two data bytes */
+    size_t boundary; /* parse(): where the last chunk that ended in this read ends (0: none did) */
+    unsigned char boundary_tail[2]; /* the tail there */
+    enum end pending; /* the end once what is buffered is written (INVALID: the whole chunks before it) */
     int excess; /* bytes beyond the body's end came */
     size_t out_start, out_end; /* of buffer: read, not yet written */
     uint64_t sent;
@@ -241,6 +244,7 @@ static int chunk_size(const char *line, size_t len, uint64_t *size) {
    excess), or -1 if the framing is invalid. */
 static ssize_t parse(stream *s, const unsigned char *data, size_t len) {
     size_t pos = 0;
+    s->boundary = 0;
     while (pos < len) {
         if (s->state == DATA) {
             size_t n = len - pos < s->skip ? len - pos : (size_t)s->skip;
@@ -262,8 +266,11 @@ static ssize_t parse(stream *s, const unsigned char *data, size_t len) {
                 }
             s->skip -= n;
             pos += n;
-            if (!s->skip)
+            if (!s->skip) {
                 s->state = SIZE_LINE;
+                s->boundary = pos;
+                memcpy(s->boundary_tail, s->tail, 2);
+            }
             continue;
         }
         if (s->state == DONE)
@@ -331,8 +338,8 @@ static void flush(stream *s) {
             return;
         }
     }
-    if (s->state == DONE) {
-        finish(s, COMPLETE);
+    if (s->pending != RUNNING || s->state == DONE) {
+        finish(s, s->pending != RUNNING ? s->pending : COMPLETE);
         return;
     }
     watch(s, s->client_fd, &s->client_watched, 0, 1, 0);
@@ -372,18 +379,19 @@ static void engine_ready(stream *s) {
         finish(s, ENGINE_CLOSED);
         return;
     }
-    /* a read found invalid is not written: the framing is left as it was, to say where what was written
-       ends (between chunks or not, its last data bytes) */
+    /* of a read found invalid, only the whole chunks before the invalid bytes are written; the framing is
+       left as it was there, to say where what was written ends (between chunks or not, its last data
+       bytes) */
     enum parse state = s->state;
     size_t line_len = s->line_len;
     unsigned char tail[2] = {s->tail[0], s->tail[1]};
     ssize_t body = parse(s, (unsigned char *)s->buffer, (size_t)n);
     if (body < 0) {
-        s->state = state;
-        s->line_len = line_len;
-        memcpy(s->tail, tail, 2);
-        finish(s, INVALID);
-        return;
+        s->state = s->boundary ? SIZE_LINE : state;
+        s->line_len = s->boundary ? 0 : line_len;
+        memcpy(s->tail, s->boundary ? s->boundary_tail : tail, 2);
+        s->pending = INVALID;
+        body = (ssize_t)s->boundary;
     }
     s->out_start = 0;
     s->out_end = (size_t)body;

@@ -54,27 +54,37 @@ async def read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[bytes
 
 async def _dechunk(reader: asyncio.StreamReader, idle: float | None) -> AsyncIterator[bytes]:
     """Decode chunked transfer encoding from whatever has arrived: every complete chunk in one read is
-    passed on together, so a burst of small SSE events costs one hand-over, not one each."""
+    passed on together, so a burst of small SSE events costs one hand-over, not one each. Invalid framing
+    is a ValueError, after the whole chunks before it."""
     buffer = bytearray()
     while True:
         out = bytearray()
-        while (line_end := buffer.find(b"\r\n", 0, MAX_CHUNK_LINE + 2)) >= 0:
-            size = chunk_size(bytes(buffer[:line_end]))
-            if size == 0:  # the last chunk; trailers, if any, are not needed
-                if out:
-                    yield bytes(out)
-                return
-            start, end = line_end + 2, line_end + 2 + size
-            if len(buffer) < end + 2:
-                break
-            if buffer[end : end + 2] != b"\r\n":
-                raise ValueError("no CRLF after a chunk's data")
-            out += buffer[start:end]
-            del buffer[: end + 2]
-        if line_end < 0 and len(buffer) > MAX_CHUNK_LINE:
-            raise ValueError("a chunk line is too long")
+        invalid: ValueError | None = None
+        last = False  # the last chunk came
+        try:
+            while (line_end := buffer.find(b"\r\n", 0, MAX_CHUNK_LINE + 2)) >= 0:
+                size = chunk_size(bytes(buffer[:line_end]))
+                if size == 0:  # the last chunk; trailers, if any, are not needed
+                    last = True
+                    break
+                start, end = line_end + 2, line_end + 2 + size
+                if len(buffer) < end + 2:
+                    break
+                if buffer[end : end + 2] != b"\r\n":
+                    raise ValueError("no CRLF after a chunk's data")
+                out += buffer[start:end]
+                del buffer[: end + 2]
+            else:
+                if len(buffer) > MAX_CHUNK_LINE:
+                    raise ValueError("a chunk line is too long")
+        except ValueError as exc:
+            invalid = exc
         if out:
             yield bytes(out)
+        if invalid is not None:
+            raise invalid
+        if last:
+            return
         data = await _within(idle, reader.read(READ_SIZE))
         if not data:
             raise UpstreamError("the engine closed the stream mid-response")

@@ -75,6 +75,22 @@ def test_the_crlf_after_a_chunks_data_is_checked(after: bytes) -> None:
         asyncio.run(collect([b"5\r\nhello" + after + b"0\r\n\r\n"], CHUNKED))
 
 
+def test_the_whole_chunks_before_invalid_framing_are_passed_on() -> None:
+    async def read() -> tuple[list[bytes], str]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(chunked(b"first", b"second")[:-5] + b"0x5\r\nhello\r\n")  # in one read
+        reader.feed_eof()
+        got: list[bytes] = []
+        try:
+            async for data in body_chunks(reader, CHUNKED):
+                got.append(data)
+        except ValueError as exc:
+            return got, str(exc)
+        return got, ""
+
+    assert asyncio.run(read()) == ([b"firstsecond"], "invalid chunk size")
+
+
 def test_a_size_line_without_its_end_is_bounded() -> None:
     with pytest.raises(ValueError, match="a chunk line is too long"):
         asyncio.run(collect([b"0" * 5000], CHUNKED))

@@ -164,27 +164,35 @@ def test_invalid_framing_is_not_passed_on(data: bytes, why: str) -> None:
 
     result, received = relay(write)
     assert result.end is End.INVALID and result.invalid == why
-    assert first.startswith(received)  # the bad read, and nothing after it, was kept from the client
-    if received == first:  # what was written ends between chunks: the front ends the stream with an event
-        assert result.at_boundary and result.tail == python_framing(first).tail
+    # the whole chunks before the bad bytes, however they were read, and nothing after them; then the front
+    # ends the stream with an error event: what was written ends between chunks
+    assert received == first and result.sent == len(first)
+    assert result.at_boundary and result.tail == python_framing(first).tail
 
 
 def python_reads(data: bytes) -> Chunked:
-    """front.Chunked over `data` (after one whole chunk), in one read and byte by byte: the same verdict."""
+    """front.Chunked over `data` after one whole chunk: in one read with it, and byte by byte after it, the
+    same verdict; found invalid in the one read, it passes on the whole chunk before and stops between
+    chunks."""
     first = chunked([b"data: ok\n\n"])[:-5]
-    whole = python_framing(first)
+    together = Chunked()
     bytewise = python_framing(first)
     errors = []
-    for framing, reads in ((whole, [data]), (bytewise, [data[i : i + 1] for i in range(len(data))])):
+    for framing, reads in (
+        (together, [first + data]),
+        (bytewise, [data[i : i + 1] for i in range(len(data))]),
+    ):
         try:
             for read in reads:
                 framing.feed(read)
         except ValueError as exc:
             errors.append(str(exc))
     assert len(errors) in (0, 2) and len(set(errors)) <= 1
-    if errors:
+    if errors:  # (byte by byte, the bytes of a line before its end were passed on already)
+        assert together.valid == len(first) and together.at_boundary
+        assert together.tail == python_framing(first).tail
         raise ValueError(errors[0])
-    return whole
+    return together
 
 
 @pytest.mark.parametrize(("line", "size"), SIZE_LINES)
@@ -203,7 +211,7 @@ def test_size_lines_follow_one_rule_in_python_and_in_c(line: bytes, size: int | 
         with pytest.raises(ValueError) as refused:
             python_reads(data)
         assert result.end is End.INVALID and result.invalid == str(refused.value)
-        assert first.startswith(received) and result.at_boundary  # (whether `first` came in that read or not)
+        assert received == first and result.at_boundary  # whether `first` came in that read or not
     else:
         assert chunk_size(line[:-2]) == size
         framing = python_reads(data)
@@ -224,7 +232,7 @@ def test_the_crlf_after_a_chunks_data_is_checked(after: bytes) -> None:
     with pytest.raises(ValueError, match="no CRLF after a chunk's data"):
         python_reads(data)
     assert result.end is End.INVALID and result.invalid == "no CRLF after a chunk's data"
-    assert first.startswith(received)
+    assert received == first and result.at_boundary
 
 
 def test_an_engine_that_sends_nothing_for_the_idle_limit_ends_the_stream() -> None:

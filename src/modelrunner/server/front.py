@@ -639,8 +639,12 @@ class Upstream(asyncio.Protocol):
         try:
             framing.feed(data)
         except ValueError as exc:
-            if head and self.front is not None:
-                self.front.write(head)
+            valid = data[: framing.valid] if isinstance(framing, Chunked) else b""
+            if (head or valid) and self.client is not None:
+                self.client.write(head + valid)  # the whole chunks before the invalid bytes
+                self.sent += len(valid)
+                if self.record is not None:
+                    self.record.tee(valid)
             self._invalid(exc)
             return
         if framing.excess:  # bytes after the answer: not the client's, and the connection is spoilt
@@ -849,9 +853,9 @@ class Chunked(Framing):
     """Chunked transfer encoding, followed without copying the body: where each chunk ends, whether the
     last one came, and the last two data bytes (to know whether an SSE event was cut). A read that holds
     whole chunks costs one size-line parse per chunk (chunking.chunk_size, the rule _relay.c follows too);
-    data between size lines is skipped over, its CRLF checked. A read found invalid leaves the framing as
-    it was before it (none of it is passed on), so `at_boundary` says whether what was passed on ends
-    between chunks."""
+    data between size lines is skipped over, its CRLF checked. Of a read found invalid, only the whole
+    chunks before the invalid bytes (its first `valid` bytes) are to be passed on, and the framing is left
+    as it was there, so `at_boundary` says whether what was passed on ends between chunks."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -859,6 +863,8 @@ class Chunked(Framing):
         self.line = b""  # a size or trailer line cut between reads
         self.trailers = False  # the last chunk came: trailer lines until an empty one
         self.tail = b"\n\n"
+        self.valid = 0  # of a read found invalid: see above
+        self._boundary = 0, self.tail  # in the read being fed, where the last chunk that ended there ends
 
     @property
     def at_boundary(self) -> bool:
@@ -866,10 +872,15 @@ class Chunked(Framing):
 
     def feed(self, data: bytes) -> None:
         before = self.skip, self.line, self.trailers, self.tail
+        self._boundary = 0, self.tail
         try:
             self._feed(data)
         except ValueError:
-            self.skip, self.line, self.trailers, self.tail = before
+            self.valid, tail = self._boundary
+            if self.valid:
+                self.skip, self.line, self.trailers, self.tail = 0, b"", False, tail
+            else:
+                self.skip, self.line, self.trailers, self.tail = before
             raise
 
     def _feed(self, data: bytes) -> None:
@@ -884,6 +895,7 @@ class Chunked(Framing):
             if pos >= end:
                 self.skip = pos - end
                 return
+            self._boundary = pos, self.tail
         while pos < end:
             newline = data.find(b"\n", pos)
             if newline < 0 or self.line:
@@ -923,6 +935,8 @@ class Chunked(Framing):
                 self.tail = (self.tail + data[max(pos, end - 2) : end])[-2:]
             pos = stop + 2
             _check_crlf(data, pos)
+            if pos <= end:
+                self._boundary = pos, self.tail
         self.skip = max(pos - end, 0)
 
 

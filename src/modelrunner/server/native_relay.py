@@ -30,7 +30,7 @@ class End(IntEnum):
     COMPLETE = 1  # the last chunk and the trailers came, and all of it was written
     ENGINE_CLOSED = 2  # the engine's connection ended before the body did
     ENGINE_ERROR = 3  # reading from the engine failed
-    INVALID = 4  # the engine's framing was invalid: nothing of that read was written
+    INVALID = 4  # the engine's framing was invalid: of that read, only the whole chunks before were written
     CLIENT_GONE = 5  # writing to the client failed
     CANCELLED = 6  # cancel() asked
     ENGINE_IDLE = 7  # the engine sent nothing for the stream's idle limit while it was read
