@@ -13,6 +13,9 @@ Connections are kept alive (HTTP/1.1); each `request` event says how many reques
 carried (`served`). On a connection's second and later requests FAKE_REUSED scripts an engine's idle-close
 race: `drop` closes it unanswered, `cut` closes it after the head and one chunk (event `reused_closed`).
 FAKE_CONNECTION_CLOSE=1 answers streams with `Connection: close`.
+Hostile engines: FAKE_STALL_AFTER (after that many streamed chunks, send nothing more, the connection left
+open, /health still answered; event `stalled`), FAKE_BAD_CHUNK_AFTER (after that many, a chunk whose size
+line is invalid, then the connection closed; event `bad_chunk`).
 Streams end as llama-server's do (finish reason, usage if asked).
 """
 
@@ -24,6 +27,7 @@ import signal
 import socketserver
 import subprocess
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -157,6 +161,8 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         chunks = int(os.environ.get("FAKE_CHUNKS", "5"))
         crash_after = int(os.environ.get("FAKE_CRASH_AFTER", "-1"))
+        stall_after = int(os.environ.get("FAKE_STALL_AFTER", "-1"))
+        bad_chunk_after = int(os.environ.get("FAKE_BAD_CHUNK_AFTER", "-1"))
         pad = int(os.environ.get("FAKE_CHUNK_PAD", "0"))
         top = {
             "id": "chatcmpl-fake",
@@ -169,6 +175,15 @@ class Handler(BaseHTTPRequestHandler):
                 if i == crash_after:
                     _event("crash")
                     os._exit(3)
+                if i == stall_after:
+                    _event("stalled")
+                    threading.Event().wait()  # until the runner is stopped
+                if i == bad_chunk_after:
+                    _event("bad_chunk")
+                    self.wfile.write(b"0x5\r\nhello\r\n")  # RFC 9112 has no 0x
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
                 content = f"t{i} " + "x" * pad
                 data = json.dumps({**top, "choices": [{"index": 0, "delta": {"content": content}}]})
                 self._chunk(f"data: {data}\n\n".encode())

@@ -31,16 +31,19 @@
 #include <unistd.h>
 
 #define BUFFER_SIZE 65536
-#define MAX_CHUNK_LINE 4096 /* front.MAX_CHUNK_LINE */
+#define MAX_CHUNK_LINE 4096 /* chunking.MAX_CHUNK_LINE */
+#define MAX_CHUNK_SIZE ((uint64_t)1 << 62) /* chunking.MAX_CHUNK_SIZE */
+#define SWEEP_SECONDS 0.25 /* how often idle engines are looked for, while streams are live */
 
 enum end {
     RUNNING = 0,
     COMPLETE = 1,       /* the last chunk and the trailers came, all written */
     ENGINE_CLOSED = 2,  /* the engine's connection ended before the body did */
     ENGINE_ERROR = 3,   /* reading from the engine failed */
-    INVALID = 4,        /* the engine's framing was invalid: nothing of that read was written */
+    INVALID = 4,        /* the engine's framing was invalid: of that read, only whole chunks were written */
     CLIENT_GONE = 5,    /* writing to the client failed */
     CANCELLED = 6,      /* Python asked (the client left, or a shutdown) */
+    ENGINE_IDLE = 7,    /* the engine sent nothing for its idle limit while it was read */
 };
 
 enum parse { SIZE_LINE, DATA, TRAILERS, DONE };
@@ -58,10 +61,15 @@ typedef struct stream {
     char line[MAX_CHUNK_LINE + 1];
     size_t line_len;
     unsigned char tail[2]; /* the last two data bytes */
+    size_t boundary; /* parse(): where the last chunk that ended in this read ends (0: none did) */
+    unsigned char boundary_tail[2]; /* the tail there */
+    enum end pending; /* the end once what is buffered is written (INVALID: the whole chunks before it) */
     int excess; /* bytes beyond the body's end came */
     size_t out_start, out_end; /* of buffer: read, not yet written */
     uint64_t sent;
     double first_data;
+    double idle_limit, idle_since; /* seconds (0: none); since when the engine, watched, sent nothing */
+    int added; /* under lock: add() registered it (until then the sweep leaves it alone) */
     /* the recorder's copy */
     int record;
     char *head;
@@ -197,10 +205,46 @@ static int keep_or_fail(stream *s, const char *data, size_t len) {
     return 1;
 }
 
+/* The size on a chunk's size line (without its CRLF), by the rule of Python's chunking.chunk_size (RFC 9112):
+   1*HEXDIG (leading zeros allowed; no sign, no 0x, no spaces) of at most MAX_CHUNK_SIZE, then optionally
+   spaces or tabs, `;` and extensions (ignored; no control bytes but tab). Returns 0 if it is invalid. */
+static int chunk_size(const char *line, size_t len, uint64_t *size) {
+    size_t i = 0;
+    uint64_t value = 0;
+    for (; i < len; i++) {
+        char c = line[i];
+        int digit = c >= '0' && c <= '9' ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+        if (digit < 0)
+            break;
+        if (value > MAX_CHUNK_SIZE >> 4) /* no overflow: value * 16 + 15 stays within 64 bits */
+            return 0;
+        value = value * 16 + (uint64_t)digit;
+    }
+    if (i == 0 || value > MAX_CHUNK_SIZE)
+        return 0;
+    if (i < len) {
+        while (i < len && (line[i] == ' ' || line[i] == '\t'))
+            i++;
+        if (i == len || line[i] != ';')
+            return 0;
+        for (; i < len; i++) {
+            unsigned char c = (unsigned char)line[i];
+            if ((c < 32 && c != '\t') || c == 127)
+                return 0;
+        }
+    }
+    *size = value;
+    return 1;
+}
+
 /* Follow the framing over `len` new bytes; returns how many of them belong to the body (the rest is
    excess), or -1 if the framing is invalid. */
 static ssize_t parse(stream *s, const unsigned char *data, size_t len) {
     size_t pos = 0;
+    s->boundary = 0;
     while (pos < len) {
         if (s->state == DATA) {
             size_t n = len - pos < s->skip ? len - pos : (size_t)s->skip;
@@ -214,10 +258,19 @@ static ssize_t parse(stream *s, const unsigned char *data, size_t len) {
                 s->tail[1] = data[pos];
             }
             s->data_left -= data_n;
+            /* the rest of these n bytes are the CRLF after the data: `crlf` of it still to come */
+            for (uint64_t k = data_n, crlf = s->skip - data_n; k < n; k++, crlf--)
+                if (data[pos + k] != (crlf == 2 ? '\r' : '\n')) {
+                    s->invalid = "no CRLF after a chunk's data";
+                    return -1;
+                }
             s->skip -= n;
             pos += n;
-            if (!s->skip)
+            if (!s->skip) {
                 s->state = SIZE_LINE;
+                s->boundary = pos;
+                memcpy(s->boundary_tail, s->tail, 2);
+            }
             continue;
         }
         if (s->state == DONE)
@@ -233,42 +286,22 @@ static ssize_t parse(stream *s, const unsigned char *data, size_t len) {
         pos = newline ? stop + 1 : len;
         if (!newline)
             break;
-        s->line[s->line_len] = 0;
         size_t line_len = s->line_len;
         s->line_len = 0;
+        if (!line_len || s->line[line_len - 1] != '\r') {
+            s->invalid = "a chunk line does not end with CRLF";
+            return -1;
+        }
+        line_len--;
         if (s->state == TRAILERS) {
-            int blank = 1;
-            for (size_t i = 0; i < line_len; i++)
-                if (s->line[i] != ' ' && s->line[i] != '\t' && s->line[i] != '\r')
-                    blank = 0;
-            if (blank)
+            if (!line_len) /* the empty line after the trailers ends the body */
                 s->state = DONE;
             continue;
         }
-        /* a size line: hex digits, optionally an extension after ';' (int(line.split(";")[0], 16)) */
-        char *end_of_size = memchr(s->line, ';', line_len);
-        size_t size_len = end_of_size ? (size_t)(end_of_size - s->line) : line_len;
-        size_t i = 0, j = size_len;
-        while (i < j && (s->line[i] == ' ' || s->line[i] == '\t' || s->line[i] == '\r'))
-            i++;
-        while (j > i && (s->line[j - 1] == ' ' || s->line[j - 1] == '\t' || s->line[j - 1] == '\r'))
-            j--;
-        if (i == j || j - i > 15) {
+        uint64_t size;
+        if (!chunk_size(s->line, line_len, &size)) {
             s->invalid = "invalid chunk size";
             return -1;
-        }
-        uint64_t size = 0;
-        for (size_t k = i; k < j; k++) {
-            char c = s->line[k];
-            int digit = c >= '0' && c <= '9' ? c - '0'
-                        : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                        : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                               : -1;
-            if (digit < 0) {
-                s->invalid = "invalid chunk size";
-                return -1;
-            }
-            size = size * 16 + (uint64_t)digit;
         }
         if (size == 0) {
             s->state = TRAILERS;
@@ -305,13 +338,34 @@ static void flush(stream *s) {
             return;
         }
     }
-    if (s->state == DONE) {
-        finish(s, COMPLETE);
+    if (s->pending != RUNNING || s->state == DONE) {
+        finish(s, s->pending != RUNNING ? s->pending : COMPLETE);
         return;
     }
     watch(s, s->client_fd, &s->client_watched, 0, 1, 0);
     if (!watch(s, s->engine_fd, &s->engine_watched, EPOLLIN | EPOLLRDHUP, 0, 1))
         finish(s, ENGINE_ERROR);
+    s->idle_since = now(); /* the engine is read again: its idle time starts */
+}
+
+/* End the streams whose engine, read, sent nothing for their idle limit (a client that does not read is
+   not the engine's idleness: the engine is not read meanwhile). Only streams whose add() is complete:
+   add() links a stream before it registers it, and takes it back if that fails. */
+static void sweep(void) {
+    double at = now();
+    for (;;) {
+        stream *idle[64];
+        size_t count = 0;
+        pthread_mutex_lock(&lock);
+        for (stream *s = live; s && count < 64; s = s->next)
+            if (s->added && s->engine_watched && s->idle_limit > 0 && at - s->idle_since >= s->idle_limit)
+                idle[count++] = s;
+        pthread_mutex_unlock(&lock);
+        for (size_t i = 0; i < count; i++)
+            finish(idle[i], ENGINE_IDLE); /* unlinks it: the next pass finds the others */
+        if (count < 64)
+            return;
+    }
 }
 
 static void engine_ready(stream *s) {
@@ -325,10 +379,19 @@ static void engine_ready(stream *s) {
         finish(s, ENGINE_CLOSED);
         return;
     }
+    /* of a read found invalid, only the whole chunks before the invalid bytes are written; the framing is
+       left as it was there, to say where what was written ends (between chunks or not, its last data
+       bytes) */
+    enum parse state = s->state;
+    size_t line_len = s->line_len;
+    unsigned char tail[2] = {s->tail[0], s->tail[1]};
     ssize_t body = parse(s, (unsigned char *)s->buffer, (size_t)n);
     if (body < 0) {
-        finish(s, INVALID);
-        return;
+        s->state = s->boundary ? SIZE_LINE : state;
+        s->line_len = s->boundary ? 0 : line_len;
+        memcpy(s->tail, s->boundary ? s->boundary_tail : tail, 2);
+        s->pending = INVALID;
+        body = (ssize_t)s->boundary;
     }
     s->out_start = 0;
     s->out_end = (size_t)body;
@@ -361,8 +424,12 @@ static void take_cancels(void) {
 static void *run(void *unused) {
     (void)unused;
     struct epoll_event events[256];
+    double next_sweep = 0;
     for (;;) {
-        int n = epoll_wait(epoll_fd, events, 256, -1);
+        pthread_mutex_lock(&lock);
+        int any = live != NULL;
+        pthread_mutex_unlock(&lock);
+        int n = epoll_wait(epoll_fd, events, 256, any ? (int)(SWEEP_SECONDS * 1000) : -1);
         for (int i = 0; i < n; i++) {
             uintptr_t tag = (uintptr_t)events[i].data.ptr;
             if (!tag) {
@@ -376,6 +443,10 @@ static void *run(void *unused) {
                 flush(s);
             else
                 engine_ready(s);
+        }
+        if (any && now() >= next_sweep) {
+            sweep();
+            next_sweep = now() + SWEEP_SECONDS;
         }
         publish();
     }
@@ -435,9 +506,11 @@ static PyObject *relay_add(PyObject *self, PyObject *args) {
     int client_fd, engine_fd, record;
     Py_buffer tail;
     Py_ssize_t head_limit, tail_limit;
-    if (!PyArg_ParseTuple(args, "iiy*pnn", &client_fd, &engine_fd, &tail, &record, &head_limit, &tail_limit))
+    double idle;
+    if (!PyArg_ParseTuple(args, "iiy*pnnd", &client_fd, &engine_fd, &tail, &record, &head_limit, &tail_limit,
+                          &idle))
         return NULL;
-    if (result_fd < 0 || tail.len != 2 || head_limit < 0 || tail_limit < 0) {
+    if (result_fd < 0 || tail.len != 2 || head_limit < 0 || tail_limit < 0 || !(idle >= 0)) {
         PyBuffer_Release(&tail);
         PyErr_SetString(PyExc_ValueError, "relay not started, or invalid arguments");
         return NULL;
@@ -464,13 +537,16 @@ static PyObject *relay_add(PyObject *self, PyObject *args) {
     s->record = record;
     s->head_limit = (size_t)head_limit;
     s->ring_limit = (size_t)tail_limit;
+    s->idle_limit = idle;
+    s->idle_since = now();
     /* The engine's socket is watched from here, by this thread: the relay thread wakes when the engine
        writes, not once more now. Only it touches the stream from then on (Python: cancel by id). */
+    s->engine_watched = 1;
     pthread_mutex_lock(&lock);
+    int first = live == NULL;
     s->next = live;
     live = s;
     pthread_mutex_unlock(&lock);
-    s->engine_watched = 1;
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = s};
     if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, engine_fd, &ev) < 0) {
         int failed = errno;
@@ -482,6 +558,11 @@ static PyObject *relay_add(PyObject *self, PyObject *args) {
         errno = failed;
         return PyErr_SetFromErrno(PyExc_OSError); /* the fds stay the caller's */
     }
+    pthread_mutex_lock(&lock);
+    s->added = 1;
+    pthread_mutex_unlock(&lock);
+    if (first)
+        poke(cancel_fd); /* the thread waits without a timeout while no stream is live: now it sweeps */
     return id; /* from here on both fds are the relay's */
 }
 
@@ -558,9 +639,10 @@ static PyObject *relay_results(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"start", relay_start, METH_NOARGS, "Start the relay thread (once); returns the eventfd of results."},
     {"add", relay_add, METH_VARARGS,
-     "add(client_fd, engine_fd, tail, record, head_limit, tail_limit) -> id: relay a chunked body from "
-     "the engine's socket to the client's, starting at a chunk boundary; both fds become the relay's. "
-     "Recorded: the body's data, unframed."},
+     "add(client_fd, engine_fd, tail, record, head_limit, tail_limit, idle) -> id: relay a chunked body "
+     "from the engine's socket to the client's, starting at a chunk boundary; both fds become the relay's. "
+     "Recorded: the body's data, unframed. Ended (ENGINE_IDLE) when the engine sends nothing for `idle` "
+     "seconds (0: no limit)."},
     {"cancel", relay_cancel, METH_VARARGS, "cancel(id): end a stream; its result still comes."},
     {"results", relay_results, METH_NOARGS,
      "The ended streams: (id, end, at_boundary, excess, sent, first_data, tail, recorded head, "

@@ -14,6 +14,8 @@ import socket
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from modelrunner.chunking import chunk_size
+
 if TYPE_CHECKING:
     import ssl
 
@@ -179,11 +181,13 @@ class Response:
             return b""
         if self._chunked:
             if self._chunk_left == 0:
-                if self._chunk_crlf and self._line().strip():
+                if self._chunk_crlf and self._line() != b"\r\n":
                     raise ProtocolError("a chunk of the answer is longer than it said")
-                size_line = self._line().split(b";", 1)[0].strip()
+                size_line = self._line()
                 try:
-                    self._chunk_left = int(size_line, 16)
+                    if not size_line.endswith(b"\r\n"):
+                        raise ValueError("a chunk line does not end with CRLF")
+                    self._chunk_left = chunk_size(size_line[:-2])
                 except ValueError:
                     raise ProtocolError(f"the answer has an invalid chunk size: {size_line[:40]!r}") from None
                 if self._chunk_left == 0:

@@ -4,14 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+from modelrunner.chunking import MAX_CHUNK_LINE, chunk_size
 
 READ_SIZE = 64 * 1024
 MAX_HEAD = 64 * 1024
+T = TypeVar("T")
 
 
 class UpstreamError(Exception):
     """The engine closed the connection or sent something that is not HTTP."""
+
+
+class EngineIdle(UpstreamError):
+    """The engine sent nothing for the idle limit in the middle of its answer's body."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the engine sent nothing for {seconds:g} seconds")
+
+
+async def _within(idle: float | None, read: Awaitable[T]) -> T:
+    """`read`, or EngineIdle if nothing came within `idle` seconds (None: no limit)."""
+    if idle is None:
+        return await read
+    try:
+        async with asyncio.timeout(idle):
+            return await read
+    except TimeoutError:
+        raise EngineIdle(idle) from None
 
 
 async def read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[bytes, bytes]]]:
@@ -30,49 +52,64 @@ async def read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[bytes
     return int(parts[1]), headers
 
 
-async def _dechunk(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+async def _dechunk(reader: asyncio.StreamReader, idle: float | None) -> AsyncIterator[bytes]:
     """Decode chunked transfer encoding from whatever has arrived: every complete chunk in one read is
-    passed on together, so a burst of small SSE events costs one hand-over, not one each."""
+    passed on together, so a burst of small SSE events costs one hand-over, not one each. Invalid framing
+    is a ValueError, after the whole chunks before it."""
     buffer = bytearray()
     while True:
         out = bytearray()
-        while (line_end := buffer.find(b"\r\n")) >= 0:
-            size = int(bytes(buffer[:line_end]).split(b";", 1)[0].strip() or b"0", 16)
-            if size == 0:  # the last chunk; trailers, if any, are not needed
-                if out:
-                    yield bytes(out)
-                return
-            start, end = line_end + 2, line_end + 2 + size
-            if len(buffer) < end + 2:
-                break
-            out += buffer[start:end]
-            del buffer[: end + 2]
+        invalid: ValueError | None = None
+        last = False  # the last chunk came
+        try:
+            while (line_end := buffer.find(b"\r\n", 0, MAX_CHUNK_LINE + 2)) >= 0:
+                size = chunk_size(bytes(buffer[:line_end]))
+                if size == 0:  # the last chunk; trailers, if any, are not needed
+                    last = True
+                    break
+                start, end = line_end + 2, line_end + 2 + size
+                if len(buffer) < end + 2:
+                    break
+                if buffer[end : end + 2] != b"\r\n":
+                    raise ValueError("no CRLF after a chunk's data")
+                out += buffer[start:end]
+                del buffer[: end + 2]
+            else:
+                if len(buffer) > MAX_CHUNK_LINE:
+                    raise ValueError("a chunk line is too long")
+        except ValueError as exc:
+            invalid = exc
         if out:
             yield bytes(out)
-        data = await reader.read(READ_SIZE)
+        if invalid is not None:
+            raise invalid
+        if last:
+            return
+        data = await _within(idle, reader.read(READ_SIZE))
         if not data:
             raise UpstreamError("the engine closed the stream mid-response")
         buffer += data
 
 
 async def body_chunks(
-    reader: asyncio.StreamReader, headers: list[tuple[bytes, bytes]]
+    reader: asyncio.StreamReader, headers: list[tuple[bytes, bytes]], idle: float | None = None
 ) -> AsyncIterator[bytes]:
-    """Yield the response body as it arrives: chunked, sized, or until the engine closes."""
+    """Yield the response body as it arrives: chunked, sized, or until the engine closes; EngineIdle when
+    nothing comes for `idle` seconds."""
     values = dict(headers)
     if b"chunked" in values.get(b"transfer-encoding", b"").lower():
-        async for data in _dechunk(reader):
+        async for data in _dechunk(reader, idle):
             yield data
     elif b"content-length" in values:
         remaining = int(values[b"content-length"])
         while remaining > 0:
-            data = await reader.read(min(READ_SIZE, remaining))
+            data = await _within(idle, reader.read(min(READ_SIZE, remaining)))
             if not data:
                 raise UpstreamError("the engine closed the stream mid-response")
             remaining -= len(data)
             yield data
     else:
-        while data := await reader.read(READ_SIZE):
+        while data := await _within(idle, reader.read(READ_SIZE)):
             yield data
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from modelrunner.server import front, handed_over
 from modelrunner.server.inference import InferenceHandler
 from modelrunner.server.native_relay import NativeRelay
 from modelrunner.server.recorder import unchunk
@@ -239,3 +240,107 @@ def test_a_client_that_stops_reading_holds_the_engine_back(
     head, _, framed = bytes(answer).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
     assert contents(unchunk(framed).decode()) == [f"t{i} " + "x" * pad for i in range(chunks)]
+
+
+def ended_with_error(text: str, reason: str) -> None:
+    """A stream the daemon ended for its engine: the chunks sent, then DMR's error event (the stream's end,
+    properly framed: httpx read it whole)."""
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    error = json.loads(events[-1])
+    assert error["type"] == "error" and reason in error["message"], error
+    assert all(json.loads(e)["object"] == "chat.completion.chunk" for e in events[:-1]) and len(events) > 1
+
+
+def released_and_unloaded(running: InProcessDaemon) -> None:
+    deadline = time.monotonic() + 30
+    while any(r["in_use"] for r in running.http("GET", "/engines/ps").json()):
+        assert time.monotonic() < deadline, "the runner was not released"
+        time.sleep(0.05)
+    assert running.http("POST", "/engines/unload", json={"all": True}).json() == {"unloaded_runners": 1}
+
+
+# the front relays in Python ("0") or hands the body to the C relay ("1"); a request with an Origin goes
+# to the ASGI stack (server/upstream.py reads the engine there)
+RELAYS = [("1", None), ("0", None), ("1", "http://localhost:3000")]
+
+
+@pytest.mark.parametrize(("native", "origin"), RELAYS)
+def test_an_engine_that_stops_sending_is_given_up_after_the_idle_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str, origin: str | None
+) -> None:
+    # It still answers /health: only its silence in the middle of the stream tells.
+    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
+    monkeypatch.setenv("MODEL_RUNNER_ENGINE_IDLE_TIMEOUT", "0.5")
+    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "10", "FAKE_STALL_AFTER": "3"}) as running:
+        headers = {"origin": origin} if origin else {}
+        streamed = running.http("POST", CHAT, json=body(True), headers=headers)
+        assert streamed.status_code == 200
+        ended_with_error(streamed.text, "the engine sent nothing for 0.5 seconds")
+        released_and_unloaded(running)
+
+
+@pytest.mark.parametrize(("native", "origin"), RELAYS)
+def test_invalid_framing_from_the_engine_ends_the_stream_with_an_error_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str, origin: str | None
+) -> None:
+    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
+    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "10", "FAKE_BAD_CHUNK_AFTER": "3"}) as running:
+        headers = {"origin": origin} if origin else {}
+        streamed = running.http("POST", CHAT, json=body(True), headers=headers)
+        assert streamed.status_code == 200
+        ended_with_error(streamed.text, "invalid chunk size")
+        released_and_unloaded(running)
+
+
+def read_to_the_end(sock: socket.socket) -> tuple[bytes, bytes]:
+    """The answer's head and body, read until the daemon closes the connection."""
+    answer = b""
+    while data := sock.recv(1 << 16):
+        answer += data
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    return head, rest
+
+
+ORIGIN = b"Origin: http://localhost:3000\r\n"  # the front hands such a request to the ASGI stack
+
+
+@pytest.mark.parametrize(("native", "extra"), [("1", b""), ("0", b""), ("1", ORIGIN)])
+def test_a_client_that_shuts_its_side_after_asking_for_a_stream_gets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str, extra: bytes
+) -> None:
+    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
+    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "20"}) as running:
+        for path, payload in [(CHAT, body(True)), ("/api/chat", {**body(True), "stream": None})]:
+            if "stream" in payload and payload["stream"] is None:
+                del payload["stream"]  # Ollama streams unless told not to
+            with socket.create_connection(("127.0.0.1", running.port), timeout=30) as sock:
+                sock.sendall(raw_request(path, payload, extra))
+                sock.shutdown(socket.SHUT_WR)  # a half-close: the answer is still wanted
+                head, framed = read_to_the_end(sock)
+            assert head.startswith(b"HTTP/1.1 200") and framed.endswith(b"0\r\n\r\n"), (head, framed[-200:])
+            text = unchunk(framed).decode()
+            if path == CHAT:
+                assert contents(text) == [f"t{i} " for i in range(20)]
+            else:
+                lines = [json.loads(line) for line in text.splitlines()]
+                assert "".join(line["message"]["content"] for line in lines) == "".join(
+                    f"t{i} " for i in range(20)
+                )
+                assert lines[-1]["done"] is True
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"), [(CHAT, b""), (CHAT, ORIGIN), ("/models/create", b""), ("/api/chat", b"")]
+)
+def test_a_request_whose_body_stops_coming_is_answered_408(
+    daemon: InProcessDaemon, monkeypatch: pytest.MonkeyPatch, path: str, extra: bytes
+) -> None:
+    # on the front (CHAT) and on the ASGI stack (a browser's request, management and Ollama routes)
+    monkeypatch.setattr(front, "REQUEST_STALL_SECONDS", 0.5)
+    monkeypatch.setattr(handed_over, "REQUEST_STALL_SECONDS", 0.5)
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as sock:
+        request = raw_request(path, body(False), extra)
+        sock.sendall(request[:-10])  # the head says how long the body is; its last bytes never come
+        head, answer = read_to_the_end(sock)
+    assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
+    assert json.loads(answer)["error"]["message"] == handed_over.STALLED

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from modelrunner.http1 import UpstreamError, body_chunks, read_head
+from modelrunner.http1 import EngineIdle, UpstreamError, body_chunks, read_head
+from tests.chunk_lines import SIZE_LINES
 
 CHUNKED = [(b"transfer-encoding", b"chunked")]
 
@@ -52,6 +53,63 @@ def test_complete_chunks_that_arrive_together_are_passed_on_together() -> None:
 def test_broken_chunked_bodies_raise(data: bytes, error: type[Exception]) -> None:
     with pytest.raises(error):
         asyncio.run(collect([data], CHUNKED))
+
+
+@pytest.mark.parametrize(("line", "size"), SIZE_LINES)
+def test_size_lines_follow_the_one_rule(line: bytes, size: int | None) -> None:
+    # tests/chunk_lines.py: the table the C relay and front.Chunked are held to as well
+    if size is None:
+        with pytest.raises(ValueError, match="invalid chunk size"):
+            asyncio.run(collect([line + b"xyz\r\n0\r\n\r\n"], CHUNKED))
+    elif size <= 64:
+        out = asyncio.run(collect([line + b"x" * size + b"\r\n0\r\n\r\n"], CHUNKED))
+        assert b"".join(out) == b"x" * size
+    else:
+        with pytest.raises(UpstreamError, match="mid-response"):  # a valid size: the data did not come
+            asyncio.run(collect([line + b"xyz"], CHUNKED))
+
+
+@pytest.mark.parametrize("after", [b"XY", b"\rX", b"\n\r"])
+def test_the_crlf_after_a_chunks_data_is_checked(after: bytes) -> None:
+    with pytest.raises(ValueError, match="no CRLF after a chunk's data"):
+        asyncio.run(collect([b"5\r\nhello" + after + b"0\r\n\r\n"], CHUNKED))
+
+
+def test_the_whole_chunks_before_invalid_framing_are_passed_on() -> None:
+    async def read() -> tuple[list[bytes], str]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(chunked(b"first", b"second")[:-5] + b"0x5\r\nhello\r\n")  # in one read
+        reader.feed_eof()
+        got: list[bytes] = []
+        try:
+            async for data in body_chunks(reader, CHUNKED):
+                got.append(data)
+        except ValueError as exc:
+            return got, str(exc)
+        return got, ""
+
+    assert asyncio.run(read()) == ([b"firstsecond"], "invalid chunk size")
+
+
+def test_a_size_line_without_its_end_is_bounded() -> None:
+    with pytest.raises(ValueError, match="a chunk line is too long"):
+        asyncio.run(collect([b"0" * 5000], CHUNKED))
+
+
+@pytest.mark.parametrize("headers", [CHUNKED, [(b"content-length", b"100")], []])
+def test_an_engine_that_sends_nothing_for_the_idle_limit_ends_the_body(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    async def read() -> list[bytes]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(chunked(b"first")[:-5] if headers == CHUNKED else b"first")
+        chunks = []
+        async for data in body_chunks(reader, headers, idle=0.2):
+            chunks.append(data)
+        return chunks
+
+    with pytest.raises(EngineIdle, match=r"the engine sent nothing for 0\.2 seconds"):
+        asyncio.run(read())
 
 
 def test_sized_and_until_close_bodies() -> None:

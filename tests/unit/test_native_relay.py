@@ -1,7 +1,7 @@
 """The C relay (modelrunner/_relay.c through server/native_relay.py) on socket pairs: it follows chunked
-framing exactly as front.Chunked does, whatever the reads, keeps the recorder's head and tail, holds the
-engine back while the client does not read, and ends each stream once: complete, engine closed, invalid,
-client gone or cancelled."""
+framing exactly as front.Chunked does, whatever the reads (one table of size lines for both,
+tests/chunk_lines.py), keeps the recorder's head and tail, holds the engine back while the client does not
+read, and ends each stream once: complete, engine closed, invalid, client gone, engine idle or cancelled."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from collections.abc import Callable
 
 import pytest
 
+from modelrunner.chunking import chunk_size
 from modelrunner.server import native_relay as native
 from modelrunner.server.front import Chunked
 from modelrunner.server.native_relay import End, Result
+from tests.chunk_lines import SIZE_LINES
 
 
 def test_the_extension_is_built() -> None:
@@ -62,6 +64,7 @@ def relay(
     head_limit: int = 0,
     tail_limit: int = 0,
     cancel_after: float | None = None,
+    idle: float = 0,
 ) -> tuple[Result, bytes]:
     """Start a stream on `pair` (a new one by default; closed at the end), run `act` (in a thread: it
     writes the engine's side), then read everything the client gets until the relay reports; returns the
@@ -73,7 +76,9 @@ def relay(
         assert relay is not None
         done: asyncio.Future[Result] = loop.create_future()
         client_fd, engine_fd = pair.far[0].fileno(), pair.far[1].fileno()
-        stream = relay.add(client_fd, engine_fd, b"\n\n", record, head_limit, tail_limit, done.set_result)
+        stream = relay.add(
+            client_fd, engine_fd, b"\n\n", record, head_limit, tail_limit, idle, done.set_result
+        )
         writer = loop.run_in_executor(None, act, pair)
         if cancel_after is not None:
             await asyncio.sleep(cancel_after)
@@ -159,7 +164,87 @@ def test_invalid_framing_is_not_passed_on(data: bytes, why: str) -> None:
 
     result, received = relay(write)
     assert result.end is End.INVALID and result.invalid == why
-    assert first.startswith(received)  # the bad read, and nothing after it, was kept from the client
+    # the whole chunks before the bad bytes, however they were read, and nothing after them; then the front
+    # ends the stream with an error event: what was written ends between chunks
+    assert received == first and result.sent == len(first)
+    assert result.at_boundary and result.tail == python_framing(first).tail
+
+
+def python_reads(data: bytes) -> Chunked:
+    """front.Chunked over `data` after one whole chunk: in one read with it, and byte by byte after it, the
+    same verdict; found invalid in the one read, it passes on the whole chunk before and stops between
+    chunks."""
+    first = chunked([b"data: ok\n\n"])[:-5]
+    together = Chunked()
+    bytewise = python_framing(first)
+    errors = []
+    for framing, reads in (
+        (together, [first + data]),
+        (bytewise, [data[i : i + 1] for i in range(len(data))]),
+    ):
+        try:
+            for read in reads:
+                framing.feed(read)
+        except ValueError as exc:
+            errors.append(str(exc))
+    assert len(errors) in (0, 2) and len(set(errors)) <= 1
+    if errors:  # (byte by byte, the bytes of a line before its end were passed on already)
+        assert together.valid == len(first) and together.at_boundary
+        assert together.tail == python_framing(first).tail
+        raise ValueError(errors[0])
+    return together
+
+
+@pytest.mark.parametrize(("line", "size"), SIZE_LINES)
+def test_size_lines_follow_one_rule_in_python_and_in_c(line: bytes, size: int | None) -> None:
+    first = chunked([b"data: ok\n\n"])[:-5]
+    small = size is not None and size <= 64
+    data = line + (b"x" * size + b"\r\n0\r\n\r\n" if small else b"xyz")
+
+    def write(pair: Pair) -> None:
+        pair.engine.sendall(first)
+        pair.engine.sendall(data)
+        pair.engine.shutdown(socket.SHUT_WR)
+
+    result, received = relay(write)
+    if size is None:
+        with pytest.raises(ValueError) as refused:
+            python_reads(data)
+        assert result.end is End.INVALID and result.invalid == str(refused.value)
+        assert received == first and result.at_boundary  # whether `first` came in that read or not
+    else:
+        assert chunk_size(line[:-2]) == size
+        framing = python_reads(data)
+        assert result.end is (End.COMPLETE if small else End.ENGINE_CLOSED)
+        assert framing.complete is small and received == first + data
+
+
+@pytest.mark.parametrize("after", [b"XY", b"\rX", b"\n\r", b"\n"])
+def test_the_crlf_after_a_chunks_data_is_checked(after: bytes) -> None:
+    first = chunked([b"data: ok\n\n"])[:-5]
+    data = b"5\r\nhello" + after + b"0\r\n\r\n"
+
+    def write(pair: Pair) -> None:
+        pair.engine.sendall(first)
+        pair.engine.sendall(data)
+
+    result, received = relay(write)
+    with pytest.raises(ValueError, match="no CRLF after a chunk's data"):
+        python_reads(data)
+    assert result.end is End.INVALID and result.invalid == "no CRLF after a chunk's data"
+    assert received == first and result.at_boundary
+
+
+def test_an_engine_that_sends_nothing_for_the_idle_limit_ends_the_stream() -> None:
+    # it still answers /health, say: only its silence in the middle of the body tells
+    first = chunked([b"data: 1\n\n"])[:-5]
+
+    def write(pair: Pair) -> None:
+        pair.engine.sendall(first)  # and then nothing, its connection open
+
+    result, received = relay(write, idle=0.3)
+    assert result.end is End.ENGINE_IDLE and result.at_boundary
+    assert received == first and result.tail == b"\n\n"
 
 
 def test_the_recorder_gets_the_head_and_the_tail_of_the_data_unframed() -> None:
@@ -196,7 +281,7 @@ def test_a_client_that_does_not_read_holds_the_engine_back() -> None:
         relay = native.native_relay(loop)
         assert relay is not None
         done: asyncio.Future[Result] = loop.create_future()
-        relay.add(pair.far[0].fileno(), pair.far[1].fileno(), b"\n\n", False, 0, 0, done.set_result)
+        relay.add(pair.far[0].fileno(), pair.far[1].fileno(), b"\n\n", False, 0, 0, 0, done.set_result)
         await loop.run_in_executor(None, write, pair)
         assert written[0] < len(body) / 2, "the relay read on while its client did not"
         received = bytearray()

@@ -8,8 +8,10 @@ import json
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,7 @@ from modelrunner.scheduler.runner import LoadError, Runner, RunnerKey, end_orpha
 from modelrunner.scheduler.scheduler import Scheduler, SchedulerLimits
 from modelrunner.scheduler.settings import SettingsStore
 from modelrunner.server.front import EnginePool
+from modelrunner.server.upstream import EngineCall, EngineUnreachable
 from tests.users import OTHER_UID, need_root
 
 
@@ -66,9 +69,13 @@ def test_a_runtime_dir_that_is_a_link_is_refused(tmp_path: Path) -> None:
 def test_the_runtime_dir_is_in_xdg_runtime_dir_when_short_enough(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    path = rundir.runtime_dir(tmp_path / "home")
-    assert path.parent == tmp_path and path == rundir.runtime_dir(tmp_path / "home")
+    short = Path(tempfile.mkdtemp(prefix="xdg-", dir="/tmp"))  # as /run/user/UID is: pytest's may be too long
+    try:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(short))
+        path = rundir.runtime_dir(tmp_path / "home")
+        assert path.parent == short and path == rundir.runtime_dir(tmp_path / "home")
+    finally:
+        short.rmdir()
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / ("x" * 90)))  # sockets there would not fit
     long = rundir.runtime_dir(tmp_path / "home")
     assert long.name == path.name and len(str(long)) + rundir.SOCKET_NAME_ROOM <= rundir.MAX_SOCKET_PATH
@@ -165,6 +172,20 @@ def test_the_relay_does_not_connect_to_a_socket_of_another_user(tmp_path: Path) 
     try:
         with pytest.raises(PermissionError, match=f"belongs to uid {OTHER_UID}"):
             asyncio.run(EnginePool().connect(str(path)))
+        assert not accepted(listener)
+    finally:
+        listener.close()
+
+
+def test_an_engine_call_does_not_connect_to_a_socket_of_another_user(tmp_path: Path) -> None:
+    """The ASGI path's way to the engine (server/upstream.py EngineCall), as the front's above."""
+    path = ensure_private_dir(tmp_path / "run") / "runner-1.sock"
+    listener = listen_as_other_user(path)
+    exchange: Any = SimpleNamespace(opened=lambda close: None)
+    runner: Any = SimpleNamespace(socket=path)
+    try:
+        with pytest.raises(EngineUnreachable, match=f"belongs to uid {OTHER_UID}"):
+            asyncio.run(EngineCall(exchange, runner).send("/v1/models", b""))
         assert not accepted(listener)
     finally:
         listener.close()

@@ -14,7 +14,8 @@ closed when the client leaves, its access line and its record. Answers that must
 non-streamed llama.cpp generation, assembled from the stream asked for; embeddings, whose errors may be
 reworded) go through the engine call of server/upstream.py; all others are relayed byte for byte.
 
-The protocol is built on uvicorn's (it hands connections over to `HttpToolsProtocol`): the uvicorn
+The protocol is built on uvicorn's (it hands connections over to `HttpToolsProtocol`, with the front's
+rules about stalled requests and half-closes: server/handed_over.py): the uvicorn
 releases it was tested with are pinned in pyproject.toml, and a test fails on any other.
 """
 
@@ -31,15 +32,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from modelrunner import eventlog
+from modelrunner.chunking import MAX_CHUNK_LINE, chunk_size
 from modelrunner.errors import ModelRunnerError
-from modelrunner.http1 import MAX_HEAD
+from modelrunner.http1 import MAX_HEAD, EngineIdle
 from modelrunner.scheduler.rundir import untrusted_socket
 from modelrunner.server import fdlimit
 from modelrunner.server.errors import error_body
+from modelrunner.server.handed_over import REQUEST_STALL_SECONDS, HandedOver, asks_for_stream, stalled_answer
 from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, Route, error_parts, match_route
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
 from modelrunner.server.native_relay import End, NativeRelay, Result, native_relay
@@ -52,7 +54,7 @@ from modelrunner.server.proxy import (
 )
 from modelrunner.server.recorder import RESPONSE_LIMIT, TAIL_KEPT
 from modelrunner.server.security import SecurityPolicy
-from modelrunner.server.upstream import EngineCall, EngineUnreachable
+from modelrunner.server.upstream import EngineCall, EngineUnreachable, engine_idle_timeout
 
 if TYPE_CHECKING:
     from modelrunner.server.recorder import Record
@@ -60,7 +62,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UVICORN_TESTED = ("0.54.",)  # the uvicorn releases this protocol was tested with (pyproject pins them)
-REQUEST_STALL_SECONDS = 60.0  # a request whose bytes stop coming for this long is answered 408
 REFUSED_LINGER = 2.0  # a connection refused for want of descriptors is closed after this at the latest
 # Response headers the engine must not decide: hop-by-hop ones, ours (server, date) and CORS.
 _DROPPED = {b"connection", b"keep-alive", b"access-control-allow-origin", b"server", b"date"}
@@ -69,7 +70,6 @@ _SAFE_TARGET = frozenset(_ALNUM + b"-._~/?=&+:,;")
 _TOKEN = frozenset(_ALNUM + b"!#$%&'*+-.^_`|~")  # header names
 _CONTROL = frozenset(range(32)) - {9} | {127}  # bytes no header value may hold (tab may)
 _PAUSE_AT = 1024 * 1024  # bytes a client may send ahead while its previous request is answered
-MAX_CHUNK_LINE = 4096
 MAX_IDLE_SECONDS = 2.0  # an idle engine connection is reused within this, else closed
 MAX_IDLE_PER_SOCKET = 512
 
@@ -92,6 +92,7 @@ class FastPath:
     lifecycle: Lifecycle
     pool: EnginePool = field(default_factory=lambda: EnginePool())
     max_connections: int = field(default_factory=fdlimit.max_connections)  # what the fd limit has room for
+    engine_idle: float = field(default_factory=engine_idle_timeout)  # 0: no limit
 
     def accept(self, head: bytes) -> Request | None:
         """The request, if it is a plain inference request; None hands it to the full ASGI stack."""
@@ -162,6 +163,7 @@ class FrontProtocol(asyncio.Protocol):
         self.read_paused = False
         self.upstream: Upstream | None = None
         self.exchange: Exchange | None = None  # of the request being answered
+        self.answering: tuple[str, bytes] | None = None  # its path and body
         self.timer: asyncio.TimerHandle | None = None
         self.refused = False  # no descriptors to spare for it: answered 503 (server/fdlimit.py)
 
@@ -200,6 +202,15 @@ class FrontProtocol(asyncio.Protocol):
         else:
             self.exchange.client_left()  # its engine connection closes: the engine stops generating
 
+    def eof_received(self) -> bool | None:
+        """The client shut its side: while its request for a stream is answered, a half-close (the answer
+        goes on; a full close is seen when a write fails); otherwise it left (server/handed_over.py says
+        why)."""
+        if self.answering is None or not asks_for_stream(*self.answering):
+            return None  # closed: connection_lost ends the request
+        self.closing = True  # nothing more can come: close once answered
+        return True
+
     def pause_writing(self) -> None:
         self.write_paused = True
         if self.upstream is not None and self.upstream.transport is not None:
@@ -208,6 +219,7 @@ class FrontProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.write_paused = False
         if self.upstream is not None and self.upstream.transport is not None and self.upstream.native is None:
+            self.upstream.last_read = time.monotonic()  # not read while paused: not idle either
             self.upstream.transport.resume_reading()
 
     def _refuse_full(self) -> None:
@@ -275,7 +287,7 @@ class FrontProtocol(asyncio.Protocol):
         assert self.transport is not None
         self._cancel_timer()
         self.server_state.connections.discard(self)
-        protocol = HttpToolsProtocol(self.config, self.server_state, self.app_state, _loop=self.loop)
+        protocol = HandedOver(self.config, self.server_state, self.app_state, _loop=self.loop)
         self.transport.set_protocol(protocol)
         protocol.connection_made(self.transport)
         if self.write_paused:
@@ -290,6 +302,7 @@ class FrontProtocol(asyncio.Protocol):
         lifecycle = self.fast.lifecycle
         exchange = self.exchange = lifecycle.begin("POST", request.path, request.headers)
         exchange.keep_request(body)
+        self.answering = request.path, body
         try:
             await self._relay(request, body, exchange)
         except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out of time
@@ -301,7 +314,7 @@ class FrontProtocol(asyncio.Protocol):
                 self._write_json(500, json.dumps(error_body(500, "internal error")).encode())
             self.closing = True
         finally:
-            self.exchange = None
+            self.exchange = self.answering = None
             await lifecycle.finish(exchange)
         self.busy = False
         if self.closing or self.transport.is_closing():
@@ -464,8 +477,7 @@ class FrontProtocol(asyncio.Protocol):
             return
         if self.buffer:
             self.closing = True
-            message = b"the request was not received in full: its bytes stopped coming"
-            self._write_json(408, json.dumps(error_body(408, message.decode())).encode())
+            self._write_json(408, stalled_answer())
         self.transport.close()
 
 
@@ -565,6 +577,9 @@ class Upstream(asyncio.Protocol):
         self.native: int | None = None  # the C relay's stream, while it relays the body (native_relay.py)
         self.client_gone = False  # the client closed while the C relay had the body
         self.native_refused = False  # the C relay could not take this answer: no more tries
+        self.idle = 0.0  # the engine's idle limit in the answer's body (0: none): see _idle_check
+        self.last_read = 0.0  # time.monotonic() of the body's last bytes
+        self.idle_timer: asyncio.TimerHandle | None = None
 
     def begin(self, front: FrontProtocol, exchange: Exchange, request: bytes) -> asyncio.Future[None]:
         """Send a request; the future is done when its answer is complete or the connection ends."""
@@ -579,6 +594,7 @@ class Upstream(asyncio.Protocol):
         self.sent = 0
         self.client_gone = False
         self.native_refused = False
+        self.idle = front.fast.engine_idle
         finished = self.finished = front.loop.create_future()
         front.upstream = self  # for flow control: a client that reads slowly pauses the engine
         if front.write_paused:
@@ -591,6 +607,7 @@ class Upstream(asyncio.Protocol):
 
     def end(self) -> None:
         """The request is over: the connection answers nobody until the next begin()."""
+        self._stop_idle_timer()
         if self.front is not None and self.front.upstream is self:
             self.front.upstream = None
         if self.front is not None and self.front.write_paused and self.transport is not None:
@@ -652,17 +669,26 @@ class Upstream(asyncio.Protocol):
             status, headers, framing, data = parsed
             self.framing = framing
             assert self.front is not None
+            if self.idle and not framing.complete:
+                self.last_read = time.monotonic()
+                self.idle_timer = self.front.loop.call_later(self.idle, self._idle_check)
             head = self.front.answer_head(status, headers)
             if not data:
                 self.front.write(head)
                 if framing.complete:
                     self._answered()
                 return
+        if self.idle_timer is not None:
+            self.last_read = time.monotonic()
         try:
             framing.feed(data)
         except ValueError as exc:
-            if head and self.front is not None:
-                self.front.write(head)
+            valid = data[: framing.valid] if isinstance(framing, Chunked) else b""
+            if (head or valid) and self.client is not None:
+                self.client.write(head + valid)  # the whole chunks before the invalid bytes
+                self.sent += len(valid)
+                if self.record is not None:
+                    self.record.tee(valid)
             self._invalid(exc)
             return
         if framing.excess:  # bytes after the answer: not the client's, and the connection is spoilt
@@ -706,6 +732,7 @@ class Upstream(asyncio.Protocol):
                 self.record is not None,
                 RESPONSE_LIMIT - len(kept),
                 TAIL_KEPT,
+                self.idle,
                 self._native_done,
             )
         except (OSError, MemoryError) as exc:  # out of file descriptors: relayed here, as before
@@ -715,6 +742,7 @@ class Upstream(asyncio.Protocol):
         if self.record is not None:
             self.record.go_unframed(kept)
         self.transport.pause_reading()  # the relay reads the engine's socket from here on
+        self._stop_idle_timer()  # the relay keeps the idle limit from here on
 
     def _native_done(self, result: Result) -> None:
         """The C relay ended the body: its account, then the request ends as if relayed here."""
@@ -736,6 +764,8 @@ class Upstream(asyncio.Protocol):
         framing.broken = not result.at_boundary  # a chunk cut in the middle cannot be completed
         if result.end is End.INVALID:
             self._invalid(ValueError(result.invalid))
+        elif result.end is End.ENGINE_IDLE:
+            self.failure = str(EngineIdle(self.idle))
         if result.end is End.CLIENT_GONE or self.client_gone:
             if self.exchange is not None:
                 self.exchange.client_left()
@@ -748,7 +778,7 @@ class Upstream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.native is not None:
             return  # closed by us while the C relay has the body: its result ends the request
-        if self.framing is not None and isinstance(self.framing, UntilClose) and exc is None:
+        if isinstance(self.framing, UntilClose) and exc is None and self.failure is None:
             self.framing.complete = True
         if self.finished is None or self.finished.done():
             self.pool.lost(self)  # idle
@@ -765,11 +795,35 @@ class Upstream(asyncio.Protocol):
             self.finished.set_result(None)
 
     def _invalid(self, exc: ValueError) -> None:
+        """Nothing of the invalid read is passed on; the client's answer ends as if the engine had closed
+        there (Chunked.feed left the framing as it was before that read)."""
         self.failure = f"the engine sent an invalid response ({exc})"
-        if self.framing is not None:
-            self.framing.broken = True
         assert self.transport is not None
         self.transport.abort()
+
+    def _idle_check(self) -> None:
+        """The engine's idle limit in the body of the answer relayed here: an engine that sends nothing
+        for that long (while it is read: a client that does not read pauses it) ends the answer, as an
+        engine that closed would, and its runner is released."""
+        self.idle_timer = None
+        front, transport = self.front, self.transport
+        if front is None or transport is None or self.native is not None or self.framing is None:
+            return
+        if self.framing.complete or self.failure is not None or transport.is_closing():
+            return
+        now = time.monotonic()
+        if front.write_paused:
+            self.last_read = now
+        elif now - self.last_read >= self.idle:
+            self.failure = str(EngineIdle(self.idle))
+            transport.abort()
+            return
+        self.idle_timer = front.loop.call_later(self.last_read + self.idle - now, self._idle_check)
+
+    def _stop_idle_timer(self) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
 
     def _read_head(self, data: bytes) -> tuple[int, list[tuple[bytes, bytes]], Framing, bytes] | None:
         """Collect the engine's head; once whole, return the status and headers the client gets, the body's
@@ -842,7 +896,10 @@ class UntilClose(Framing):
 class Chunked(Framing):
     """Chunked transfer encoding, followed without copying the body: where each chunk ends, whether the
     last one came, and the last two data bytes (to know whether an SSE event was cut). A read that holds
-    whole chunks costs one size-line parse per chunk; data between size lines is skipped over."""
+    whole chunks costs one size-line parse per chunk (chunking.chunk_size, the rule _relay.c follows too);
+    data between size lines is skipped over, its CRLF checked. Of a read found invalid, only the whole
+    chunks before the invalid bytes (its first `valid` bytes) are to be passed on, and the framing is left
+    as it was there, so `at_boundary` says whether what was passed on ends between chunks."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -850,12 +907,27 @@ class Chunked(Framing):
         self.line = b""  # a size or trailer line cut between reads
         self.trailers = False  # the last chunk came: trailer lines until an empty one
         self.tail = b"\n\n"
+        self.valid = 0  # of a read found invalid: see above
+        self._boundary = 0, self.tail  # in the read being fed, where the last chunk that ended there ends
 
     @property
     def at_boundary(self) -> bool:
         return not (self.skip or self.line or self.trailers or self.broken)
 
     def feed(self, data: bytes) -> None:
+        before = self.skip, self.line, self.trailers, self.tail
+        self._boundary = 0, self.tail
+        try:
+            self._feed(data)
+        except ValueError:
+            self.valid, tail = self._boundary
+            if self.valid:
+                self.skip, self.line, self.trailers, self.tail = 0, b"", False, tail
+            else:
+                self.skip, self.line, self.trailers, self.tail = before
+            raise
+
+    def _feed(self, data: bytes) -> None:
         end = len(data)
         pos = self.skip
         if pos:
@@ -863,9 +935,11 @@ class Chunked(Framing):
             if left > 0:
                 stop = min(left, end)
                 self.tail = data[stop - 2 : stop] if stop >= 2 else self.tail[1:] + data[:1]
+            _check_crlf(data, pos)
             if pos >= end:
                 self.skip = pos - end
                 return
+            self._boundary = pos, self.tail
         while pos < end:
             newline = data.find(b"\n", pos)
             if newline < 0 or self.line:
@@ -885,16 +959,16 @@ class Chunked(Framing):
                     raise ValueError("a chunk line is too long")
                 line = data[pos:newline]
                 pos = newline + 1
+            if not line.endswith(b"\r"):
+                raise ValueError("a chunk line does not end with CRLF")
             if self.trailers:
-                if not line.strip():  # the empty line after the trailers ends the body
+                if line == b"\r":  # the empty line after the trailers ends the body
                     self.complete = True
                     self.excess = end - pos
                     self.skip = 0
                     return
                 continue
-            size = int(line.split(b";", 1)[0], 16)
-            if size < 0:
-                raise ValueError("negative chunk size")
+            size = chunk_size(line[:-1])
             if size == 0:
                 self.trailers = True
                 continue
@@ -904,7 +978,18 @@ class Chunked(Framing):
             else:  # the data goes on in the next read
                 self.tail = (self.tail + data[max(pos, end - 2) : end])[-2:]
             pos = stop + 2
+            _check_crlf(data, pos)
+            if pos <= end:
+                self._boundary = pos, self.tail
         self.skip = max(pos - end, 0)
+
+
+def _check_crlf(data: bytes, after: int) -> None:
+    """The CRLF after a chunk's data, which ends at `after` (an offset in `data`, perhaps beyond it): its
+    bytes that are in this read (the others were, or will be, checked with theirs)."""
+    cr, lf, end = after - 2, after - 1, len(data)
+    if (0 <= cr < end and data[cr] != 13) or (0 <= lf < end and data[lf] != 10):
+        raise ValueError("no CRLF after a chunk's data")
 
 
 def framing_of(headers: list[tuple[bytes, bytes]]) -> Framing:

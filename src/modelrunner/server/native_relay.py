@@ -30,9 +30,10 @@ class End(IntEnum):
     COMPLETE = 1  # the last chunk and the trailers came, and all of it was written
     ENGINE_CLOSED = 2  # the engine's connection ended before the body did
     ENGINE_ERROR = 3  # reading from the engine failed
-    INVALID = 4  # the engine's framing was invalid: nothing of that read was written
+    INVALID = 4  # the engine's framing was invalid: of that read, only the whole chunks before were written
     CLIENT_GONE = 5  # writing to the client failed
     CANCELLED = 6  # cancel() asked
+    ENGINE_IDLE = 7  # the engine sent nothing for the stream's idle limit while it was read
 
 
 class Result(NamedTuple):
@@ -65,13 +66,15 @@ class NativeRelay:
         record: bool,
         head_limit: int,
         tail_limit: int,
+        idle: float,
         done: Callable[[Result], None],
     ) -> int:
         """Relay the chunked body from `engine_fd` to `client_fd` (neither is read or written by anyone
-        else until `done` is called, on the loop); returns the stream's id for cancel()."""
+        else until `done` is called, on the loop); returns the stream's id for cancel(). An engine that
+        sends nothing for `idle` seconds (0: no limit) while it is read ends the stream (ENGINE_IDLE)."""
         client, engine = os.dup(client_fd), os.dup(engine_fd)  # the relay closes its own copies
         try:
-            stream = _relay.add(client, engine, tail, record, head_limit, tail_limit)
+            stream = _relay.add(client, engine, tail, record, head_limit, tail_limit, idle)
         except BaseException:
             os.close(client)
             os.close(engine)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from modelrunner.chunking import chunk_size
 from modelrunner.compat import assemble
 from modelrunner.compat.sse import sse_events
 from modelrunner.errors import ModelNotFound, ModelRunnerError
@@ -174,7 +175,7 @@ def unchunk(data: bytes | bytearray) -> bytes:
         if line_end < 0:
             break
         try:
-            size = int(data[pos:line_end].split(b";", 1)[0].strip() or b"0", 16)
+            size = chunk_size(bytes(data[pos:line_end]))
         except ValueError:
             break
         if size == 0:

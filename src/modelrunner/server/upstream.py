@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import math
+import os
 import re
 import time
 from collections.abc import AsyncIterator
@@ -23,18 +26,38 @@ from modelrunner.compat import assemble
 from modelrunner.compat.sse import SSEDecoder
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelRunnerError
+from modelrunner.eventlog import event
 from modelrunner.http1 import MAX_HEAD, UpstreamError, body_chunks, read_head
+from modelrunner.scheduler.rundir import untrusted_socket
 from modelrunner.scheduler.runner import Runner
 from modelrunner.server import lifecycle
 from modelrunner.server.errors import error_body
 from modelrunner.server.lifecycle import Exchange, Inference
 from modelrunner.server.proxy import request_bytes, retry_full_backlog
 
+log = logging.getLogger(__name__)
+
 MAX_ERROR_BODY = 1024 * 1024
 MAX_JSON_BODY = 64 * 1024 * 1024  # embeddings of many inputs are large
 ASSEMBLING_ENGINES = frozenset({"llama.cpp"})  # vLLM aborts a generation whose client closed by itself
 _TOO_LARGE = re.compile(r"input \((\d+) tokens\) is too large to process.*current batch size: (\d+)", re.S)
 READ_ERRORS = (UpstreamError, ConnectionError, asyncio.IncompleteReadError, ValueError)
+DEFAULT_ENGINE_IDLE = 600.0
+
+
+def engine_idle_timeout() -> float:
+    """`MODEL_RUNNER_ENGINE_IDLE_TIMEOUT`: seconds an engine may send nothing in the middle of an answer's
+    body (a stream's prefill included: engines send a stream's head first) before the request ends with
+    the engine's error and its runner is released; 0: no limit; 600 by default. The wait for the head is
+    not limited: an engine that answers a request unstreamed sends its head only when its answer is done."""
+    raw = os.environ.get("MODEL_RUNNER_ENGINE_IDLE_TIMEOUT", "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_ENGINE_IDLE
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"MODEL_RUNNER_ENGINE_IDLE_TIMEOUT must be 0 or a number of seconds, got {raw!r}")
+    return value
 
 
 class EngineUnreachable(ModelRunnerError):
@@ -93,6 +116,7 @@ class EngineCall:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.assembling: str | None = None  # the path whose unstreamed answer is assembled
+        self.idle = engine_idle_timeout() or None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._forget: Any = None
@@ -100,6 +124,10 @@ class EngineCall:
     async def send(self, path: str, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         """Send the request and read the answer's head."""
         socket = str(self.runner.socket)
+        untrusted = untrusted_socket(self.runner.socket)
+        if untrusted is not None:  # another user's socket would see (and answer) the prompt
+            event(log, "engine_socket_refused", logging.ERROR, reason=untrusted)
+            raise EngineUnreachable(f"the engine is not reachable: {untrusted}")
         try:
             reader, writer = await retry_full_backlog(
                 lambda: asyncio.open_unix_connection(socket, limit=MAX_HEAD)
@@ -121,7 +149,7 @@ class EngineCall:
 
     def chunks(self) -> AsyncIterator[bytes]:
         assert self._reader is not None
-        return body_chunks(self._reader, self.headers)
+        return body_chunks(self._reader, self.headers, self.idle)
 
     async def read(self, limit: int = MAX_JSON_BODY) -> bytes:
         data = bytearray()

@@ -1,0 +1,150 @@
+"""uvicorn's HTTP protocol for the connections the HTTP front (server/front.py) hands to the ASGI stack, with
+two of the front's own rules about the client's side of a connection:
+
+* a request whose bytes stop coming for REQUEST_STALL_SECONDS (its head, or its body after a head that
+  announced one) is answered 408 and its connection closed: uvicorn alone would wait for the rest forever.
+  Time in which the application does not read the body (uvicorn stops reading the socket then, or has not
+  yet sent the `100 Continue` the client waits for) is not the client's: the wait starts again when it reads.
+* a client that shuts its side of the connection (EOF) after a request for a stream still gets the answer:
+  a half-close. A full close looks the same until a write fails, which each streamed event does at once.
+  After a request for a whole answer, EOF still means the client left: nothing is written before the
+  answer is done, so a client that closed (its own timeout, say) would hold its runner for the whole
+  generation, the very thing the disconnect tests (tests/integration/test_disconnect.py) forbid. That is
+  also how DMR (Go's net/http) and nginx take a client's EOF.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from modelrunner.server.errors import error_body
+
+REQUEST_STALL_SECONDS = 60.0  # a request whose bytes stop coming for this long is answered 408
+STALLED = "the request was not received in full: its bytes stopped coming"
+_BODY_KEPT = 1024 * 1024  # of a request's body, to read its `stream` field at EOF; beyond: its API's default
+
+
+def stalled_answer() -> bytes:
+    """The 408's JSON body."""
+    return json.dumps(error_body(408, STALLED)).encode()
+
+
+def asks_for_stream(path: str, body: bytes | bytearray) -> bool:
+    """Whether a request asked for a streamed answer: its JSON body's `stream`, else its API's default
+    (Ollama's requests stream unless told not to, compat/ollama.py; the other APIs answer whole)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        doc = None
+    stream = doc.get("stream") if isinstance(doc, dict) else None
+    return stream if isinstance(stream, bool) else path.startswith("/api/")
+
+
+class _Flow(FlowControl):
+    """uvicorn's flow control, telling the protocol when the application reads the body again."""
+
+    def __init__(self, transport: asyncio.Transport, resumed: Any) -> None:
+        super().__init__(transport)
+        self._resumed = resumed
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self._resumed()
+        super().resume_reading()
+
+
+class HandedOver(HttpToolsProtocol):
+    """HttpToolsProtocol with a stall limit on the request's bytes and half-closes kept (module doc)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.receiving = False  # a request's bytes are arriving: from its first byte to its body's end
+        self.progress = 0.0  # time.monotonic() of the last of them (or of the application's last read)
+        self.stall: asyncio.TimerHandle | None = None
+        self.body_kept = bytearray()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.flow = _Flow(transport, self._progressed)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_stall()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.progress = time.monotonic()
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:  # at a request's first byte
+        super().on_message_begin()
+        self.body_kept = bytearray()
+        self.receiving = True
+        self._arm_stall()
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if len(self.body_kept) < _BODY_KEPT:
+            self.body_kept += body[: _BODY_KEPT - len(self.body_kept)]
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self.receiving = False
+        self._stop_stall()
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # True keeps the transport open
+        cycle = self.cycle
+        if self.receiving or cycle is None or cycle.response_complete:
+            return None  # idle, or half a request that cannot be completed now: close
+        path = self.url.partition(b"?")[0].decode("latin-1")
+        if not asks_for_stream(path, self.body_kept):
+            return None  # see the module's doc: the client left
+        cycle.keep_alive = False  # nothing more can come: close once answered
+        return True
+
+    # the stall limit
+
+    def _progressed(self) -> None:
+        self.progress = time.monotonic()
+
+    def _arm_stall(self) -> None:
+        self._stop_stall()
+        self.stall = self.loop.call_later(REQUEST_STALL_SECONDS, self._check_stall)
+
+    def _stop_stall(self) -> None:
+        if self.stall is not None:
+            self.stall.cancel()
+            self.stall = None
+
+    def _check_stall(self) -> None:
+        self.stall = None
+        if not self.receiving or self.transport.is_closing():
+            return
+        now = time.monotonic()
+        cycle = self.cycle
+        waiting = self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue)
+        if waiting:  # the application does not read (or asked for nothing yet): not the client's delay
+            self.progress = now
+        elif now - self.progress >= REQUEST_STALL_SECONDS:
+            self._answer_stalled()
+            return
+        self.stall = self.loop.call_later(self.progress + REQUEST_STALL_SECONDS - now, self._check_stall)
+
+    def _answer_stalled(self) -> None:
+        """408, unless the application began its answer already; then the connection closes."""
+        cycle = self.cycle
+        if cycle is None or not cycle.response_started:
+            body = stalled_answer()
+            headers = [*self.server_state.default_headers, (b"content-type", b"application/json")]
+            headers += [(b"content-length", b"%d" % len(body)), (b"connection", b"close")]
+            head = b"HTTP/1.1 408 Request Timeout\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in headers)
+            self.transport.write(head + b"\r\n" + body)
+        if cycle is not None:
+            cycle.disconnected = True  # the application is told the client left; its answer goes nowhere
+            cycle.message_event.set()
+        self.transport.close()
