@@ -329,6 +329,46 @@ def test_a_client_that_shuts_its_side_after_asking_for_a_stream_gets_it(
                 assert lines[-1]["done"] is True
 
 
+@pytest.mark.parametrize("extra", [b"", ORIGIN])
+def test_a_local_client_that_shuts_its_side_after_asking_for_a_whole_answer_gets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: bytes
+) -> None:
+    """On the front and on the ASGI stack: a client on this machine that still holds its socket after EOF
+    half-closed (server/handed_over.py); it gets the whole answer."""
+    monkeypatch.setattr(handed_over, "HALF_CLOSE_CHECK_SECONDS", 0.05)
+    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "20", "FAKE_CHUNK_DELAY": "0.02"}) as running:
+        for path, payload in [(CHAT, body(False)), ("/api/chat", body(False))]:
+            with socket.create_connection(("127.0.0.1", running.port), timeout=30) as sock:
+                sock.sendall(raw_request(path, payload, extra))
+                sock.shutdown(socket.SHUT_WR)  # a half-close: the answer is still wanted
+                head, answer = read_to_the_end(sock)
+            assert head.startswith(b"HTTP/1.1 200"), (head, answer[-200:])
+            document = json.loads(unchunk(answer) if b"chunked" in head.lower() else answer)
+            text = (
+                document["choices"][0]["message"]["content"]
+                if path == CHAT
+                else document["message"]["content"]
+            )
+            assert text == "".join(f"t{i} " for i in range(20))
+
+
+@pytest.mark.parametrize("extra", [b"", ORIGIN])
+def test_a_half_closed_client_that_then_closes_has_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: bytes
+) -> None:
+    """Its socket let go while its whole answer is made: the engine's work stops and the runner is free,
+    as for any client that leaves."""
+    monkeypatch.setattr(handed_over, "HALF_CLOSE_CHECK_SECONDS", 0.05)
+    with serving_tiny(
+        tmp_path, monkeypatch, {"FAKE_CHUNKS": "100000", "FAKE_CHUNK_DELAY": "0.01"}
+    ) as running:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=30) as sock:
+            sock.sendall(raw_request(CHAT, body(False), extra))
+            sock.shutdown(socket.SHUT_WR)
+            running.wait_for(lambda: any(r["in_use"] for r in running.ps()), "the request to hold its runner")
+        released_and_unloaded(running)
+
+
 @pytest.mark.parametrize(
     ("path", "extra"), [(CHAT, b""), (CHAT, ORIGIN), ("/models/create", b""), ("/api/chat", b"")]
 )

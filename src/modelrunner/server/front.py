@@ -41,7 +41,14 @@ from modelrunner.http1 import MAX_HEAD, EngineIdle
 from modelrunner.scheduler.rundir import untrusted_socket
 from modelrunner.server import fdlimit
 from modelrunner.server.errors import error_body
-from modelrunner.server.handed_over import REQUEST_STALL_SECONDS, HandedOver, asks_for_stream, stalled_answer
+from modelrunner.server.handed_over import (
+    REQUEST_STALL_SECONDS,
+    HalfClose,
+    HandedOver,
+    asks_for_stream,
+    stalled_answer,
+    watch_half_close,
+)
 from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, Route, error_parts, match_route
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
 from modelrunner.server.native_relay import End, NativeRelay, Result, native_relay
@@ -164,6 +171,7 @@ class FrontProtocol(asyncio.Protocol):
         self.upstream: Upstream | None = None
         self.exchange: Exchange | None = None  # of the request being answered
         self.answering: tuple[str, bytes] | None = None  # its path and body
+        self.half_close: HalfClose | None = None  # a local client's, while its whole answer is made
         self.timer: asyncio.TimerHandle | None = None
         self.refused = False  # no descriptors to spare for it: answered 503 (server/fdlimit.py)
 
@@ -195,6 +203,8 @@ class FrontProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server_state.connections.discard(self)
         self._cancel_timer()
+        if self.half_close is not None:
+            self.half_close.cancel()
         if self.exchange is None:
             return
         if self.upstream is not None and self.upstream.native is not None:
@@ -204,10 +214,16 @@ class FrontProtocol(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         """The client shut its side: while its request for a stream is answered, a half-close (the answer
-        goes on; a full close is seen when a write fails); otherwise it left (server/handed_over.py says
-        why)."""
-        if self.answering is None or not asks_for_stream(*self.answering):
+        goes on; a full close is seen when a write fails); for a whole answer, only when the client is on
+        this machine and still holds its socket (watched until it lets go); otherwise it left
+        (server/handed_over.py says why)."""
+        if self.answering is None or self.transport is None:
             return None  # closed: connection_lost ends the request
+        if not asks_for_stream(*self.answering):
+            peer, local = self.transport.get_extra_info("peername"), self.transport.get_extra_info("sockname")
+            self.half_close = watch_half_close(self.loop, peer, local, self.transport.close)
+            if self.half_close is None:
+                return None
         self.closing = True  # nothing more can come: close once answered
         return True
 

@@ -7,10 +7,12 @@ two of the front's own rules about the client's side of a connection:
   yet sent the `100 Continue` the client waits for) is not the client's: the wait starts again when it reads.
 * a client that shuts its side of the connection (EOF) after a request for a stream still gets the answer:
   a half-close. A full close looks the same until a write fails, which each streamed event does at once.
-  After a request for a whole answer, EOF still means the client left: nothing is written before the
-  answer is done, so a client that closed (its own timeout, say) would hold its runner for the whole
-  generation, the very thing the disconnect tests (tests/integration/test_disconnect.py) forbid. That is
-  also how DMR (Go's net/http) and nginx take a client's EOF.
+  After a request for a whole answer nothing is written before the answer is done, so a client that closed
+  (its own timeout, say) would hold its runner for the whole generation, the very thing the disconnect
+  tests (tests/integration/test_disconnect.py) forbid. There EOF is a half-close only for a client on this
+  machine that still holds its socket (server/localuser.py reads that from the kernel), watched every
+  HALF_CLOSE_CHECK_SECONDS until it lets go or is answered (`watch_half_close`); for any other client EOF
+  means it left, as DMR (Go's net/http) and nginx take it.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from modelrunner.server.errors import error_body
+from modelrunner.server.localuser import client_holds_socket
 
+HALF_CLOSE_CHECK_SECONDS = 1.0  # how often a half-closed client of a whole answer is looked at again
 REQUEST_STALL_SECONDS = 60.0  # a request whose bytes stop coming for this long is answered 408
 STALLED = "the request was not received in full: its bytes stopped coming"
 _BODY_KEPT = 1024 * 1024  # of a request's body, to read its `stream` field at EOF; beyond: its API's default
@@ -44,6 +49,48 @@ def asks_for_stream(path: str, body: bytes | bytearray) -> bool:
         doc = None
     stream = doc.get("stream") if isinstance(doc, dict) else None
     return stream if isinstance(stream, bool) else path.startswith("/api/")
+
+
+class HalfClose:
+    """A local client that shut its side after asking for a whole answer: `gone` is called once it lets go
+    of its socket (it closed: it left); `cancel()` when the connection ends first."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        client: tuple[str, int],
+        server: tuple[str, int],
+        gone: Callable[[], None],
+    ) -> None:
+        self.loop, self.client, self.server, self.gone = loop, client, server, gone
+        self.timer: asyncio.TimerHandle | None = loop.call_later(HALF_CLOSE_CHECK_SECONDS, self._check)
+
+    def _check(self) -> None:
+        if client_holds_socket(self.client, self.server):
+            self.timer = self.loop.call_later(HALF_CLOSE_CHECK_SECONDS, self._check)
+        else:
+            self.timer = None
+            self.gone()
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+def watch_half_close(
+    loop: asyncio.AbstractEventLoop, client: Any, server: Any, gone: Callable[[], None]
+) -> HalfClose | None:
+    """At EOF after a request for a whole answer: a watch when the client is on this machine and still holds
+    its socket (a half-close), else None (it left)."""
+    if not (
+        isinstance(client, tuple) and isinstance(server, tuple) and len(client) >= 2 and len(server) >= 2
+    ):
+        return None  # a Unix socket: no owner of the other end to look at
+    client, server = (str(client[0]), int(client[1])), (str(server[0]), int(server[1]))
+    if not client_holds_socket(client, server):
+        return None
+    return HalfClose(loop, client, server, gone)
 
 
 class _Flow(FlowControl):
@@ -68,6 +115,7 @@ class HandedOver(HttpToolsProtocol):
         self.progress = 0.0  # time.monotonic() of the last of them (or of the application's last read)
         self.stall: asyncio.TimerHandle | None = None
         self.body_kept = bytearray()
+        self.half_close: HalfClose | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -75,6 +123,8 @@ class HandedOver(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_stall()
+        if self.half_close is not None:
+            self.half_close.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -103,7 +153,9 @@ class HandedOver(HttpToolsProtocol):
             return None  # idle, or half a request that cannot be completed now: close
         path = self.url.partition(b"?")[0].decode("latin-1")
         if not asks_for_stream(path, self.body_kept):
-            return None  # see the module's doc: the client left
+            self.half_close = watch_half_close(self.loop, self.client, self.server, self.transport.close)
+            if self.half_close is None:
+                return None  # see the module's doc: the client left
         cycle.keep_alive = False  # nothing more can come: close once answered
         return True
 

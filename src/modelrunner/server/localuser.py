@@ -77,8 +77,8 @@ def _normalised(host: str, port: int) -> tuple[_IpAddress, int] | None:
     return address, port
 
 
-def peer_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
-    """The uid owning the client end of the open TCP connection client -> server on this machine, or None."""
+def _client_end(client: tuple[str, int], server: tuple[str, int]) -> list[str] | None:
+    """The /proc/net/tcp* fields of the client end of the TCP connection client -> server on this machine."""
     wanted_local, wanted_remote = _normalised(*client), _normalised(*server)
     if wanted_local is None or wanted_remote is None:
         return None
@@ -90,12 +90,29 @@ def peer_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) < 8 or fields[3] not in _OPEN_STATES:
+            if len(fields) < 10:
                 continue
             if _endpoint(fields[1]) == wanted_local and _endpoint(fields[2]) == wanted_remote:
-                with contextlib.suppress(ValueError):
-                    return int(fields[7])
+                return fields
     return None
+
+
+def peer_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """The uid owning the client end of the open TCP connection client -> server on this machine, or None."""
+    fields = _client_end(client, server)
+    if fields is None or fields[3] not in _OPEN_STATES:
+        return None
+    with contextlib.suppress(ValueError):
+        return int(fields[7])
+    return None
+
+
+def client_holds_socket(client: tuple[str, int], server: tuple[str, int]) -> bool:
+    """Whether the client end of the connection client -> server is a socket on this machine that a process
+    still holds: after it shuts its side (a half-close) it does; once it closes the socket, Linux lists the
+    orphaned end with inode 0, then not at all. False for a client on another machine."""
+    fields = _client_end(client, server)
+    return fields is not None and fields[9] != "0"
 
 
 def is_daemon_user(
