@@ -370,7 +370,11 @@ class Scheduler:
         try:
             loading = runner.load_task
             if loading is not None and not loading.done() and reason != "load_failed":
-                loading.cancel()  # its own clean-up stops the engine it may have spawned
+                # its own clean-up stops the engine it may have spawned; cancelled again until it ends, as
+                # Python 3.11's wait_for swallows a cancellation that meets its call's end (a health poll)
+                while not loading.done():
+                    loading.cancel()
+                    await asyncio.wait({loading}, timeout=1)
                 await asyncio.gather(loading, return_exceptions=True)
             # a frozen engine would not act on SIGTERM: SIGKILL at once
             await runner.stop(grace=0 if reason == "frozen" else STOP_GRACE)
