@@ -378,6 +378,11 @@ class Client:
         result: dict[str, Any] = self.call("GET", f"{self._openai(None)}/models")
         return result
 
+    def openai_model(self, name: str) -> dict[str, Any]:
+        """One model as the OpenAI route describes it (`GET /engines/v1/models/{name}`)."""
+        result: dict[str, Any] = self.call("GET", f"{self._openai(None)}/models/{model_path(name)}")
+        return result
+
     def ps(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.call("GET", "/engines/ps")
         return result

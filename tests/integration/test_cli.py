@@ -61,7 +61,12 @@ def test_tag_rm_df_purge(daemon: Daemon, tiny_gguf: Path) -> None:
     refused = daemon.cli("rm", model_id[7:19], check=False)
     assert refused.returncode == 1 and "must be forced" in refused.stderr
     out = daemon.cli("rm", "-f", model_id[7:19]).stdout.splitlines()
-    assert out == ["Untagged: tiny", "Untagged: tiny:v2", f"Deleted: {model_id}"]
+    # DMR's desktop.go Remove: the tags as the daemon answers them
+    assert out == [
+        "Untagged: docker.io/ai/tiny:latest",
+        "Untagged: docker.io/ai/tiny:v2",
+        f"Deleted: {model_id}",
+    ]
 
     df = daemon.cli("df").stdout.splitlines()
     assert df[0].split() == ["TYPE", "SIZE"] and df[1].startswith("Models")
@@ -100,9 +105,9 @@ def test_export_and_load_round_trip(daemon: Daemon, tiny_gguf: Path, tmp_path: P
         (["package", "--gguf", "a.gguf", "--context-size", "0", "x"], 2, "positive"),
         (["package", "--gguf", "/nonexistent.gguf", "x"], 1, "not found"),
         (["package", "--gguf", "/dev/null", "Bad..Name"], 1, "invalid"),
-        (["inspect", "ai/absent"], 1, "model not found"),
+        (["inspect", "ai/absent"], 1, "Failed to get model ai/absent: ai/absent: model not found"),
         (["tag", "absent", "x"], 1, "model not found"),
-        (["rm", "absent"], 1, "model not found"),
+        (["rm", "absent"], 1, "Failed to remove model: no such model: absent"),
         (["ls", "--bogus-flag"], 2, "unrecognized arguments"),
         (["load", "/nonexistent.tar"], 1, "not found"),
     ],

@@ -13,10 +13,10 @@ import argparse
 import os
 import sys
 from importlib import import_module
-from typing import Any
+from typing import Any, NoReturn
 
 from modelrunner import __version__
-from modelrunner.cli.common import UsageError
+from modelrunner.cli.common import DmrArgs, UsageError
 
 # The command modules (modelrunner.cli.<name>), in the order `model --help` lists their verbs, each with
 # the verbs and aliases its add_commands(commands) registers. Running a verb builds only the parsers of
@@ -88,6 +88,35 @@ def build_parser(prog: str = "model", verb: str | None = None) -> argparse.Argum
     return parser
 
 
+def _fail(message: str) -> NoReturn:
+    """A usage error as DMR's CLI reports it: the text alone on stderr, exit code 1 (its main's)."""
+    print(message, file=sys.stderr)
+    sys.exit(1)
+
+
+def _apply_dmr_args(rule: DmrArgs, prog: str, args: argparse.Namespace, leftover: list[str]) -> list[str]:
+    """Check a verb's words as DMR's cobra command does: an unknown flag first (pflag's text, then the
+    usage line of docker/cli's FlagErrorFunc), then the number of words (requireExactArgs /
+    requireMinArgs). The words left over after an option join the verb's (the last name takes them)."""
+    path = f"{prog} {rule.verb}"
+    for word in leftover:
+        if word.startswith("--"):
+            problem = f"unknown flag: {word.partition('=')[0]}"
+        elif word.startswith("-") and len(word) > 1:
+            problem = f"unknown shorthand flag: {word[1]!r} in {word}"
+        else:
+            continue
+        _fail(f"{problem}\n\nUsage:  {path} {rule.usage}\n\nRun '{path} --help' for more information")
+    values = [getattr(args, name) for name in rule.names]
+    words = [w for value in values for w in (value if isinstance(value, list) else [value]) if w is not None]
+    error = rule.count_error(prog, len(words) + len(leftover))
+    if error is not None:
+        _fail(error)
+    if rule.at_least:
+        setattr(args, rule.names[-1], [*(getattr(args, rule.names[-1]) or []), *leftover])
+    return []
+
+
 def main(argv: list[str] | None = None, prog: str = "model") -> None:
     from modelrunner.errors import ModelRunnerError
 
@@ -99,8 +128,17 @@ def main(argv: list[str] | None = None, prog: str = "model") -> None:
         at = words.index("--")
         words, passthrough = words[:at], words[at + 1 :]
     # the verb comes first (the top level's options, --help and --version, take no value)
-    parser = build_parser(prog, words[0] if words and not words[0].startswith("-") else None)
+    verb = words[0] if words and not words[0].startswith("-") else None
+    parser = build_parser(prog, verb)
+    if verb is not None and not any(verb in verbs for verbs in COMMAND_MODULES.values()):
+        # DMR under docker: cobra checks a command's words against its subcommands only at the root
+        # (`docker`), so `docker model bogus` runs `docker model` itself, which prints its help
+        parser.print_help()
+        sys.exit(0)
     args, leftover = parser.parse_known_args(words)
+    rule: DmrArgs | None = getattr(args, "dmr_args", None)
+    if rule is not None:
+        leftover = _apply_dmr_args(rule, prog, args, leftover)
     # `model run MODEL --max-tokens 9 "a prompt"`: words after an option still belong to the prompt.
     extra_field = getattr(args, "extra_words_to", None)
     if leftover and extra_field and not any(word.startswith("-") for word in leftover):
@@ -117,9 +155,13 @@ def main(argv: list[str] | None = None, prog: str = "model") -> None:
     try:
         sys.exit(handler(args) or 0)
     except UsageError as exc:
+        if rule is not None:  # a DMR verb's RunE error: as it is, exit 1
+            _fail(str(exc))
         parser.exit(2, f"{prog}: error: {exc}\n")
     except ModelRunnerError as exc:
-        print(f"Error: {exc.message}", file=sys.stderr)
+        # DMR's main prints its error as it is: the verb's handleClientError message before the cause
+        failure = rule.failure.format(**vars(args)) if rule is not None and rule.failure else "Error"
+        print(f"{failure}: {exc.message}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

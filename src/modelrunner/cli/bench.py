@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from modelrunner.cli.common import UsageError, client
+from modelrunner.cli.common import DmrArgs, UsageError, client, takes
 
 DEFAULT_PROMPT = "Write a short paragraph about the sea."
 
@@ -135,7 +135,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 def add_commands(commands: Any) -> None:
     bench = commands.add_parser("bench", help="Measure a model's throughput at several concurrency levels.")
-    bench.add_argument("model", help="model name, tag or ID")
+    bench.add_argument("model", nargs="?", help="model name, tag or ID")
+    takes(bench, DmrArgs("bench", "MODEL", "model"))
     bench.add_argument("--concurrency", default="1,2,4,8", help="levels, comma separated (default 1,2,4,8)")
     bench.add_argument("--duration", default="30s", help="time per level (default 30s)")
     bench.add_argument("--timeout", default="5m", help="timeout of each request (default 5m)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from modelrunner.client import Client
@@ -10,6 +10,45 @@ if TYPE_CHECKING:
 
 class UsageError(Exception):
     """A command line that parses but makes no sense (e.g. two sources for `package`); exit code 2."""
+
+
+class DmrArgs:
+    """A verb whose DMR command checks its words and words its failures (cmd/cli/commands/utils.go):
+    `requireExactArgs(n, verb, usage)`, or `requireMinArgs` when `at_least`, over the positionals named
+    `names` (declared optional, so that this rule and not argparse judges the count); `failure`, the
+    message handleClientError puts before a daemon's error (formatted with the parsed arguments)."""
+
+    def __init__(
+        self, verb: str, usage: str, *names: str, at_least: bool = False, failure: str | None = None
+    ) -> None:
+        self.verb, self.usage, self.names, self.at_least, self.failure = verb, usage, names, at_least, failure
+
+    def count_error(self, prog: str, count: int) -> str | None:
+        """DMR's text when `count` words do not fit the rule, with the command path as invoked."""
+        wanted = len(self.names) if not self.at_least else 1
+        if (count >= wanted) if self.at_least else (count == wanted):
+            return None
+        path = f"{prog} {self.verb}"
+        return (
+            f"'{path}' requires {'at least ' if self.at_least else ''}{wanted} argument(s).\n\n"
+            f"Usage:  {path} {self.usage}\n\n"
+            f"See '{path} --help' for more information"
+        )
+
+
+def takes(parser: Any, rule: DmrArgs) -> None:
+    """Give a verb's parser its DMR rule (main applies it after parsing)."""
+    parser.set_defaults(dmr_args=rule)
+
+
+def status_line(status: int) -> str:
+    """Go's `resp.Status` ("404 Not Found"), which DMR's client puts in its errors."""
+    from http import HTTPStatus
+
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
 
 
 def client(quiet: bool = False) -> Client:

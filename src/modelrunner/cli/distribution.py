@@ -14,7 +14,11 @@ import sys
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from modelrunner.cli.common import client
+from modelrunner.cli.common import DmrArgs, client, takes
+
+# DMR's handleClientError messages for pull.go and push.go
+PULL_FAILURE = "Failed to pull model"
+PUSH_FAILURE = "Failed to push model"
 
 Event = dict[str, Any]
 
@@ -108,7 +112,9 @@ def _renderer(as_json: bool) -> Renderer:
     return PlainRenderer()
 
 
-def render_transfer(events: Iterable[Event], as_json: bool, verb: str) -> int:
+def render_transfer(events: Iterable[Event], as_json: bool, verb: str, failure: str = "Error") -> int:
+    """Show a pull's or push's events; an error event goes to stderr after `failure` (the verb's DMR
+    message)."""
     renderer = _renderer(as_json)
     failed = False
     try:
@@ -117,7 +123,7 @@ def render_transfer(events: Iterable[Event], as_json: bool, verb: str) -> int:
             if event.get("type") == "error":
                 failed = True
                 if not as_json:
-                    print(f"Error: {event.get('message')}", file=sys.stderr)
+                    print(f"{failure}: {event.get('message')}", file=sys.stderr)
     except KeyboardInterrupt:
         renderer.close()
         close = getattr(events, "close", None)
@@ -138,22 +144,26 @@ def hf_token(name: str) -> str | None:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    return render_transfer(client().pull(args.model, hf_token(args.model)), args.json, "pull")
+    return render_transfer(client().pull(args.model, hf_token(args.model)), args.json, "pull", PULL_FAILURE)
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    return render_transfer(client().push(args.model), args.json, "push")
+    return render_transfer(client().push(args.model), args.json, "push", PUSH_FAILURE)
 
 
 def add_commands(commands: Any) -> None:
     pull = commands.add_parser("pull", help="Pull a model from a registry or Hugging Face (hf.co/...).")
     pull.add_argument(
-        "model", help="e.g. ai/smollm2, registry.example:5000/org/model:tag, hf.co/org/repo:Q4_K_M"
+        "model", nargs="?", help="e.g. ai/smollm2, registry.example:5000/org/model:tag, hf.co/org/repo:Q4_K_M"
     )
+    takes(pull, DmrArgs("pull", "MODEL", "model", failure=PULL_FAILURE))
     pull.add_argument("--json", action="store_true", help="print the raw progress events")
     pull.set_defaults(handler=cmd_pull)
 
     push = commands.add_parser("push", help="Push a model to a registry.")
-    push.add_argument("model", help="the model's tag, which names the target, e.g. myorg/mymodel:latest")
+    push.add_argument(
+        "model", nargs="?", help="the model's tag, which names the target, e.g. myorg/mymodel:latest"
+    )
+    takes(push, DmrArgs("push", "MODEL", "model", failure=PUSH_FAILURE))
     push.add_argument("--json", action="store_true", help="print the raw progress events")
     push.set_defaults(handler=cmd_push)

@@ -51,3 +51,20 @@ def standard_json(value: Any) -> str:
     """DMR's `formatter.ToStandardJSON`: four-space indent, HTML characters left as they are, and the
     trailing newline of json.Encoder."""
     return json.dumps(value, ensure_ascii=False, indent=4) + "\n"
+
+
+# DMR's DMRMetadata (pkg/inference/models/api.go): every field `omitempty` (a nil pointer, an empty string)
+_OMITTED_WHEN_EMPTY = ("context_window", "architecture", "parameters", "quantization", "size")
+
+
+def openai_model_view(model: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI model object as DMR's CLI re-encodes it (its OpenAIModel struct): the `dmr` block without
+    its empty fields (a null `context_window`), and left out when nothing remains."""
+    dmr = model.get("dmr")
+    if not isinstance(dmr, dict):
+        return model
+    kept = {k: v for k, v in dmr.items() if not (k in _OMITTED_WHEN_EMPTY and (v is None or v == ""))}
+    view = {k: v for k, v in model.items() if k != "dmr"}
+    if kept:
+        view["dmr"] = kept
+    return view

@@ -106,8 +106,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         backends = daemon.engines_status()
         running = True
     except DaemonError as exc:
-        if exc.status_code not in (0, 503):
-            raise
+        if exc.status_code != 503 and (exc.status_code or target.explicit):
+            # desktop.go Status: DMR's "not running" is its 503 (ours: also no local daemon started);
+            # a runner named but unreachable, or another answer, is an error
+            cause = (
+                f"unexpected status code: {exc.status_code}"
+                if exc.status_code
+                else f"error querying /models: {exc.message}"
+            )
+            print(f"Failed to get Docker Model Runner status: {cause}", file=sys.stderr)
+            return 1
         backends, running = {}, False
     if args.json:
         info = None

@@ -46,7 +46,7 @@ def filter_models(models: list[dict[str, Any]], text: str) -> list[dict[str, Any
 def openai_listing(args: Any) -> int:
     """`ls --openai` (this daemon's OpenAI model list as JSON) and `ls --openaiurl URL` (any OpenAI
     endpoint's: a MODEL NAME / CREATED table, or JSON)."""
-    from modelrunner.cli.dmrformat import go_table, standard_json
+    from modelrunner.cli.dmrformat import go_table, openai_model_view, standard_json
     from modelrunner.cli.render import human_duration
     from modelrunner.client import Client
 
@@ -64,6 +64,7 @@ def openai_listing(args: Any) -> int:
     if wanted:
         listing["data"] = [m for m in listing.get("data") or [] if matches(str(m.get("id", "")), wanted)]
     if args.json or not args.openaiurl:
+        listing["data"] = [openai_model_view(m) for m in listing.get("data") or []]
         sys.stdout.write(standard_json(listing))
         return 0
     now = time.time()

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelrunner.cli.common import UsageError, client, display, short_id
+from modelrunner.cli.common import DmrArgs, UsageError, client, display, short_id, status_line, takes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from modelrunner.client import Client
 
 
@@ -158,7 +159,8 @@ def cmd_list(args: argparse.Namespace) -> int | None:
     if args.json:
         from modelrunner.cli.dmrformat import standard_json
 
-        sys.stdout.write(standard_json(models))
+        # Go's nil slice when a filter matched nothing (list.go): `null`
+        sys.stdout.write(standard_json(models if models or not args.model else None))
         return None
     if args.quiet:
         for model_id in dict.fromkeys(short_id(m["id"]) for m in models):
@@ -195,22 +197,44 @@ def cmd_list(args: argparse.Namespace) -> int | None:
     return None
 
 
+def _inspected(name: str, fetch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A model as DMR's client inspects it (desktop.go listRawWithQuery), its failures in its words: a 404
+    is `NAME: model not found`, another status `failed to list models: 500 Internal Server Error`."""
+    from modelrunner.errors import DaemonError
+
+    try:
+        return fetch()
+    except DaemonError as exc:
+        if exc.status_code == 404:
+            raise DaemonError(404, f"{name}: model not found") from None
+        if exc.status_code:
+            raise DaemonError(
+                exc.status_code, f"failed to list models: {status_line(exc.status_code)}"
+            ) from None
+        raise
+
+
 def cmd_inspect(args: argparse.Namespace) -> None:
-    data = client().get_model(args.model, remote=args.remote)
+    """DMR's inspect.go: the model, or with --openai the daemon's OpenAI model object, as
+    formatter.ToStandardJSON writes them."""
+    from modelrunner.cli.dmrformat import openai_model_view, standard_json
+
+    if args.openai and args.remote:
+        raise UsageError("--remote flag cannot be used with --openai flag")
+    daemon = client()
     if args.openai:
-        data = {
-            "id": data["tags"][0] if data["tags"] else data["id"],
-            "object": "model",
-            "created": data["created"],
-            "owned_by": "docker",
-        }
-    print(json.dumps(data, indent=2))
+        sys.stdout.write(
+            standard_json(openai_model_view(_inspected(args.model, lambda: daemon.openai_model(args.model))))
+        )
+        return
+    sys.stdout.write(standard_json(_inspected(args.model, lambda: daemon.get_model(args.model, args.remote))))
 
 
 def cmd_show(args: argparse.Namespace) -> None:
     from datetime import UTC, datetime
 
-    data = client().get_model(args.model, remote=args.remote)
+    daemon = client()
+    data = _inspected(args.model, lambda: daemon.get_model(args.model, args.remote))
     cfg: dict[str, Any] = data.get("config") or {}
     created = datetime.fromtimestamp(data.get("created") or 0, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     lines = [
@@ -237,24 +261,39 @@ def cmd_show(args: argparse.Namespace) -> None:
 
 
 def cmd_tag(args: argparse.Namespace) -> None:
-    client().tag_model(args.source, args.target)
+    from modelrunner.errors import DaemonError
+
+    try:
+        client().tag_model(args.source, args.target)
+    except DaemonError as exc:
+        if not exc.status_code:
+            raise
+        # desktop.go Tag: any answer but 201
+        message = f"tagging failed with status {status_line(exc.status_code)}: {exc.message}"
+        raise DaemonError(exc.status_code, message) from None
     print(f'Model "{args.source}" tagged successfully with "{args.target}"')
 
 
-def cmd_rm(args: argparse.Namespace) -> int:
+def cmd_rm(args: argparse.Namespace) -> None:
+    """DMR's rm.go and desktop.go Remove: the models in turn, each one's `Untagged:` and `Deleted:` lines as
+    the daemon answers them; the first failure ends it (`no such model: NAME` for a 404)."""
     from modelrunner.errors import DaemonError
 
     daemon = client()
-    failed = False
     for name in args.models:
         try:
-            for event in daemon.delete_model(name, force=args.force):
-                for kind, value in event.items():
-                    print(f"{kind}: {display(value) if kind == 'Untagged' else value}")
+            events = daemon.delete_model(name, force=args.force)
         except DaemonError as exc:
-            print(f"Error: {exc.message}", file=sys.stderr)
-            failed = True
-    return 1 if failed else 0
+            if exc.status_code == 404:
+                raise DaemonError(404, f"no such model: {name}") from None
+            if exc.status_code:
+                message = f"removing {name} failed with status {status_line(exc.status_code)}: {exc.message}"
+                raise DaemonError(exc.status_code, message) from None
+            raise
+        for event in events:
+            for kind in ("Untagged", "Deleted"):
+                if event.get(kind) is not None:
+                    print(f"{kind}: {event[kind]}")
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -342,7 +381,8 @@ def add_commands(commands: Any) -> None:
     listing.set_defaults(handler=cmd_list)
 
     inspect = commands.add_parser("inspect", help="Show a model's details as JSON.")
-    inspect.add_argument("model", help="model name, tag or ID")
+    inspect.add_argument("model", nargs="?", help="model name, tag or ID")
+    takes(inspect, DmrArgs("inspect", "MODEL", "model", failure="Failed to get model {model}"))
     inspect.add_argument("--openai", action="store_true", help="as an OpenAI model object")
     inspect.add_argument(
         "-r", "--remote", action="store_true", help="read it from its registry, without pulling"
@@ -350,19 +390,22 @@ def add_commands(commands: Any) -> None:
     inspect.set_defaults(handler=cmd_inspect)
 
     show = commands.add_parser("show", help="Show a model's details, readable by a person.")
-    show.add_argument("model", help="model name, tag or ID")
+    show.add_argument("model", nargs="?", help="model name, tag or ID")
+    takes(show, DmrArgs("show", "MODEL", "model", failure="Failed to get model {model}"))
     show.add_argument(
         "-r", "--remote", action="store_true", help="read it from its registry, without pulling"
     )
     show.set_defaults(handler=cmd_show)
 
     tag = commands.add_parser("tag", help="Give a model another tag (a tag held by another model moves).")
-    tag.add_argument("source", help="model name, tag or ID")
-    tag.add_argument("target", help="new tag")
+    tag.add_argument("source", nargs="?", help="model name, tag or ID")
+    tag.add_argument("target", nargs="?", help="new tag")
+    takes(tag, DmrArgs("tag", "SOURCE TARGET", "source", "target", failure="failed to tag model"))
     tag.set_defaults(handler=cmd_tag)
 
     rm = commands.add_parser("rm", help="Remove models from the local store.")
-    rm.add_argument("models", nargs="+", metavar="MODEL")
+    rm.add_argument("models", nargs="*", metavar="MODEL")
+    takes(rm, DmrArgs("rm", "[MODEL...]", "models", at_least=True, failure="Failed to remove model"))
     rm.add_argument(
         "-f", "--force", action="store_true", help="remove a model by ID even when it has many tags"
     )
