@@ -329,6 +329,25 @@ def test_a_client_that_shuts_its_side_after_asking_for_a_stream_gets_it(
                 assert lines[-1]["done"] is True
 
 
+def test_without_the_front_a_stalled_body_is_answered_408_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MODEL_RUNNER_FAST_PATH=0 (and the Unix socket and TLS listeners) serve with the same protocol the
+    front hands connections to (server/daemon.py), so the same limit holds there."""
+    monkeypatch.setattr(handed_over, "REQUEST_STALL_SECONDS", 0.5)
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": FakeEngine()}, front=False).start()
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=30) as sock:
+            sock.sendall(raw_request(CHAT, body(False))[:-10])
+            head, answer = read_to_the_end(sock)
+        assert (
+            head.startswith(b"HTTP/1.1 408") and json.loads(answer)["error"]["message"] == handed_over.STALLED
+        )
+    finally:
+        running.stop()
+
+
 @pytest.mark.parametrize("extra", [b"", ORIGIN])
 def test_a_local_client_that_shuts_its_side_after_asking_for_a_whole_answer_gets_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: bytes

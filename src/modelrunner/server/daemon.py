@@ -123,6 +123,7 @@ def uvicorn_config(daemon: Daemon, host: str, port: int, front: bool | None = No
     import uvicorn
 
     from modelrunner.server.front import protocol_class
+    from modelrunner.server.handed_over import HandedOver
 
     if front is None:
         front = fast_path_enabled()
@@ -130,7 +131,7 @@ def uvicorn_config(daemon: Daemon, host: str, port: int, front: bool | None = No
         daemon.asgi,
         host=host,
         port=port,
-        http=protocol_class(daemon.fast) if front else "httptools",
+        http=protocol_class(daemon.fast) if front else HandedOver,  # the front's stall and half-close rules
         lifespan="on",
         log_config=None,
         access_log=False,
@@ -246,13 +247,15 @@ def tls_files(tls: config.TLSSettings) -> tuple[Path, Path]:
 
 
 def companion_config(daemon: Daemon, tls: tuple[Path, Path] | None = None) -> uvicorn.Config:
-    """uvicorn's own HTTP protocol (not the front) for the Unix socket and the TLS port; the lifespan runs
-    once, in the main server."""
+    """uvicorn's HTTP protocol with the front's stall and half-close rules (server/handed_over.py), not the
+    front itself, for the Unix socket and the TLS port; the lifespan runs once, in the main server."""
     import uvicorn
+
+    from modelrunner.server.handed_over import HandedOver
 
     return uvicorn.Config(
         daemon.asgi,
-        http="httptools",
+        http=HandedOver,
         lifespan="off",
         log_config=None,
         access_log=False,
