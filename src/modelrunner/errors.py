@@ -49,6 +49,10 @@ class ModelNotFound(ModelRunnerError):
     status_code = 404
 
 
+class NotFound(ModelRunnerError):
+    status_code = 404
+
+
 class MethodNotAllowed(ModelRunnerError):
     status_code = 405
 

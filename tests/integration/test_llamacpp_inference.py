@@ -132,9 +132,9 @@ def test_embeddings_run_in_their_own_embedding_mode_runner(daemon: Daemon) -> No
 def test_the_official_openai_client_streams_through_engines_v1(daemon: Daemon) -> None:
     client = openai.OpenAI(base_url=daemon.url + "/engines/v1", api_key="unused")
     listed = [m.id for m in client.models.list()]
-    assert listed == ["ai/tiny:latest"]
+    assert listed == ["docker.io/ai/tiny:latest"]  # DMR's ToOpenAI: the first tag as stored
     stream = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True
+        model=listed[0], messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True
     )
     finish = [c.choices[0].finish_reason for c in stream if c.choices]
     assert finish[-1] in ("length", "stop")  # random weights may emit end-of-text early

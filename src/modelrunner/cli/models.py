@@ -239,7 +239,7 @@ def cmd_show(args: argparse.Namespace) -> None:
     created = datetime.fromtimestamp(data.get("created") or 0, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     lines = [
         f"Model: {data['id']}",
-        "Tags: " + (", ".join(display(t) for t in data["tags"]) or "<none>"),
+        "Tags: " + (", ".join(display(t) for t in data.get("tags") or []) or "<none>"),
         f"Created: {created}",
     ]
     for label, key in (

@@ -13,7 +13,7 @@ from modelrunner.reference import Reference
 
 
 def inspect_remote(reference: Reference, bearer_token: str | None = None) -> dict[str, Any]:
-    """The API's Model object ({id, tags, created, config}) as the registry holds it; two small GETs."""
+    """The API's Model object ({id, created, config}) as the registry holds it; two small GETs."""
     if reference.is_huggingface:
         raise BadRequest(
             "--remote reads OCI registries; a Hugging Face model is only built when it is pulled"
@@ -33,10 +33,9 @@ def inspect_remote(reference: Reference, bearer_token: str | None = None) -> dic
     if sha256_digest(config_bytes) != manifest.config.digest:
         raise InvalidArtifact("the registry sent a config that does not match its digest")
     config = parse_config_blob(config_bytes, manifest.config.media_type)
-    tags = [str(reference)] if reference.tag else []
+    # no "tags": as DMR's ToModelFromArtifact, a remote model has no local tags (omitted, Go's omitempty)
     return {
         "id": sha256_digest(manifest_bytes),
-        "tags": tags,
         "created": config.created,
         "config": config.config,
     }

@@ -82,8 +82,40 @@ class Daemon:
     lifecycle: Lifecycle
 
 
+def go_clean_path(path: str) -> str:
+    """Go's ServeMux cleanPath: rooted, `//`, `.` and `..` resolved, a trailing slash kept."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part not in ("", "."):
+            parts.append(part)
+    cleaned = "/" + "/".join(parts)
+    return cleaned + "/" if path.endswith("/") and cleaned != "/" else cleaned
+
+
+_GO_HTML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;"})
+
+
+async def redirect_to_clean_path(scope: Scope, send: Send, location: str) -> None:
+    """What Go's ServeMux answers for a path not in its canonical form (DMR's muxes): 301 to the cleaned
+    path with the query kept, for every method; http.Redirect's small HTML body for GET only."""
+    headers = [(b"location", location.encode("latin-1"))]
+    body = b""
+    if scope["method"] in ("GET", "HEAD"):
+        headers.append((b"content-type", b"text/html; charset=utf-8"))
+    if scope["method"] == "GET":
+        escaped = location.translate(_GO_HTML_ESCAPES)
+        body = f'<a href="{escaped}">Moved Permanently</a>.\n\n'.encode("latin-1")
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": 301, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 class Dispatcher:
-    """Inference routes go straight to the relay; `/v1/...` aliases become `/engines/v1/...`."""
+    """Paths not in Go's canonical form are redirected to it; inference routes go straight to the relay;
+    `/v1/...` aliases become `/engines/v1/...`."""
 
     def __init__(self, api: App, inference: InferenceHandler) -> None:
         self.api = api
@@ -92,6 +124,11 @@ class Dispatcher:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path = scope["path"]
+            raw = (scope.get("raw_path") or path.encode("latin-1")).decode("latin-1")  # Go cleans it escaped
+            if go_clean_path(raw) != raw:
+                query = (scope.get("query_string") or b"").decode("latin-1")
+                await redirect_to_clean_path(scope, send, go_clean_path(raw) + ("?" + query if query else ""))
+                return
             route = match_route(path)
             if route is not None:
                 await self.inference(scope, receive, send, route)

@@ -21,7 +21,7 @@ from modelrunner.artifact.builder import (
     local_zone,
 )
 from modelrunner.compat.bodies import json_body
-from modelrunner.errors import BadRequest, PermissionDenied
+from modelrunner.errors import BadRequest, NotFound, PermissionDenied
 from modelrunner.reference import parse_reference
 from modelrunner.server.body_stream import consume_in_thread
 from modelrunner.server.localuser import caller_is_daemon_user
@@ -105,6 +105,25 @@ def check_caller_may_read_files(request: Request, token: str) -> None:
         )
 
 
+def go_bool(text: str) -> bool | None:
+    """Go's strconv.ParseBool: None for what it refuses."""
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    return None
+
+
+def query_flag(request: Request, name: str) -> bool:
+    """A flag in the query as DMR reads `force` and `remote` (`pkg/inference/models/http_handler.go`
+    parseBoolQueryParam): absent is false, present without a value (`?force`) true, else ParseBool's
+    answer, and false for what it refuses."""
+    if name not in request.query_params:
+        return False
+    value = request.query_params[name]
+    return value == "" or go_bool(value) is True
+
+
 def build_models_router(store: ModelStore, token: str) -> APIRouter:
     """`token`: the local token ($MODEL_RUNNER_HOME/daemon.token) proving a caller is the daemon's user."""
     router = APIRouter()
@@ -164,8 +183,10 @@ def build_models_router(store: ModelStore, token: str) -> APIRouter:
     def tag_model(
         name: str, repo: str = Query(min_length=1), tag: str = Query(default="latest")
     ) -> dict[str, str]:
-        target = store.tag(name, f"{repo}:{tag}")
-        return {"message": "Model tagged successfully", "target": target}
+        target = f"{repo}:{tag}"
+        store.tag(name, target)
+        # as DMR's handleTagModel: the target as given, quoted as Go's %q quotes it
+        return {"message": f"Model tagged successfully with {json.dumps(target)}", "target": target}
 
     @router.post("/models/{name:path}/repackage", status_code=201)
     def repackage_model(
@@ -183,18 +204,30 @@ def build_models_router(store: ModelStore, token: str) -> APIRouter:
     @router.get("/models/{name:path}/export")
     def export_model(name: str) -> StreamingResponse:
         store.get(name)  # a missing model is a 404 before the stream starts
-        return StreamingResponse(export_chunks(store, name), media_type="application/x-tar")
+        # as DMR's handleExportModel: `attachment; filename=%q` of the name as given plus ".tar"
+        disposition = f"attachment; filename={json.dumps(name + '.tar')}"
+        return StreamingResponse(
+            export_chunks(store, name),
+            media_type="application/x-tar",
+            headers={"Content-Disposition": disposition},
+        )
 
     @router.get("/models/{name:path}")
-    def get_model(name: str, remote: bool = False) -> dict[str, Any]:
-        if remote:  # read from the registry without pulling (`model inspect --remote`)
+    def get_model(request: Request, name: str) -> dict[str, Any]:
+        if query_flag(request, "remote"):  # read from the registry without pulling (`inspect --remote`)
             from modelrunner.distribution.inspect import inspect_remote
 
             return inspect_remote(parse_reference(name))
-        return store.get(name).to_api()
+        return store.get(name, by_name=True).to_api()
 
     @router.delete("/models/{name:path}")
-    def delete_model(name: str, force: bool = False) -> list[dict[str, str]]:
-        return store.delete(name, force=force)
+    def delete_model(request: Request, name: str) -> list[dict[str, str]]:
+        return store.delete(name, force=query_flag(request, "force"))
+
+    @router.post("/models/{name:path}")
+    def unknown_action(name: str) -> None:
+        """DMR's handleModelAction: a POST under /models that names no action it knows is a 404."""
+        action = name.rpartition("/")[2]
+        raise NotFound(f"unknown action {json.dumps(action)}")
 
     return router

@@ -10,10 +10,9 @@ from modelrunner.store.store import ModelStore, StoredModel
 
 
 def openai_id(model: StoredModel) -> str:
-    """First tag without the Docker Hub host (usable as `model` in requests), else the ID."""
-    if not model.tags:
-        return model.id
-    return model.tags[0].removeprefix("docker.io/")
+    """The first tag as stored (`docker.io/ai/m:latest`), else the ID, as DMR's ToOpenAI; usable as
+    `model` in requests, which normalise names."""
+    return model.tags[0] if model.tags else model.id
 
 
 def openai_model(model: StoredModel) -> dict[str, Any]:

@@ -172,6 +172,7 @@ class SecurityMiddleware:
                 requested = headers.get(b"access-control-request-headers", b"*")
                 preflight = [
                     *cors,
+                    (b"access-control-allow-credentials", b"true"),  # as DMR's CorsMiddleware
                     (b"access-control-allow-methods", b"GET, HEAD, POST, DELETE, OPTIONS"),
                     (b"access-control-allow-headers", requested),
                     (b"access-control-max-age", b"600"),

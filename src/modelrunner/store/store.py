@@ -300,6 +300,19 @@ class ModelStore:
                 return entry
         raise ModelNotFound(f"model not found: {text[:200]}")
 
+    @staticmethod
+    def _find_by_name(entries: list[IndexEntry], text: str) -> IndexEntry:
+        """DMR's fallback when a lookup by reference found nothing, for inspect and tag only
+        (`pkg/inference/models/http_handler.go` findModelByPartialName, `manager.go` Tag): the first model,
+        in store order, with a stored tag whose last path component, without its tag, is exactly `text`
+        (`repo-gguf` finds `hf.co/org/repo-gguf:Q4_K_M`; `repo-gguf:Q4_K_M` does not)."""
+        for entry in entries:
+            for tag in entry.tags:
+                name = tag.rpartition(":")[0] or tag
+                if name.rpartition("/")[2] == text:
+                    return entry
+        raise ModelNotFound(f"model not found: {text[:200]}")
+
     # -- reading --------------------------------------------------------------------------------
 
     def _load(self, model_id: str) -> tuple[Manifest, ModelConfig]:
@@ -322,11 +335,17 @@ class ModelStore:
     def list_models(self) -> list[StoredModel]:
         return [self._stored(entry) for entry in self._read_index()]
 
-    def get(self, reference: str) -> StoredModel:
+    def get(self, reference: str, *, by_name: bool = False) -> StoredModel:
+        """`by_name`: also DMR's last resort of inspect (`_find_by_name`)."""
         entries, found = self._current_index()  # one stat when unchanged: then the lookup is remembered
         entry = found.get(reference)
         if entry is None:
-            entry = self._find(entries, reference)
+            try:
+                entry = self._find(entries, reference)
+            except ModelNotFound:
+                if not by_name:
+                    raise
+                return self._stored(self._find_by_name(entries, reference))
             if len(found) < 1024:
                 found[reference] = entry
         return self._stored(entry)
@@ -536,7 +555,10 @@ class ModelStore:
         tag = full_tag(target)
         with self._locked():
             entries = self._read_index()
-            entry = self._find(entries, source)
+            try:
+                entry = self._find(entries, source)
+            except ModelNotFound:
+                entry = self._find_by_name(entries, source)
             self._move_tags(entries, entry, [tag])
             self._write_index(entries)
         return tag
