@@ -45,6 +45,35 @@ def test_reporter_always_reports_layer_completion() -> None:
     assert reporter.transferred == 3000
 
 
+def test_only_registered_layers_report() -> None:
+    """DMR's pull (`pkg/distribution/internal/store/store.go`) and push (`oci/remote/remote.go`) make one
+    Reporter per manifest layer: the config blob moves without an event, so no event has a layer of size 0
+    or a total of 0; the message is `PullMsg`'s, the layer's own bytes in MiB."""
+    events: list[dict[str, object]] = []
+    reporter = ProgressReporter(events.append, "pull")
+    config, layer = "sha256:" + "c" * 64, "sha256:" + "d" * 64
+    reporter.set_layer(config, 0)
+    reporter.advance(config, 300)
+    reporter.layer_done(config)
+    assert events == [] and reporter.transferred == 300
+    reporter.total = 3 * 1024 * 1024
+    reporter.add_layer(layer, 3 * 1024 * 1024)
+    reporter.set_layer(layer, 0)
+    reporter.advance(layer, 1024 * 1024 + 1024 * 1024 // 2)
+    reporter.layer_done(layer)
+    assert [e["layer"] for e in events] == [
+        {"id": layer, "size": 3145728, "current": 0},
+        {"id": layer, "size": 3145728, "current": 1572864},
+        {"id": layer, "size": 3145728, "current": 3145728},
+    ]
+    assert [e["message"] for e in events] == [
+        "Downloaded: 0.00 MB",
+        "Downloaded: 1.50 MB",
+        "Downloaded: 3.00 MB",
+    ]
+    assert {e["total"] for e in events} == {3145728}
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> ModelStore:
     return ModelStore(tmp_path / "models")

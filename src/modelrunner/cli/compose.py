@@ -81,27 +81,18 @@ def _known(daemon: Any, model: str) -> bool:
 
 def _pull(daemon: Any, model: str) -> None:
     """Pull with progress as `info` lines (DMR's simple printer); an error ends the pull."""
-    from modelrunner.cli.distribution import hf_token
-    from modelrunner.cli.dmrformat import custom_size
+    from modelrunner.cli.distribution import DownloadTally, hf_token
     from modelrunner.errors import DaemonError
 
-    layers: dict[str, int] = {}
+    tally = DownloadTally()
     for event in daemon.pull(model, hf_token(model)):
         kind = event.get("type")
         if kind == "error":
             raise DaemonError(500, str(event.get("message")))
         if kind == "warning":
             send("info", f"Warning: {event.get('message')}")
-        elif kind == "success":
-            send("info", str(event.get("message")))
-        elif kind == "progress":
-            layer = event.get("layer") or {}
-            if layer.get("id"):
-                layers[str(layer["id"])] = int(layer.get("current") or 0)
-                done, total = sum(layers.values()), int(event.get("total") or 0)
-                send("info", f"Downloaded {custom_size(done)} of {custom_size(total)}")
-            elif event.get("message"):
-                send("info", str(event["message"]))
+        elif kind == "progress":  # DMR's compose drops the success message (its Pull's finalMessage)
+            send("info", tally.line(event))
 
 
 def models_url(daemon: Any, explicit: bool) -> str:

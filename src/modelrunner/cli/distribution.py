@@ -1,8 +1,8 @@
 """`model pull` and `model push`: stream the daemon's progress events and render them.
 
-On a terminal: rich per-layer bars with speed and ETA; otherwise one plain line per status message and per
-finished layer; `--json` passes the raw events through. Ctrl-C closes the connection, which cancels the
-transfer in the daemon (when no other client watches it) and keeps the partial files for a resume.
+On a terminal: rich per-layer bars with speed and ETA; otherwise DMR's plain `Downloaded X of Y` lines;
+`--json` passes the raw events through. Ctrl-C closes the connection, which cancels the transfer in the daemon
+(when no other client watches it) and keeps the partial files for a resume.
 """
 
 from __future__ import annotations
@@ -37,28 +37,36 @@ class JsonRenderer:
         pass
 
 
-class PlainRenderer:
-    """For logs and pipes: no carriage returns, one line per thing that happened."""
+class DownloadTally:
+    """DMR's displayProgressSimple (`cmd/cli/desktop/progress.go`): each progress event is one line, the sum
+    of every layer's latest `current` (an event without a layer counts as layer "") against the event's
+    `total`, both in go-units' decimal sizes; `Downloaded` for pushes too."""
 
     def __init__(self) -> None:
-        self._finished: set[str] = set()
-        self._last_message = ""
+        self._layers: dict[str, int] = {}
+
+    def line(self, event: Event) -> str:
+        from modelrunner.cli.dmrformat import custom_size
+
+        layer = event.get("layer") or {}
+        self._layers[str(layer.get("id") or "")] = int(layer.get("current") or 0)
+        done, total = sum(self._layers.values()), int(event.get("total") or 0)
+        return f"Downloaded {custom_size(done)} of {custom_size(total)}"
+
+
+class PlainRenderer:
+    """For logs and pipes, as DMR's CLI off a terminal: one line per progress event on stdout (cobra's
+    Println, which the Docker plugin framework points at stdout), warnings on stderr as `Warning: ...`."""
+
+    def __init__(self) -> None:
+        self._tally = DownloadTally()
 
     def show(self, event: Event) -> None:
-        layer = event.get("layer") or {}
-        layer_id = layer.get("id")
-        if event.get("type") == "error":
-            return  # the caller prints errors on stderr
-        if not layer_id:
-            if event.get("message") and event["message"] != self._last_message:
-                print(event["message"], flush=True)
-                self._last_message = event["message"]
-            return
-        size, current = int(layer.get("size") or 0), int(layer.get("current") or 0)
-        if current >= size and layer_id not in self._finished:
-            self._finished.add(layer_id)
-            verb = "Downloaded" if event.get("mode") != "push" else "Uploaded"
-            print(f"{verb} {str(layer_id)[7:19]} ({size / 1_000_000:.2f} MB)", flush=True)
+        kind = event.get("type")
+        if kind == "progress":
+            print(self._tally.line(event), flush=True)
+        elif kind == "warning":
+            print(f"Warning: {event.get('message')}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         pass
@@ -88,8 +96,8 @@ class RichRenderer:
     def show(self, event: Event) -> None:
         layer = event.get("layer") or {}
         layer_id = layer.get("id")
-        if event.get("type") == "error":
-            return
+        if event.get("type") in ("error", "success"):
+            return  # the caller prints these
         if not layer_id:
             if event.get("message"):
                 self._progress.console.print(event["message"])
@@ -117,9 +125,12 @@ def render_transfer(events: Iterable[Event], as_json: bool, verb: str, failure: 
     message)."""
     renderer = _renderer(as_json)
     failed = False
+    final = ""
     try:
         for event in events:
             renderer.show(event)
+            if event.get("type") == "success":
+                final = str(event.get("message") or "")
             if event.get("type") == "error":
                 failed = True
                 if not as_json:
@@ -132,6 +143,8 @@ def render_transfer(events: Iterable[Event], as_json: bool, verb: str, failure: 
         print(f"\n{verb.capitalize()} cancelled; run the same command again to resume.", file=sys.stderr)
         return 130
     renderer.close()
+    if not as_json and not failed:
+        print(final)  # pull.go and push.go: cmd.Println(response)
     return 1 if failed else 0
 
 

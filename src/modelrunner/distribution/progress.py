@@ -1,7 +1,9 @@
 """Progress events of pulls and pushes in DMR's newline-delimited JSON shape (contract 2.3).
 
 A `ProgressReporter` turns byte counts from many layer threads into events, throttled like DMR's: one per
-layer every 100 ms or 1 MiB, always one when a layer completes.
+layer every 100 ms or 1 MiB, always one when a layer completes. As in DMR, the events cover the manifest's
+layers only (`add_layer`): the config blob moves silently, and `total` is the layers' sum from the first
+event.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ THROTTLE_SECONDS = 0.1
 THROTTLE_BYTES = 1024 * 1024
 
 
-def megabytes(n_bytes: int) -> str:
-    """DMR's `12.00 MB` style (decimal megabytes, two places)."""
-    return f"{n_bytes / 1_000_000:.2f} MB"
+def layer_megabytes(n_bytes: int) -> str:
+    """DMR's PullMsg/PushMsg figure: the layer's bytes in MiB, two places, labelled `MB`."""
+    return f"{n_bytes / 1024 / 1024:.2f} MB"
 
 
 def event(kind: str, message: str, mode: Mode, total: int = 0, layer: dict[str, Any] | None = None) -> Event:
@@ -78,23 +80,29 @@ class ProgressReporter:
     def set_layer(self, layer_id: str, current: int) -> None:
         """A restart (the server ignored Range) or a resume: the layer's count jumps."""
         with self._lock:
+            if layer_id not in self._sizes:
+                return
             self._current[layer_id] = current
         self._emit(layer_id, force=True)
 
     def advance(self, layer_id: str, n_bytes: int) -> None:
         with self._lock:
-            self._current[layer_id] = self._current.get(layer_id, 0) + n_bytes
             self.transferred += n_bytes
+            if layer_id not in self._sizes:
+                return
+            self._current[layer_id] += n_bytes
         self._emit(layer_id, force=False)
 
     def layer_done(self, layer_id: str) -> None:
         with self._lock:
-            self._current[layer_id] = self._sizes.get(layer_id, self._current.get(layer_id, 0))
+            if layer_id not in self._sizes:
+                return
+            self._current[layer_id] = self._sizes[layer_id]
         self._emit(layer_id, force=True)
 
     def _emit(self, layer_id: str, force: bool) -> None:
         with self._lock:
-            current = self._current.get(layer_id, 0)
+            current = self._current[layer_id]
             size = self._sizes.get(layer_id, 0)
             now = time.monotonic()
             last_time, last_bytes = self._last_sent.get(layer_id, (0.0, -1))
@@ -102,10 +110,9 @@ class ProgressReporter:
             if not force and (not due or current == last_bytes):
                 return
             self._last_sent[layer_id] = (now, current)
-            done = sum(self._current.values())
         verb = "Downloaded" if self._mode == "pull" else "Uploaded"
         layer = {"id": layer_id, "size": size, "current": current}
-        self._sink(event("progress", f"{verb}: {megabytes(done)}", self._mode, self.total, layer))
+        self._sink(event("progress", f"{verb}: {layer_megabytes(current)}", self._mode, self.total, layer))
 
     def success(self, message: str) -> None:
         self._sink(event("success", message, self._mode))

@@ -78,9 +78,10 @@ class RegistryPush:
         manifest = self.model.manifest
         try:
             blobs = list({b.digest: b for b in manifest.blobs}.values())
-            self.reporter.total = sum(b.size for b in blobs)
-            for blob in blobs:
-                self.reporter.add_layer(blob.digest, blob.size)
+            # Progress covers the layers only, as DMR's; the config blob goes up silently.
+            self.reporter.total = sum(layer.size for layer in manifest.layers)
+            for layer in manifest.layers:
+                self.reporter.add_layer(layer.digest, layer.size)
             with ThreadPoolExecutor(max_workers=PARALLEL_BLOBS, thread_name_prefix="push-blob") as pool:
                 for future in [pool.submit(self._push_blob, blob) for blob in blobs]:
                     future.result()
