@@ -424,7 +424,9 @@ def test_gpu_choices(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert gpu.resolve_gpu("auto") == "none"
     assert gpu.resolve_gpu("none") == "none"
     with pytest.raises(BadRequest, match="unknown --gpu value"):
-        gpu.resolve_gpu("rocm")
+        gpu.resolve_gpu("tpu")
+    with pytest.raises(EngineUnsupported, match=r"--gpu rocm needs a llama.cpp built for AMD ROCm \(HIP\)"):
+        gpu.resolve_gpu("rocm")  # DMR's kind, with what it needs named
     with pytest.raises(EngineUnsupported, match="nvcc was not found") as info:
         gpu.resolve_gpu("cuda")
     assert info.value.status_code == 400

@@ -29,6 +29,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "bench": ("bench",),
     "runner": ("serve", "start-runner", "stop-runner", "restart-runner", "version"),
     "distribution": ("pull", "push"),
+    "search": ("search",),
     "engines": ("install-runner", "reinstall-runner", "uninstall-runner", "status"),
     "context": ("context",),
     "compose": ("compose",),

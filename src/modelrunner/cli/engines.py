@@ -4,21 +4,97 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelrunner.cli.common import client
+from modelrunner import config
+from modelrunner.cli.common import DmrArgs, UsageError, client, takes
 
 if TYPE_CHECKING:
     from modelrunner.client import Client
 
-GPU_CHOICES = ("auto", "none", "cuda", "vulkan")
+# DMR's --gpu kinds and ours; any other word is DMR's "unknown GPU specification"
+GPU_WORDS = ("auto", "none", "cuda", "vulkan", "rocm", "musa", "cann")
+
+
+def _daemon_settings(args: argparse.Namespace) -> dict[str, str]:
+    """What install-runner's runner flags mean for a daemon it starts: DMR runs a container with them; here
+    they are the settings (environment) of the `model serve` that the install starts when none runs."""
+    settings: dict[str, str] = {}
+    if args.port:
+        settings["MODEL_RUNNER_PORT"] = str(args.port)
+    if args.host not in ("127.0.0.1", "localhost"):  # beyond loopback, as `serve --listen` (API key required)
+        settings["MODEL_RUNNER_EXTRA_LISTEN"] = f"{args.host}:{args.port or config.daemon_port()}"
+    if args.tls:
+        settings["MODEL_RUNNER_TLS_ENABLED"] = "true"
+    if args.tls_port:
+        settings["MODEL_RUNNER_TLS_PORT"] = str(args.tls_port)
+    if args.tls_cert:
+        settings["MODEL_RUNNER_TLS_CERT"] = str(Path(args.tls_cert).expanduser().resolve())
+    if args.tls_key:
+        settings["MODEL_RUNNER_TLS_KEY"] = str(Path(args.tls_key).expanduser().resolve())
+    if args.debug:
+        settings["MODEL_RUNNER_LOG_LEVEL"] = "debug"
+    if args.proxy_cert:
+        settings["SSL_CERT_FILE"] = str(_proxy_ca_bundle(Path(args.proxy_cert).expanduser()))
+    return settings
+
+
+def _proxy_ca_bundle(cert: Path) -> Path:
+    """The usual CA bundle plus the proxy's certificate (DMR adds it to its container's CA store): the
+    daemon's registry and Hugging Face clients trust it through SSL_CERT_FILE."""
+    import certifi
+
+    try:
+        extra = cert.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--proxy-cert: cannot read {cert}: {exc.strerror}") from None
+    bundle = config.runner_home() / "proxy-ca-bundle.pem"
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    bundle.write_bytes(Path(certifi.where()).read_bytes() + b"\n" + extra)
+    return bundle
+
+
+def _apply_runner_flags(args: argparse.Namespace) -> None:
+    """Check --gpu as DMR does, then give a daemon this command starts the runner flags' settings; a
+    daemon already running keeps its own, as DMR keeps a running container (said on stderr)."""
+    import json
+
+    from modelrunner.engines.gpu import UNBUILT_GPU_KINDS, check_gpu_kind
+    from modelrunner.errors import ModelRunnerError
+
+    if args.gpu not in GPU_WORDS:
+        raise UsageError(f"unknown GPU specification: {json.dumps(args.gpu)}")
+    if args.gpu in UNBUILT_GPU_KINDS:
+        try:
+            check_gpu_kind(args.gpu)
+        except ModelRunnerError as exc:
+            raise UsageError(exc.message) from None
+    settings = _daemon_settings(args)
+    if not settings:
+        return
+    from modelrunner.server.daemon import read_pid
+
+    target = config.client_target()
+    if target.explicit or read_pid() is not None:
+        where = target.base_url if target.explicit else "already running"
+        print(
+            f"The requested runner options were not applied: the model runner is {where}.\n"
+            "To start it with them, run `model stop-runner` first.",
+            file=sys.stderr,
+        )
+        return
+    os.environ.update(settings)
 
 
 def _install(args: argparse.Namespace, force: bool) -> None:
     from modelrunner.errors import DaemonError
 
-    for event in client().install_backend(args.backend, gpu=args.gpu, force=force):
+    _apply_runner_flags(args)
+    version = (args.llama_server_version or None) if args.backend == "llama.cpp" else None
+    for event in client().install_backend(args.backend, gpu=args.gpu, version=version, force=force):
         kind, message = event.get("type"), str(event.get("message", ""))
         if kind == "error":
             raise DaemonError(500, message)
@@ -41,6 +117,8 @@ def cmd_uninstall_runner(args: argparse.Namespace) -> None:
     daemon = client()
     result = daemon.uninstall_backend(args.backend)
     print(result["message"])
+    if args.images:  # DMR: remove the runner's container images
+        print("No images to remove: this model runner runs no containers (cached engine builds stay)")
     if args.models:  # DMR: also remove the model storage
         daemon.unload([], True, None)
         daemon.purge()
@@ -200,17 +278,41 @@ def add_commands(commands: Any) -> None:
             cmd_reinstall_runner,
         ),
     )
-    for name, help_text, handler in verbs:  # same flags as DMR's install-runner where they apply here
+    for name, help_text, handler in verbs:  # DMR's install-runner flags, as they apply to this daemon
         parser = commands.add_parser(name, help=help_text, description=help_text)
         parser.add_argument("--backend", default="llama.cpp", help="engine to install (default llama.cpp)")
         parser.add_argument(
-            "--gpu", default="auto", choices=GPU_CHOICES, help="accelerator to build for (default auto)"
+            "--gpu",
+            default="auto",
+            help="accelerator to build for: auto|none|cuda|vulkan (rocm|musa|cann: DMR's, "
+            "not built here) (default auto)",
         )
+        parser.add_argument(
+            "--llama-server-version", default="", help="llama.cpp version to install (this runner builds one)"
+        )
+        group = parser.add_argument_group("settings of the daemon this command starts when none runs")
+        group.add_argument(
+            "--host", default="127.0.0.1", help="also listen on this address (default 127.0.0.1)"
+        )
+        group.add_argument("--port", type=int, default=0, help="daemon port (default 12434)")
+        group.add_argument("--tls", action="store_true", help="also serve HTTPS (MODEL_RUNNER_TLS_ENABLED)")
+        group.add_argument("--tls-port", type=int, default=0, help="HTTPS port (default 12444)")
+        group.add_argument("--tls-cert", default="", help="TLS certificate file (generated if not given)")
+        group.add_argument("--tls-key", default="", help="TLS private key file (generated if not given)")
+        group.add_argument("--debug", action="store_true", help="log at debug level")
+        group.add_argument(
+            "--proxy-cert", default="", help="CA certificate of a TLS-inspecting proxy to trust"
+        )
+        group.add_argument(
+            "--do-not-track", action="store_true", help="no effect: this model runner tracks no model usage"
+        )
+        takes(parser, DmrArgs(name, "[OPTIONS]"))
         parser.set_defaults(handler=handler)
 
     uninstall = commands.add_parser("uninstall-runner", help="Remove an installed inference engine.")
     uninstall.add_argument("--backend", default="llama.cpp", help="engine to remove (default llama.cpp)")
     uninstall.add_argument("--models", action="store_true", help="also remove every model from the store")
+    uninstall.add_argument("--images", action="store_true", help="no effect: this model runner has no images")
     uninstall.set_defaults(handler=cmd_uninstall_runner)
 
     status = commands.add_parser("status", help="Show whether the model runner runs, and its engines.")

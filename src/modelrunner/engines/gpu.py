@@ -15,6 +15,8 @@ from pathlib import Path
 from modelrunner.errors import BadRequest, EngineUnsupported
 
 GPU_KINDS = ("auto", "none", "cuda", "vulkan")
+# DMR's other `--gpu` kinds (it has container images for them): what their llama.cpp needs, not built here
+UNBUILT_GPU_KINDS = {"rocm": "AMD ROCm (HIP)", "musa": "Moore Threads MUSA", "cann": "Huawei Ascend CANN"}
 
 
 @dataclass(frozen=True)
@@ -109,10 +111,21 @@ def _has_vulkan_sdk() -> bool:
     return shutil.which("glslc") is not None and headers
 
 
-def resolve_gpu(requested: str) -> str:
-    """The build flavour for `--gpu`: "none", "cuda" or "vulkan"; a clear error when it cannot be built."""
+def check_gpu_kind(requested: str) -> None:
+    """A `--gpu` this runner builds for; DMR's ROCm, MUSA and CANN kinds are refused, naming the lack."""
+    if requested in UNBUILT_GPU_KINDS:
+        raise EngineUnsupported(
+            f"--gpu {requested} needs a llama.cpp built for {UNBUILT_GPU_KINDS[requested]}, which this model "
+            "runner does not build (it builds for CUDA, Vulkan or the CPU): use --gpu cuda, vulkan, none or "
+            "auto"
+        )
     if requested not in GPU_KINDS:
         raise BadRequest(f"unknown --gpu value {requested!r}: use one of {', '.join(GPU_KINDS)}")
+
+
+def resolve_gpu(requested: str) -> str:
+    """The build flavour for `--gpu`: "none", "cuda" or "vulkan"; a clear error when it cannot be built."""
+    check_gpu_kind(requested)
     if requested == "auto":
         kind = detect_accelerator().kind
         if kind == "cuda" and find_nvcc():
