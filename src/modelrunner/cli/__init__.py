@@ -37,6 +37,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "worker": ("worker",),
     "generate": ("generate",),
     "requests": ("requests",),
+    "gateway": ("gateway",),
 }
 
 
