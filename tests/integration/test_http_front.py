@@ -264,31 +264,27 @@ def released_and_unloaded(running: InProcessDaemon) -> None:
 RELAYS = [("1", None), ("0", None), ("1", "http://localhost:3000")]
 
 
+# An engine that stops sending (it still answers /health: only its silence in the middle of the stream
+# tells), or that sends invalid framing: the stream ends with the error event, the runner is released.
+ENGINE_FAULTS = {
+    "silent": ({"FAKE_STALL_AFTER": "3"}, "the engine sent nothing for 0.5 seconds"),
+    "invalid framing": ({"FAKE_BAD_CHUNK_AFTER": "3"}, "invalid chunk size"),
+}
+
+
+@pytest.mark.parametrize("fault", ENGINE_FAULTS)
 @pytest.mark.parametrize(("native", "origin"), RELAYS)
-def test_an_engine_that_stops_sending_is_given_up_after_the_idle_limit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str, origin: str | None
+def test_an_engine_that_stops_sending_or_breaks_its_framing_ends_the_stream_with_an_error_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str, origin: str | None, fault: str
 ) -> None:
-    # It still answers /health: only its silence in the middle of the stream tells.
+    engine_env, reason = ENGINE_FAULTS[fault]
     monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
     monkeypatch.setenv("MODEL_RUNNER_ENGINE_IDLE_TIMEOUT", "0.5")
-    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "10", "FAKE_STALL_AFTER": "3"}) as running:
+    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "10", **engine_env}) as running:
         headers = {"origin": origin} if origin else {}
         streamed = running.http("POST", CHAT, json=body(True), headers=headers)
         assert streamed.status_code == 200
-        ended_with_error(streamed.text, "the engine sent nothing for 0.5 seconds")
-        released_and_unloaded(running)
-
-
-@pytest.mark.parametrize(("native", "origin"), RELAYS)
-def test_invalid_framing_from_the_engine_ends_the_stream_with_an_error_event(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str, origin: str | None
-) -> None:
-    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
-    with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "10", "FAKE_BAD_CHUNK_AFTER": "3"}) as running:
-        headers = {"origin": origin} if origin else {}
-        streamed = running.http("POST", CHAT, json=body(True), headers=headers)
-        assert streamed.status_code == 200
-        ended_with_error(streamed.text, "invalid chunk size")
+        ended_with_error(streamed.text, reason)
         released_and_unloaded(running)
 
 
