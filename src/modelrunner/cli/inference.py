@@ -307,7 +307,8 @@ def cmd_configure(args: argparse.Namespace) -> None:
     }
     if speculative:
         request["speculative"] = speculative
-    # `configure MODEL` alone is sent too, as DMR's configure.go does: it resets the model to its defaults
+    if len(request) == 1:
+        raise UsageError("nothing to configure: give --context-size, --keep-alive, --think, --mode or flags")
     daemon.configure(request, args.backend)  # and nothing printed, as DMR's configure.go prints nothing
 
 
