@@ -60,9 +60,13 @@ def length(data: bytes) -> int:
 def test_connections_beyond_the_limit_get_503_and_retry_after(start: type[Daemon]) -> None:
     daemon = start(160, 160)  # type: ignore[call-arg]
     request = f"GET /version HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n\r\n".encode()
-    clients = [socket.create_connection(("127.0.0.1", daemon.port), timeout=30) for _ in range(300)]
+    clients: list[socket.socket] = []
     try:
-        for client in clients:  # every connection open at once, the admitted ones kept alive
+        for _ in range(300):  # every connection open at once, the admitted ones kept alive
+            # each asks at once, as clients do: a refused one is closed once its request is read, or after
+            # front.REFUSED_LINGER; a request sent after that close would get a reset that drops the 503
+            client = socket.create_connection(("127.0.0.1", daemon.port), timeout=30)
+            clients.append(client)
             client.sendall(request)
         statuses = []
         for index, client in enumerate(clients):

@@ -130,7 +130,7 @@ def test_response_format_json_schema(daemon: Daemon) -> None:
 
 def test_the_official_openai_client(daemon: Daemon) -> None:
     client = openai.OpenAI(base_url=daemon.url + "/engines/vllm/v1", api_key="unused", timeout=LOAD)
-    assert "ai/tiny-vllm:latest" in [m.id for m in client.models.list()]
+    assert "docker.io/ai/tiny-vllm:latest" in [m.id for m in client.models.list()]  # DMR's ToOpenAI
     stream = client.chat.completions.create(
         model="tiny-vllm", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True
     )
