@@ -247,7 +247,9 @@ def test_ls_openai_and_openaiurl(fake_daemon: InProcessDaemon, tmp_path: Path) -
     env = cli_env(tmp_path, fake_daemon.url)
     listing = run_cli(env, "ls", "--openai")
     assert listing.stdout.startswith('{\n    "object": "list",\n    "data": [\n')  # ToStandardJSON
-    assert [m["id"] for m in json.loads(listing.stdout)["data"]] == ["ai/tiny:latest"]
+    assert [m["id"] for m in json.loads(listing.stdout)["data"]] == [
+        "docker.io/ai/tiny:latest"
+    ]  # DMR's ToOpenAI: the first stored tag
     assert json.loads(run_cli(env, "ls", "--openai", "absent").stdout)["data"] == []
     refused = run_cli(env, "ls", "--openai", "-q")
     assert refused.returncode == 2 and "--quiet flag cannot be used with --openai flag" in refused.stderr
@@ -255,8 +257,13 @@ def test_ls_openai_and_openaiurl(fake_daemon: InProcessDaemon, tmp_path: Path) -
     external = run_cli(cli_env(tmp_path), "ls", "--openaiurl", f"{fake_daemon.url}/engines/v1")
     assert external.returncode == 0, external.stderr
     header, row = external.stdout.splitlines()
-    assert header.startswith("MODEL NAME      CREATED") and header.endswith("  ")
-    assert re.fullmatch(r"ai/tiny:latest  (\d+ \w+|Less than a second|About an? \w+) ago +", row), row
+    # the endpoint's own ids, as it lists them (ours: DMR's, the first stored tag)
+    assert re.fullmatch(r"MODEL NAME +CREATED +", header) and header.index("CREATED") == len(
+        "docker.io/ai/tiny:latest  "
+    )
+    assert re.fullmatch(
+        r"docker\.io/ai/tiny:latest  (\d+ \w+|Less than a second|About an? \w+) ago +", row
+    ), row
 
 
 def test_endpoints_for_containers() -> None:

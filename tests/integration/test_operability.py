@@ -139,7 +139,10 @@ def test_engines_left_by_a_killed_daemon_are_ended_at_the_next_start_with_a_log_
     assert first.process is not None
     assert chat(first, "tiny").status_code == 200
     pid = engine_pid(first)
-    first.process.kill()  # kill -9: the engine, in a session of its own, lives on
+    # A kill -9 of the daemon sends its engines SIGTERM (PR_SET_PDEATHSIG: tests/unit/test_runner.py); one
+    # that cannot act on it, stopped as a frozen engine is, lives on until the next daemon ends it.
+    os.kill(pid, signal.SIGSTOP)
+    first.process.kill()
     first.process.wait()
     assert alive(pid)
     second = Daemon(first.home, free_port()).start()

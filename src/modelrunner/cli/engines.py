@@ -192,6 +192,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 if exc.status_code
                 else f"error querying /models: {exc.message}"
             )
+            if exc.status_code == 401:  # ours after DMR's words: what to do about the key
+                cause += f" ({exc.message})"
             print(f"Failed to get Docker Model Runner status: {cause}", file=sys.stderr)
             return 1
         backends, running = {}, False
