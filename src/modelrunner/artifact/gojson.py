@@ -74,3 +74,12 @@ def rfc3339nano(unix_ns: int, utc_offset_s: int) -> str:
 def local_rfc3339nano(unix_ns: int) -> str:
     """A file time as Go's os.FileInfo.ModTime() marshals: in the local time zone (TZ, /etc/localtime)."""
     return rfc3339nano(unix_ns, time.localtime(unix_ns // 1_000_000_000).tm_gmtoff)
+
+
+def parse_bool(text: str) -> bool | None:
+    """Go's strconv.ParseBool: None for what it refuses (DMR reads query flags and `--think` with it)."""
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    return None

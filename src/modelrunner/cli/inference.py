@@ -248,12 +248,13 @@ def cmd_unload(args: argparse.Namespace) -> None:
 
 
 def _parse_bool(text: str) -> bool:
-    """Go's strconv.ParseBool, as DMR's `--think=<bool>` reads its value."""
-    if text in ("1", "t", "T", "TRUE", "true", "True"):
-        return True
-    if text in ("0", "f", "F", "FALSE", "false", "False"):
-        return False
-    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+    """DMR's `--think=<bool>`: its value as Go's strconv.ParseBool reads it."""
+    from modelrunner.artifact.gojson import parse_bool
+
+    value = parse_bool(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+    return value
 
 
 def cmd_configure(args: argparse.Namespace) -> None:

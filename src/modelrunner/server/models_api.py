@@ -20,6 +20,7 @@ from modelrunner.artifact.builder import (
     extend_artifact,
     local_zone,
 )
+from modelrunner.artifact.gojson import parse_bool
 from modelrunner.compat.bodies import json_body
 from modelrunner.errors import BadRequest, NotFound, PermissionDenied
 from modelrunner.reference import parse_reference
@@ -105,15 +106,6 @@ def check_caller_may_read_files(request: Request, token: str) -> None:
         )
 
 
-def go_bool(text: str) -> bool | None:
-    """Go's strconv.ParseBool: None for what it refuses."""
-    if text in ("1", "t", "T", "TRUE", "true", "True"):
-        return True
-    if text in ("0", "f", "F", "FALSE", "false", "False"):
-        return False
-    return None
-
-
 def query_flag(request: Request, name: str) -> bool:
     """A flag in the query as DMR reads `force` and `remote` (`pkg/inference/models/http_handler.go`
     parseBoolQueryParam): absent is false, present without a value (`?force`) true, else ParseBool's
@@ -121,7 +113,7 @@ def query_flag(request: Request, name: str) -> bool:
     if name not in request.query_params:
         return False
     value = request.query_params[name]
-    return value == "" or go_bool(value) is True
+    return value == "" or parse_bool(value) is True
 
 
 def build_models_router(store: ModelStore, token: str) -> APIRouter:
