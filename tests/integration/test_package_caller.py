@@ -85,11 +85,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
 def test_another_user_cannot_make_the_daemon_read_files(daemon: Daemon, shared: Path) -> None:
     before = snapshot(daemon.store_root)
     url = daemon.url + "/models/package"
-    secret_as_license = {
-        "target": "stolen",
-        "gguf": str(shared / "public.gguf"),
-        "licenses": [str(shared / "secret.txt")],
-    }
+    secret_as_license = stealing_request(shared)
     status, body = post_as_other_user(url, secret_as_license)
     assert status == 403, body
     message = json.loads(body)["error"]["message"]
@@ -114,16 +110,17 @@ def package_lines(daemon: Daemon) -> list[str]:
     return [line for line in daemon.log.read_text().splitlines() if "path=/models/package " in line]
 
 
+def stealing_request(shared: Path) -> dict[str, object]:
+    """A package request that would make the daemon read root's secret as a licence file."""
+    return {"target": "stolen", "gguf": str(shared / "public.gguf"), "licenses": [str(shared / "secret.txt")]}
+
+
 def test_the_token_does_not_let_another_user_in(daemon: Daemon, shared: Path) -> None:
     """The token leaked to another user (a listener it ran got it, say): on a TCP connection the caller's
     user decides, whatever token it sends, even once it has closed its end of the connection (Linux then
     lists that end as uid 0)."""
     token = (daemon.home / "daemon.token").read_text().strip()
-    secret_as_license = {
-        "target": "stolen",
-        "gguf": str(shared / "public.gguf"),
-        "licenses": [str(shared / "secret.txt")],
-    }
+    secret_as_license = stealing_request(shared)
     status, body = post_as_other_user(
         daemon.url + "/models/package", secret_as_license, {"X-Model-Runner-Token": token}
     )
@@ -148,11 +145,7 @@ def test_a_forged_client_address_does_not_make_another_user_the_daemons(daemon: 
         held.sendall(b"GET /logs?follow=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert held.recv(12) == b"HTTP/1.1 200"
         address = "{}:{}".format(*held.getsockname())
-        request = {
-            "target": "stolen",
-            "gguf": str(shared / "public.gguf"),
-            "licenses": [str(shared / "secret.txt")],
-        }
+        request = stealing_request(shared)
         status, body = post_as_other_user(
             daemon.url + "/models/package", request, {"X-Forwarded-For": address}
         )
