@@ -17,6 +17,12 @@ Hostile engines: FAKE_STALL_AFTER (after that many streamed chunks, send nothing
 open, /health still answered; event `stalled`), FAKE_BAD_CHUNK_AFTER (after that many, a chunk whose size
 line is invalid, then the connection closed; event `bad_chunk`).
 Streams end as llama-server's do (finish reason, usage if asked).
+Tool calling (a request with `tools`; its body is logged as a `chat` event): FAKE_TOOL_CALL names a function
+the model calls, as llama-server streams a call (id and name first, the arguments in two fragments, finish
+reason `tool_calls`), with FAKE_TOOL_ARGS (default: the last user message as `{"query": ...}`), until the
+request holds FAKE_TOOL_ROUNDS tool results (default 1); then the answer is `found: <each tool result>`.
+FAKE_TOOLS_REJECT=1 answers any request with tools as llama-server does when the chat template cannot take
+them (500, a Jinja exception).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 
 from modelrunner.engines.base import (
     Engine,
@@ -144,6 +151,15 @@ class Handler(BaseHTTPRequestHandler):
                 200, {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1] * 8}]}
             )
             return
+        if "tools" in request:
+            _event("chat", body=request)
+            if os.environ.get("FAKE_TOOLS_REJECT"):
+                message = "Value is not callable: null at row 1, column 9 (Jinja Exception)"
+                self._json(500, {"error": {"code": 500, "message": message, "type": "server_error"}})
+                return
+        if os.environ.get("FAKE_TOOL_CALL") and request.get("stream"):
+            self._tool_stream(request)
+            return
         if not request.get("stream"):
             self._json(
                 200,
@@ -204,6 +220,46 @@ class Handler(BaseHTTPRequestHandler):
             _event("completed")
         except (BrokenPipeError, ConnectionResetError):
             _event("cancelled")
+
+    def _tool_stream(self, request: dict[str, Any]) -> None:
+        """A function call while the request has fewer than FAKE_TOOL_ROUNDS tool results (and offers
+        tools), else an answer quoting them."""
+        messages = request.get("messages") or []
+        results = [m.get("content") for m in messages if m.get("role") == "tool"]
+        top = {
+            "id": "chatcmpl-fake",
+            "created": 1,
+            "model": request.get("model"),
+            "object": "chat.completion.chunk",
+        }
+        if request.get("tools") and len(results) < int(os.environ.get("FAKE_TOOL_ROUNDS", "1")):
+            question = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), "")
+            arguments = os.environ.get("FAKE_TOOL_ARGS") or json.dumps({"query": question})
+            call = {"index": 0, "id": f"call_{len(results)}", "type": "function"}
+            deltas: list[dict[str, Any]] = [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {**call, "function": {"name": os.environ["FAKE_TOOL_CALL"], "arguments": ""}}
+                    ],
+                },
+                {"tool_calls": [{"index": 0, "function": {"arguments": arguments[: len(arguments) // 2]}}]},
+                {"tool_calls": [{"index": 0, "function": {"arguments": arguments[len(arguments) // 2 :]}}]},
+            ]
+            finish = "tool_calls"
+        else:
+            deltas = [{"content": "found: " + " | ".join(str(r) for r in results)}]
+            finish = "stop"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for delta in [*deltas, {}]:
+            choice = {"index": 0, "delta": delta, "finish_reason": None if delta else finish}
+            self._chunk(f"data: {json.dumps({**top, 'choices': [choice]})}\n\n".encode())
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
