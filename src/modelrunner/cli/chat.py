@@ -93,8 +93,11 @@ def read_message(session: Any) -> str | None:
 class Chat:
     """One conversation: its messages, system prompt and the commands that change them."""
 
-    def __init__(self, daemon: Client, model: str, backend: str | None, color: bool) -> None:
+    def __init__(
+        self, daemon: Client, model: str, backend: str | None, color: bool, websearch: bool = False
+    ) -> None:
         self.daemon = daemon
+        self.websearch = websearch
         self.model = model
         self.backend = backend
         self.color = color
@@ -157,8 +160,8 @@ class Chat:
     def ask(self, text: str) -> None:
         """Send one message and print the answer; an error is printed and the conversation kept as it
         was (the failed turn is not added)."""
-        from modelrunner.cli.inference import stream_answer
         from modelrunner.cli.prompt_files import PromptFileError, user_message
+        from modelrunner.cli.websearch import answerer
         from modelrunner.errors import DaemonError
 
         try:
@@ -169,7 +172,7 @@ class Chat:
         prefix = [{"role": "system", "content": self.system}] if self.system else []
         try:
             messages = [*prefix, *self.history, message]
-            answer = stream_answer(self.daemon, self.model, messages, self.backend, self.color)
+            answer = answerer(self.websearch)(self.daemon, self.model, messages, self.backend, self.color)
         except KeyboardInterrupt:
             print()  # the answer is cut; the question stays unanswered
             return
@@ -181,7 +184,12 @@ class Chat:
 
 
 def interactive_chat(
-    daemon: Client, model: str, backend: str | None, color: bool = False, preload: bool = True
+    daemon: Client,
+    model: str,
+    backend: str | None,
+    color: bool = False,
+    preload: bool = True,
+    websearch: bool = False,
 ) -> int:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory, InMemoryHistory
@@ -201,7 +209,7 @@ def interactive_chat(
             daemon.preload(model, backend)  # load while the user types
         except DaemonError as exc:
             print(f"background model preload failed: {exc.message}", file=sys.stderr)
-    chat = Chat(daemon, model, backend, color)
+    chat = Chat(daemon, model, backend, color, websearch)
     while True:
         try:
             text = read_message(session)

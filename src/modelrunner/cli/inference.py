@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from modelrunner.cli.common import UsageError, client, display
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from modelrunner.client import Client
 
 ITALIC, RESET = "\x1b[3m", "\x1b[0m"
@@ -64,10 +66,12 @@ def stream_answer(
     messages: list[dict[str, Any]],
     backend: str | None,
     color: bool = False,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
     **options: Any,
 ) -> str:
     """Print an answer as it streams; returns its text. Reasoning comes first under "Thinking:" (italic
-    with --color), as DMR prints it. An error event or a cut stream raises DaemonError."""
+    with --color), as DMR prints it. An error event or a cut stream raises DaemonError. `on_event` sees
+    each event too (the web search tool loop collects tool calls with it)."""
     import threading
 
     from modelrunner.errors import DaemonError
@@ -84,6 +88,8 @@ def stream_answer(
                 error = event.get("error", event)
                 message = error.get("message", error) if isinstance(error, dict) else error
                 raise DaemonError(500, str(message))
+            if on_event is not None:
+                on_event(event)
             for choice in (event.get("choices") or [])[:1]:
                 delta = choice.get("delta") or choice.get("message") or {}
                 reasoning = delta.get("reasoning_content")
@@ -131,6 +137,7 @@ def _use_color(mode: str) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from modelrunner.cli.prompt_files import PromptFileError, user_message
+    from modelrunner.cli.websearch import answerer
 
     prompt = _prompt(args)
     if args.debug:
@@ -161,12 +168,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         except PromptFileError as exc:
             raise UsageError(str(exc)) from None
         options = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-        stream_answer(daemon, args.model, [message], args.backend, color, **options)
+        answerer(args.websearch)(daemon, args.model, [message], args.backend, color, **options)
         print()
         return 0
     from modelrunner.cli.chat import interactive_chat
 
-    return interactive_chat(daemon, args.model, args.backend, color, preload=not args.openaiurl)
+    return interactive_chat(
+        daemon, args.model, args.backend, color, preload=not args.openaiurl, websearch=args.websearch
+    )
 
 
 def _parse_go_time(text: object) -> float | None:
@@ -332,6 +341,7 @@ def add_commands(commands: Any) -> None:
     run.add_argument("--debug", action="store_true", help="say what is run")
     run.add_argument("--openaiurl", metavar="URL", help="chat with this OpenAI-compatible endpoint instead")
     run.add_argument("--max-tokens", type=int, metavar="N", help="stop the answer after N tokens")
+    run.add_argument("--websearch", action="store_true", help="Enable web search tool during chat")
     run.add_argument("-o", "--output", metavar="FILE", help="image models: the PNG to write")
     run.add_argument("--size", metavar="WxH", help="image models: width x height (default 512x512)")
     run.add_argument("--steps", type=int, metavar="N", help="image models: inference steps (default 50)")
