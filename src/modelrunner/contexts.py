@@ -144,11 +144,15 @@ class ContextStore:
         if name == DEFAULT_CONTEXT:
             raise BadRequest(f'context name "{DEFAULT_CONTEXT}" is reserved and cannot be removed')
 
+        from modelrunner.artifact.gojson import go_quote  # Go's %q, as DMR's store.go words these
+
         def drop(doc: dict[str, Any]) -> None:
             if name not in doc["contexts"]:
-                raise ModelNotFound(f"context {name!r} not found")
+                raise ModelNotFound(f"context {go_quote(name)} not found")
             if doc.get("current") == name:
-                raise BadRequest(f"context {name!r} is currently active; switch to another context first")
+                raise BadRequest(
+                    f"context {go_quote(name)} is currently active; switch to another context first"
+                )
             del doc["contexts"][name]
 
         self._update(drop)

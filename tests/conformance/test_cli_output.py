@@ -252,7 +252,7 @@ def test_ls_openai_and_openaiurl(fake_daemon: InProcessDaemon, tmp_path: Path) -
     ]  # DMR's ToOpenAI: the first stored tag
     assert json.loads(run_cli(env, "ls", "--openai", "absent").stdout)["data"] == []
     refused = run_cli(env, "ls", "--openai", "-q")
-    assert refused.returncode == 2 and "--quiet flag cannot be used with --openai flag" in refused.stderr
+    assert refused.returncode == 1 and "--quiet flag cannot be used with --openai flag" in refused.stderr
     # any OpenAI endpoint: here our own, reached by its OpenAI URL
     external = run_cli(cli_env(tmp_path), "ls", "--openaiurl", f"{fake_daemon.url}/engines/v1")
     assert external.returncode == 0, external.stderr
@@ -312,7 +312,7 @@ def test_uninstall_runner_with_models(fake_daemon: InProcessDaemon, tmp_path: Pa
 
 def test_bench_timeout(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
     env = cli_env(tmp_path, fake_daemon.url)
-    refused = run_cli(env, "bench", "tiny", "--timeout", "0s")
+    refused = run_cli(env, "bench", "tiny", "--timeout", "-1s")
     # an error of bench.go's RunE: printed as it is by DMR's main, exit 1
     assert (refused.returncode, refused.stderr) == (
         1,
@@ -322,8 +322,8 @@ def test_bench_timeout(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
         env, "bench", "tiny", "--concurrency", "1", "--duration", "1s", "--timeout", "10s", "--json"
     )
     assert ran.returncode == 0, ran.stderr
-    [level] = json.loads(ran.stdout)
-    assert level["concurrency"] == 1 and level["requests"] > 0 and level["errors"] == 0
+    [level] = json.loads(ran.stdout)["results"]
+    assert level["Concurrency"] == 1 and level["Requests"] == len(level["TokenCounts"]) > 0
 
 
 def test_package_format(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
@@ -334,16 +334,16 @@ def test_package_format(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
     gguf = str(write_tiny_gguf(tmp_path / "p.gguf", seed=6))
     invalid = run_cli(env, "package", "--gguf", gguf, "--format", "onnx", "p")
     assert (
-        invalid.returncode == 2
+        invalid.returncode == 1
         and 'invalid --format value "onnx": must be "docker" or "cncf"' in invalid.stderr
     )
     both = run_cli(env, "package", "--gguf", gguf, "--format", "cncf", "--context-size", "64", "p")
-    assert both.returncode == 2
+    assert both.returncode == 1
     assert "--context-size is not supported with --format cncf" in both.stderr
     assert run_cli(env, "package", "--gguf", gguf, "--format", "docker", "p").returncode == 0
     cncf = run_cli(env, "package", "--gguf", gguf, "--format", "cncf", "p:cncf")
     assert cncf.returncode == 0, cncf.stderr
-    assert 'Model "p:cncf" packaged successfully' in cncf.stdout
+    assert cncf.stdout == "" and "Model loaded successfully" in cncf.stderr
     models = {m["tags"][0]: m for m in fake_daemon.http("GET", "/models").json()}
     assert models["docker.io/ai/p:cncf"]["id"] != models["docker.io/ai/p:latest"]["id"]
     assert models["docker.io/ai/p:cncf"]["config"]["format"] == "gguf"

@@ -155,4 +155,5 @@ def test_ls_shows_dmrs_names_and_values(daemon: Daemon) -> None:
     assert dummy[1:5] == ["183", "Unknown", "llama", GOLDEN_ID[7:19]]
     assert dummy[-1] == "864B"
     shown = daemon.cli("show", "dummy").stdout
-    assert "Tags: dummy, dummy:v1" in shown and "Quantization: Unknown" in shown
+    assert "Tags:        docker.io/ai/dummy:latest, docker.io/ai/dummy:v1\n" in shown
+    assert "Quantization: Unknown\n" in shown

@@ -28,10 +28,10 @@ LIST_HEADERS = [
 def test_package_list_inspect_show(daemon: Daemon, tiny_gguf: Path, tmp_path: Path) -> None:
     license_file = tmp_path / "LICENSE"
     license_file.write_text("MIT\n")
-    out = daemon.cli(
+    packaged = daemon.cli(
         "package", "--gguf", str(tiny_gguf), "--license", str(license_file), "myorg/tiny:F32"
-    ).stdout
-    assert 'Model "myorg/tiny:F32" packaged successfully' in out
+    )
+    assert packaged.stdout == "" and packaged.stderr.endswith("\nModel loaded successfully\n")
 
     table = daemon.cli("ls").stdout.splitlines()
     for header in LIST_HEADERS:
@@ -48,7 +48,9 @@ def test_package_list_inspect_show(daemon: Daemon, tiny_gguf: Path, tmp_path: Pa
     openai = json.loads(daemon.cli("inspect", "--openai", "myorg/tiny:F32").stdout)
     assert openai["object"] == "model" and openai["owned_by"] == "docker"
     shown = daemon.cli("show", model["id"][7:19]).stdout
-    assert "Architecture: llama" in shown and "GGUF Metadata:" in shown and "Context Size: 512" in shown
+    assert (
+        "Architecture: llama\n" in shown and "\nGGUF Metadata:\n" in shown and "Context Size: 512\n" in shown
+    )
 
 
 def test_tag_rm_df_purge(daemon: Daemon, tiny_gguf: Path) -> None:
@@ -71,9 +73,10 @@ def test_tag_rm_df_purge(daemon: Daemon, tiny_gguf: Path) -> None:
     df = daemon.cli("df").stdout.splitlines()
     assert df[0].split() == ["TYPE", "SIZE"] and df[1].startswith("Models")
     daemon.cli("package", "--gguf", str(tiny_gguf), "tiny")
-    assert daemon.cli("purge", check=False).returncode == 2  # no TTY, no --force: refuse
+    declined = daemon.cli("purge", check=False, stdin="n\n")  # purge.go: any stdin answers
+    assert (declined.returncode, declined.stdout.splitlines()[-1]) == (0, "Operation cancelled.")
     assert daemon.models()
-    daemon.cli("purge", "--force")
+    assert daemon.cli("purge", stdin="y\n").stderr == ""
     assert daemon.models() == []
 
 

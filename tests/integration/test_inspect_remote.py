@@ -39,7 +39,7 @@ def test_inspect_remote_reads_the_registry_without_pulling(
     assert remote["id"] == local["id"] and remote["config"] == local["config"]
     # DMR's ToModelFromArtifact (pkg/inference/models/adapter.go): a remote model has no tags
     assert "tags" not in remote and remote["created"] == local["created"]
-    assert "Architecture: llama" in daemon.cli("show", "-r", ref).stdout
+    assert "Architecture: llama\n" in daemon.cli("show", "-r", ref).stdout
     assert snapshot(daemon.store_root) == before  # nothing was pulled
 
 

@@ -203,7 +203,7 @@ def test_package_with_push(plain_registry: Registry, daemon: Daemon, tmp_path: P
     ref = f"{plain_registry.host}/myorg/mymodel:Q4_K_M"
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     result = daemon.cli("package", "--gguf", str(gguf), "--push", ref)
-    assert "packaged successfully" in result.stdout and "Model pushed successfully" in result.stdout
+    assert result.stderr.endswith("Pushing model to registry...\n\nModel pushed successfully\n")
     tags = httpx.get(f"{plain_registry.url}/v2/myorg/mymodel/tags/list").json()["tags"]
     assert tags == ["Q4_K_M"]
 

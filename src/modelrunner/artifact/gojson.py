@@ -76,6 +76,11 @@ def local_rfc3339nano(unix_ns: int) -> str:
     return rfc3339nano(unix_ns, time.localtime(unix_ns // 1_000_000_000).tm_gmtoff)
 
 
+def go_quote(text: str) -> str:
+    """Go's `%q` of a string (strconv.Quote) for the printable text DMR's messages quote."""
+    return json.dumps(text, ensure_ascii=False)
+
+
 def parse_bool(text: str) -> bool | None:
     """Go's strconv.ParseBool: None for what it refuses (DMR reads query flags and `--think` with it)."""
     if text in ("1", "t", "T", "TRUE", "true", "True"):

@@ -68,10 +68,12 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """ArgumentParser with that formatter; add_subparsers makes the verbs' parsers of this class too."""
+    """ArgumentParser with that formatter and without abbreviated options (pflag takes `--context-size`,
+    never `--conte`); add_subparsers makes the verbs' parsers of this class too."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
 
@@ -101,6 +103,7 @@ def _apply_dmr_args(rule: DmrArgs, prog: str, args: argparse.Namespace, leftover
     usage line of docker/cli's FlagErrorFunc), then the number of words (requireExactArgs /
     requireMinArgs). The words left over after an option join the verb's (the last name takes them)."""
     path = f"{prog} {rule.verb}"
+    usage = f"{path} {rule.usage}".rstrip()  # cobra's UseLine, flags left out as docker/cli leaves them
     for word in leftover:
         if word.startswith("--"):
             problem = f"unknown flag: {word.partition('=')[0]}"
@@ -108,7 +111,7 @@ def _apply_dmr_args(rule: DmrArgs, prog: str, args: argparse.Namespace, leftover
             problem = f"unknown shorthand flag: {word[1]!r} in {word}"
         else:
             continue
-        _fail(f"{problem}\n\nUsage:  {path} {rule.usage}\n\nRun '{path} --help' for more information")
+        _fail(f"{problem}\n\nUsage:  {usage}\n\nRun '{path} --help' for more information")
     values = [getattr(args, name) for name in rule.names]
     words = [w for value in values for w in (value if isinstance(value, list) else [value]) if w is not None]
     error = rule.count_error(prog, len(words) + len(leftover))
@@ -141,11 +144,7 @@ def main(argv: list[str] | None = None, prog: str = "model") -> None:
     rule: DmrArgs | None = getattr(args, "dmr_args", None)
     if rule is not None:
         leftover = _apply_dmr_args(rule, prog, args, leftover)
-    # `model run MODEL --max-tokens 9 "a prompt"`: words after an option still belong to the prompt.
-    extra_field = getattr(args, "extra_words_to", None)
-    if leftover and extra_field and not any(word.startswith("-") for word in leftover):
-        setattr(args, extra_field, [*getattr(args, extra_field), *leftover])
-    elif leftover:
+    if leftover:
         parser.error(f"unrecognized arguments: {' '.join(leftover)}")
     if passthrough and not getattr(args, "accepts_passthrough", False):
         parser.error("arguments after -- are only accepted by: configure")

@@ -1,51 +1,61 @@
-"""`model bench`: throughput of a model at several concurrency levels (non-streamed chat, as DMR's)."""
+"""`model bench`: throughput of a model at several concurrency levels (non-streamed chat), printed as
+DMR's bench.go prints it: its progress lines and hyperfine-like tables, or with --json its
+`{"model", "prompt", "results"}` document of BenchmarkResult structs."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from typing import Any
 
 from modelrunner.cli.common import DmrArgs, UsageError, client, takes
 
-DEFAULT_PROMPT = "Write a short paragraph about the sea."
+DEFAULT_PROMPT = "Write a comprehensive 100 word summary on whales and their impact on society."
 
 
 class LevelResult:
-    """What one concurrency level did. (A plain class: dataclasses, statistics and threading are imported
-    only when `bench` runs, not by every verb's start.)"""
+    """bench.go's BenchmarkResult of one concurrency level. (A plain class: dataclasses and threading are
+    imported only when `bench` runs, not by every verb's start.)"""
 
     def __init__(self, concurrency: int) -> None:
         self.concurrency = concurrency
-        self.requests = 0
-        self.errors = 0
-        self.completion_tokens = 0
+        self.token_counts: list[int] = []  # of each request answered
         self.seconds = 0.0
-        self.latencies: list[float] = []
 
     @property
     def tokens_per_second(self) -> float:
-        return self.completion_tokens / self.seconds if self.seconds else 0.0
+        return sum(self.token_counts) / self.seconds if self.seconds else 0.0
 
     @property
     def requests_per_second(self) -> float:
-        return self.requests / self.seconds if self.seconds else 0.0
+        return len(self.token_counts) / self.seconds if self.seconds else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        import statistics
-
-        latencies = sorted(self.latencies)
+        """BenchmarkResult as encoding/json writes it: its Go field names, TotalTime in nanoseconds."""
         return {
-            "concurrency": self.concurrency,
-            "requests": self.requests,
-            "errors": self.errors,
-            "completion_tokens": self.completion_tokens,
-            "tokens_per_second": round(self.tokens_per_second, 2),
-            "requests_per_second": round(self.requests_per_second, 3),
-            "latency_p50_s": round(statistics.median(latencies), 3) if latencies else None,
-            "latency_p95_s": round(latencies[int(0.95 * (len(latencies) - 1))], 3) if latencies else None,
+            "Concurrency": self.concurrency,
+            "MeanRPS": _go_float(self.requests_per_second),
+            "TotalTokens": sum(self.token_counts),
+            "TPS": _go_float(self.tokens_per_second),
+            "TotalTime": round(self.seconds * 1e9),
+            "Requests": len(self.token_counts),
+            "TokenCounts": self.token_counts,
         }
+
+
+def _go_float(value: float) -> float | int:
+    """A float64 as encoding/json writes it: a whole number without `.0`."""
+    return int(value) if value.is_integer() else value
+
+
+def _tokens(answer: dict[str, Any]) -> int:
+    """sendChatRequest: the usage's completion tokens, else a quarter of the answer's characters."""
+    completion = int((answer.get("usage") or {}).get("completion_tokens") or 0)
+    if completion > 0:
+        return completion
+    choices = answer.get("choices") or [{}]
+    return len(str((choices[0].get("message") or {}).get("content") or "")) // 4
 
 
 def run_level(
@@ -61,19 +71,13 @@ def run_level(
 
     def worker() -> None:
         while time.monotonic() < deadline:
-            started = time.monotonic()
             try:
                 answer = daemon.call("POST", "/engines/v1/chat/completions", payload=payload, timeout=timeout)
-                tokens = int((answer.get("usage") or {}).get("completion_tokens", 0))
-                ok = True
-            except Exception:
-                tokens, ok = 0, False
+            except Exception as exc:  # bench.go logs a failed request and goes on
+                print(f"request failed during benchmark: {exc}", file=sys.stderr)
+                continue
             with lock:
-                result.requests += ok
-                result.errors += not ok
-                result.completion_tokens += tokens
-                if ok:
-                    result.latencies.append(time.monotonic() - started)
+                result.token_counts.append(_tokens(answer))
 
     started = time.monotonic()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
@@ -85,59 +89,113 @@ def run_level(
     return result
 
 
-def cmd_bench(args: argparse.Namespace) -> None:
+def _levels(texts: list[str]) -> list[int]:
+    """pflag's IntSlice: comma-separated numbers, a repeated flag adding to the list."""
+    try:
+        levels = [int(x) for text in texts for x in text.split(",")]
+    except ValueError:
+        raise UsageError("--concurrency takes numbers separated by commas, e.g. 1,2,4,8") from None
+    if not levels or min(levels) < 1 or max(levels) > 256:
+        raise UsageError("concurrency levels must be between 1 and 256")
+    return levels
+
+
+def _duration(text: str, flag: str, default: float) -> float:
+    """A Go duration; 0 is bench.go's default, as it reads it."""
+    from modelrunner.errors import ModelRunnerError
     from modelrunner.scheduler.durations import parse_keep_alive
 
     try:
-        levels = sorted({int(x) for x in args.concurrency.split(",")})
-    except ValueError:
-        raise UsageError("--concurrency takes numbers separated by commas, e.g. 1,2,4,8") from None
-    if not levels or levels[0] < 1 or levels[-1] > 256:
-        raise UsageError("concurrency levels must be between 1 and 256")
-    duration = parse_keep_alive(args.duration)
-    if not 0 < duration < 24 * 3600:
-        raise UsageError("--duration must be a positive duration such as 30s or 2m")
-    timeout = parse_keep_alive(args.timeout)
-    if not 0 < timeout < 24 * 3600:
-        raise UsageError("--timeout must be a positive duration such as 30s or 5m")
+        seconds = parse_keep_alive(text)
+    except (ValueError, ModelRunnerError):
+        raise UsageError(f"{flag} must be a positive duration such as 30s or 5m") from None
+    if seconds == 0:
+        return default
+    if not 0 < seconds < 24 * 3600:
+        raise UsageError(f"{flag} must be a positive duration such as 30s or 5m")
+    return seconds
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from modelrunner.scheduler.durations import go_duration
+
+    levels = _levels(args.concurrency or ["1,2,4,8"])
+    duration = _duration(args.duration, "--duration", 30.0)
+    timeout = _duration(args.timeout, "--timeout", 300.0)
     daemon = client()
     daemon.get_model(args.model)
     daemon.preload(args.model)  # load time is not throughput
-    results = [
-        run_level(args.model, args.prompt, level, duration, args.max_tokens, timeout) for level in levels
-    ]
+    if not args.json:
+        print(f"Prompt: {args.prompt}")
+        print(f"Duration: {go_duration(duration)} per concurrency level")
+        print(f"Concurrency levels: [{' '.join(map(str, levels))}]\n", flush=True)
+    results = []
+    for level in levels:
+        if not args.json:
+            print(f"Running benchmark with concurrency: {level}", flush=True)
+        r = run_level(args.model, args.prompt, level, duration, args.max_tokens, timeout)
+        results.append(r)
+        if not args.json:
+            print(f"  Tokens per second: {r.tokens_per_second:.2f} TPS")
+            print(f"  Requests per second: {r.requests_per_second:.2f} RPS")
+            print(f"  Total tokens: {sum(r.token_counts)}")
+            print(f"  Total requests: {len(r.token_counts)}")
+            print(f"  Total time: {go_duration(r.seconds)}\n", flush=True)
+    results.sort(key=lambda r: r.concurrency)
     if args.json:
-        print(json.dumps([r.to_json() for r in results], indent=2))
-        return
-    from modelrunner.cli.render import table
+        from modelrunner.cli.dmrformat import go_json
 
-    rows = [
-        [
-            str(r.concurrency),
-            str(r.requests),
-            str(r.errors),
-            f"{r.tokens_per_second:.1f}",
-            f"{r.requests_per_second:.2f}",
-            f"{r.to_json()['latency_p50_s']}",
-        ]
-        for r in results
-    ]
-    print(table(["CONCURRENCY", "REQUESTS", "ERRORS", "TOKENS/S", "REQUESTS/S", "P50 LATENCY (S)"], rows))
-    best = max(results, key=lambda r: r.tokens_per_second)
-    base = results[0].tokens_per_second
-    gain = (
-        f" ({(best.tokens_per_second / base - 1) * 100:+.0f}% over concurrency {results[0].concurrency})"
-        if base
-        else ""
+        document = {"model": args.model, "prompt": args.prompt, "results": [r.to_json() for r in results]}
+        print(go_json(document, indent="  "))
+        return
+    sys.stdout.write(summary_text(results))
+
+
+def summary_text(results: list[LevelResult]) -> str:
+    """bench.go printBenchmarkTable: relative speeds against concurrency 1 (else the first level), the
+    fastest marked, the summary and the detailed table."""
+    if not results:
+        return ""
+    tps = [r.tokens_per_second for r in results]
+    base = next((r.tokens_per_second for r in results if r.concurrency == 1), 0.0) or tps[0]
+    best = max(tps)
+    lines = ["", "Benchmark #1: Tokens per Second at Different Concurrency Levels", ""]
+    for r in results:
+        speed = r.tokens_per_second / base if base > 0 else 1.0
+        mark = " fastest" if r.tokens_per_second == best and best > 0 else ""
+        lines.append(
+            f"Concurrency {r.concurrency}: {r.tokens_per_second:.2f} tokens/sec"
+            f" (rel. speed: {speed:.2f}x){mark}"
+        )
+    lines += ["", "Summary:", "-" * 50, f"{'Metric':<25} {'Value':<20}", "-" * 50]
+    if best > 0:
+        best_level = next(r.concurrency for r in results if r.tokens_per_second == best)
+        lines.append(f"{'Max Tokens/sec':<25} {best:<20.2f}")
+        lines.append(f"{'Best concurrency':<25} {best_level:<20d}")
+        if best_level > 1 and base > 0:
+            lines.append(f"{'Improvement from 1':<25} {(best - base) / base * 100:<20.1f}%")
+    lines += ["-" * 50, "", "Detailed Results:", "-" * 80]
+    lines.append(
+        f"{'Concurrency':<12} {'Tokens/sec':<15} {'Rel. Speed':<15} {'Requests/sec':<15} {'Total Tokens':<15}"
     )
-    print(f"Best concurrency: {best.concurrency} at {best.tokens_per_second:.1f} tokens/s{gain}")
+    lines.append("-" * 80)
+    for r in results:
+        speed = r.tokens_per_second / base if base > 0 else 1.0
+        lines.append(
+            f"{r.concurrency:<12d} {r.tokens_per_second:<15.2f} {speed:<15.2f} "
+            f"{r.requests_per_second:<15.2f} {sum(r.token_counts):<15d}"
+        )
+    lines.append("-" * 80)
+    return "".join(line + "\n" for line in lines)
 
 
 def add_commands(commands: Any) -> None:
     bench = commands.add_parser("bench", help="Measure a model's throughput at several concurrency levels.")
     bench.add_argument("model", nargs="?", help="model name, tag or ID")
-    takes(bench, DmrArgs("bench", "MODEL", "model"))
-    bench.add_argument("--concurrency", default="1,2,4,8", help="levels, comma separated (default 1,2,4,8)")
+    takes(bench, DmrArgs("bench", "MODEL", "model", failure="Failed to inspect model"))
+    bench.add_argument(
+        "--concurrency", action="append", help="levels, comma separated or repeated (default 1,2,4,8)"
+    )
     bench.add_argument("--duration", default="30s", help="time per level (default 30s)")
     bench.add_argument("--timeout", default="5m", help="timeout of each request (default 5m)")
     bench.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message sent")

@@ -16,15 +16,31 @@ class DmrArgs:
     """A verb whose DMR command checks its words and words its failures (cmd/cli/commands/utils.go):
     `requireExactArgs(n, verb, usage)`, or `requireMinArgs` when `at_least`, over the positionals named
     `names` (declared optional, so that this rule and not argparse judges the count); `failure`, the
-    message handleClientError puts before a daemon's error (formatted with the parsed arguments)."""
+    message handleClientError puts before a daemon's error (formatted with the parsed arguments).
+    `counted=False` for a command without `Args` (cobra's legacyArgs takes any words; only its flags are
+    checked)."""
 
     def __init__(
-        self, verb: str, usage: str, *names: str, at_least: bool = False, failure: str | None = None
+        self,
+        verb: str,
+        usage: str,
+        *names: str,
+        at_least: bool = False,
+        failure: str | None = None,
+        counted: bool = True,
     ) -> None:
         self.verb, self.usage, self.names, self.at_least, self.failure = verb, usage, names, at_least, failure
+        self.counted = counted
+
+    def __eq__(self, other: object) -> bool:  # the same rule whichever parser built it
+        return isinstance(other, DmrArgs) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
     def count_error(self, prog: str, count: int) -> str | None:
         """DMR's text when `count` words do not fit the rule, with the command path as invoked."""
+        if not self.counted:
+            return None
         wanted = len(self.names) if not self.at_least else 1
         if (count >= wanted) if self.at_least else (count == wanted):
             return None

@@ -89,7 +89,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
     for line in failed:
         print(f"Error: {line}", file=sys.stderr)
     if failed:
-        print("Error: one or more contexts could not be removed", file=sys.stderr)
+        # context.go: each `Error: NAME: cause`, then RunE's error, which DMR's main prints as it is
+        print("one or more contexts could not be removed", file=sys.stderr)
         return 1
     return 0
 

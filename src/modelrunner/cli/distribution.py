@@ -120,17 +120,19 @@ def _renderer(as_json: bool) -> Renderer:
     return PlainRenderer()
 
 
-def render_transfer(events: Iterable[Event], as_json: bool, verb: str, failure: str = "Error") -> int:
+def render_transfer(
+    events: Iterable[Event], as_json: bool, verb: str, failure: str = "Error", final: bool = True
+) -> int:
     """Show a pull's or push's events; an error event goes to stderr after `failure` (the verb's DMR
-    message)."""
+    message); `final=False` leaves out the success message (package prints its own)."""
     renderer = _renderer(as_json)
     failed = False
-    final = ""
+    message = ""
     try:
         for event in events:
             renderer.show(event)
             if event.get("type") == "success":
-                final = str(event.get("message") or "")
+                message = str(event.get("message") or "")
             if event.get("type") == "error":
                 failed = True
                 if not as_json:
@@ -143,8 +145,8 @@ def render_transfer(events: Iterable[Event], as_json: bool, verb: str, failure: 
         print(f"\n{verb.capitalize()} cancelled; run the same command again to resume.", file=sys.stderr)
         return 130
     renderer.close()
-    if not as_json and not failed:
-        print(final)  # pull.go and push.go: cmd.Println(response)
+    if not as_json and not failed and final:
+        print(message)  # pull.go and push.go: cmd.Println(response)
     return 1 if failed else 0
 
 

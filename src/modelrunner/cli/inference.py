@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from modelrunner.cli.common import UsageError, client, display
+from modelrunner.cli.common import DmrArgs, UsageError, client, display, takes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -117,11 +117,19 @@ def stream_answer(
 
 
 def _prompt(args: argparse.Namespace) -> str:
-    """The words after the model, and stdin appended when it is piped (DMR's order and separator)."""
+    """run.go: the words after the model, and stdin appended as it is (its bytes, its last newline)
+    when it is not a character device (a pipe or a file: /dev/null and a terminal are not read)."""
+    import os
+    import stat
+
     prompt = " ".join(args.prompt)
-    if not args.detach and not sys.stdin.isatty():
-        piped = sys.stdin.read()
-        prompt = f"{prompt}\n\n{piped}" if prompt else piped
+    try:
+        piped = not args.detach and not stat.S_ISCHR(os.fstat(sys.stdin.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):  # no stdin at all
+        piped = False
+    if piped:
+        data = sys.stdin.buffer.read().decode("utf-8", "replace")  # no newline translation
+        prompt = f"{prompt}\n\n{data}" if prompt else data
     return prompt
 
 
@@ -162,7 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.debug:
                 print(f"Model {args.model} loaded successfully")
             return 0
-    if prompt.strip():
+    if prompt:  # run.go: any prompt, even a blank one, is a one-shot answer
         try:
             message = user_message(prompt)
         except PromptFileError as exc:
@@ -331,8 +339,9 @@ def cmd_logs(args: argparse.Namespace) -> None:
 
 def add_commands(commands: Any) -> None:
     run = commands.add_parser("run", help="Run a model: one answer to a prompt, or an interactive chat.")
-    run.add_argument("model", help="model name, tag or ID")
+    run.add_argument("model", nargs="?", help="model name, tag or ID")
     run.add_argument("prompt", nargs="*", help="prompt (stdin is appended when piped); none = chat")
+    takes(run, DmrArgs("run", "MODEL [PROMPT]", "model", "prompt", at_least=True))
     run.add_argument("--backend", help="engine to use (llama.cpp, vllm, diffusers)")
     run.add_argument("-d", "--detach", action="store_true", help="load the model in the background only")
     run.add_argument(
@@ -346,7 +355,7 @@ def add_commands(commands: Any) -> None:
     run.add_argument("--size", metavar="WxH", help="image models: width x height (default 512x512)")
     run.add_argument("--steps", type=int, metavar="N", help="image models: inference steps (default 50)")
     run.add_argument("--seed", type=int, metavar="N", help="image models: seed, for a repeatable image")
-    run.set_defaults(handler=cmd_run, extra_words_to="prompt")
+    run.set_defaults(handler=cmd_run)
 
     commands.add_parser("ps", help="List the models loaded in engines.").set_defaults(handler=cmd_ps)
 

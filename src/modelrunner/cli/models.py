@@ -71,19 +71,64 @@ def _package_locally(daemon: Client, request: dict[str, Any], extends: bool) -> 
         return None
 
 
+PACKAGE_USAGE = (
+    "(--gguf <path> | --safetensors-dir <path> | --dduf <path> | --from <model>) [--license <path>...] "
+    "[--mmproj <path>] [--context-size <tokens>] [--push] MODEL"
+)
+_PACKAGE_HELP = "\n\nSee 'docker model package --help' for more information"
+
+
+def _step(text: str) -> None:
+    """package.go's progress steps: on stderr (cmd.PrintErr), stdout keeps only the transfer's."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def _package_steps(args: argparse.Namespace) -> None:
+    """The steps package.go names before it builds (initializeBuilder, then the options it adds)."""
+    from modelrunner.artifact.gojson import go_quote
+
+    if args.from_model is not None:
+        _step(f"Reading model from store: {go_quote(args.from_model)}")
+        _step("Creating builder from existing model")
+    elif args.gguf is not None:
+        _step(f"Adding GGUF file from {go_quote(_absolute(args.gguf) or '')}")
+    elif args.dduf is not None:
+        _step(f"Adding DDUF file from {go_quote(_absolute(args.dduf) or '')}")
+    else:
+        _step(
+            f"Scanning directory {go_quote(_absolute(args.safetensors_dir) or '')} for safetensors model..."
+        )
+    if args.context_size is not None:
+        _step(f"Setting context size {args.context_size}")
+    for path in args.license:
+        _step(f"Adding license file from {go_quote(_absolute(path) or '')}")
+    if args.chat_template:
+        _step(f"Adding chat template file from {go_quote(_absolute(args.chat_template) or '')}")
+    if args.mmproj:
+        _step(f"Adding multimodal projector file from {go_quote(_absolute(args.mmproj) or '')}")
+
+
 def _push_packaged(daemon: Client, args: argparse.Namespace) -> int:
-    """`package --push`: DMR's one-step package and push of the target."""
-    if not args.push:
-        return 0
+    """`package --push`: DMR's one-step package and push of the target, its progress on stdout."""
     from modelrunner.cli.distribution import render_transfer
 
-    return render_transfer(daemon.push(args.target), False, "push")
+    _step("Pushing model to registry...")
+    failed = render_transfer(daemon.push(args.target), False, "push", final=False)
+    if not failed:
+        _step("")
+        _step("Model pushed successfully")
+    return failed
 
 
 def cmd_package(args: argparse.Namespace) -> int:
     sources = [s for s in (args.gguf, args.safetensors_dir, args.dduf, args.from_model) if s is not None]
-    if len(sources) != 1:
-        raise UsageError("give exactly one of --gguf, --safetensors-dir, --dduf or --from")
+    if not sources:  # package.go's Args
+        raise UsageError("One of --gguf, --safetensors-dir, --dduf, or --from is required." + _PACKAGE_HELP)
+    if len(sources) > 1:
+        raise UsageError(
+            "Cannot specify more than one of --gguf, --safetensors-dir, --dduf, or --from. "
+            "Please use only one source." + _PACKAGE_HELP
+        )
     if args.context_size is not None and args.context_size < 1:
         raise UsageError("--context-size must be a positive number of tokens")
     if args.format not in (None, "docker", "cncf"):
@@ -97,11 +142,18 @@ def cmd_package(args: argparse.Namespace) -> int:
     lightweight = not (args.license or args.mmproj or args.chat_template) and args.format != "cncf"
     if args.from_model is not None and lightweight:
         # DMR's lightweight repackage: a new config over the same blobs.
-        result = daemon.repackage(args.from_model, args.target, args.context_size)
-        print(
-            f'Model "{args.from_model}" repackaged successfully as "{args.target}" ({short_id(result["id"])})'
-        )
-        return _push_packaged(daemon, args)
+        if args.context_size is not None and not args.push:  # package.go canUseDaemonRepackage
+            from modelrunner.artifact.gojson import go_quote
+
+            _step(f"Reading model from daemon: {go_quote(args.from_model)}")
+            _step(f"Setting context size {args.context_size}")
+        else:
+            _package_steps(args)
+        _step("Creating lightweight model variant...")
+        daemon.repackage(args.from_model, args.target, args.context_size)
+        _step("Model variant created successfully")
+        return _push_packaged(daemon, args) if args.push else 0
+    _package_steps(args)
     request: dict[str, Any] = {
         "target": args.target,
         "gguf": _absolute(args.gguf),
@@ -115,13 +167,24 @@ def cmd_package(args: argparse.Namespace) -> int:
     }
     if args.format is not None:  # as DMR, only a format given: `--from` otherwise keeps the base's
         request["format"] = args.format
+    if args.push:
+        _package_built(daemon, request, args)
+        return _push_packaged(daemon, args)
+    _step("Loading model to Model Runner...")
+    _package_built(daemon, request, args)
+    _step("")
+    _step("Model loaded successfully")
+    return 0
+
+
+def _package_built(daemon: Client, request: dict[str, Any], args: argparse.Namespace) -> str:
+    """The artifact built and stored: by the daemon from the paths, else uploaded from here."""
     model_id = _package_locally(daemon, request, args.from_model is not None) if daemon.is_local else None
     if model_id is None:
         if args.from_model is not None:
             raise UsageError("--from with extra files needs a model runner on this machine")
         model_id = _package_remotely(daemon, request, args.target)
-    print(f'Model "{args.target}" packaged successfully ({short_id(model_id)})')
-    return _push_packaged(daemon, args)
+    return model_id
 
 
 def _list_order(name: str) -> tuple[str, bool, str]:
@@ -231,33 +294,39 @@ def cmd_inspect(args: argparse.Namespace) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> None:
-    from datetime import UTC, datetime
-
     daemon = client()
-    data = _inspected(args.model, lambda: daemon.get_model(args.model, args.remote))
-    cfg: dict[str, Any] = data.get("config") or {}
-    created = datetime.fromtimestamp(data.get("created") or 0, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    lines = [
-        f"Model: {data['id']}",
-        "Tags: " + (", ".join(display(t) for t in data.get("tags") or []) or "<none>"),
-        f"Created: {created}",
-    ]
-    for label, key in (
-        ("Format", "format"),
-        ("Architecture", "architecture"),
-        ("Parameters", "parameters"),
-        ("Size", "size"),
-        ("Quantization", "quantization"),
-        ("Context Size", "context_size"),
-    ):
-        if cfg.get(key) not in (None, ""):
-            lines.append(f"{label}: {cfg[key]}")
-    for label, key in (("GGUF", "gguf"), ("Safetensors", "safetensors"), ("Diffusers", "diffusers")):
-        section = cfg.get(key)
-        if section:
-            lines.append(f"{label} Metadata:")
-            lines += [f"  {k}: {v}" for k, v in sorted(section.items())]
-    print("\n".join(lines))
+    sys.stdout.write(show_text(_inspected(args.model, lambda: daemon.get_model(args.model, args.remote))))
+
+
+def show_text(model: dict[str, Any]) -> str:
+    """show.go formatModelInfo: labels padded to 13 (14 for the config's), the tags as the daemon answers
+    them, the creation time in RFC 3339 and the local zone, a blank line before the config and before each
+    metadata section (Go walks a map in random order: sorted here)."""
+    from modelrunner.artifact.gojson import local_rfc3339nano
+
+    lines = [f"Model:       {model['id']}"]
+    if model.get("tags"):
+        lines.append(f"Tags:        {', '.join(model['tags'])}")
+    if model.get("created"):
+        lines.append(f"Created:     {local_rfc3339nano(int(model['created']) * 10**9)}")
+    cfg = model.get("config")
+    if cfg is not None:
+        lines.append("")
+        for label, key in (
+            ("Format:", "format"),
+            ("Architecture:", "architecture"),
+            ("Parameters:", "parameters"),
+            ("Size:", "size"),
+            ("Quantization:", "quantization"),
+        ):
+            if cfg.get(key):
+                lines.append(f"{label:<14}{cfg[key]}")
+        if cfg.get("context_size") is not None:
+            lines.append(f"{'Context Size:':<14}{cfg['context_size']}")
+        for title, key in (("GGUF", "gguf"), ("Safetensors", "safetensors"), ("Diffusers", "diffusers")):
+            if cfg.get(key):
+                lines += ["", f"{title} Metadata:", *(f"  {k}: {v}" for k, v in sorted(cfg[key].items()))]
+    return "".join(line + "\n" for line in lines)
 
 
 def cmd_tag(args: argparse.Namespace) -> None:
@@ -328,20 +397,42 @@ def cmd_df(_: argparse.Namespace) -> None:
     sys.stdout.write(go_table(["TYPE", "SIZE"], rows))
 
 
-def cmd_purge(args: argparse.Namespace) -> int:
+def _scanln() -> str:
+    """Go's `fmt.Scanln(&input)` as purge.go reads its answer, from whatever stdin is (`yes | model purge`):
+    the line's one word ("" for an empty line); at the end of input Go's `EOF`, more words on the line
+    `expected newline`, both errors that end the command."""
+    line = sys.stdin.readline()
+    words = line.split()
+    if not line:
+        raise UsageError("EOF")
+    if len(words) > 1:
+        raise UsageError("expected newline")
+    return words[0] if words else ""
+
+
+def cmd_purge(args: argparse.Namespace) -> None:
+    """purge.go: asks unless --force (only `y` or `Y` goes on), unloads every model, purges, and prints
+    nothing more; its failures in handleClientError's words."""
+    from modelrunner.errors import DaemonError
+
     if not args.force:
-        if not sys.stdin.isatty():
-            raise UsageError("purge deletes every model; confirm with --force")
-        if input("This removes every model in the store. Continue? [y/N] ").strip().lower() not in (
-            "y",
-            "yes",
-        ):
-            return 1
+        print("WARNING! This will remove the entire models directory.")
+        print("Are you sure you want to continue? [y/N] ", end="", flush=True)
+        if _scanln() not in ("y", "Y"):
+            print("Operation cancelled.")
+            return
     daemon = client()
-    daemon.unload([], True, None)  # as DMR's purge: unload every model first
-    daemon.purge()
-    print("Model store purged")
-    return 0
+    try:
+        daemon.unload([], True, None)
+    except DaemonError as exc:
+        raise DaemonError(exc.status_code, f"Failed to unload models: {exc.message}") from None
+    try:
+        daemon.purge()
+    except DaemonError as exc:
+        if exc.status_code:  # desktop.go Purge: any answer but 200
+            message = f"purging failed with status {status_line(exc.status_code)}: {exc.message}"
+            raise DaemonError(exc.status_code, f"Failed to purge: {message}") from None
+        raise DaemonError(0, f"Failed to purge: {exc.message}") from None
 
 
 def add_commands(commands: Any) -> None:
@@ -350,7 +441,8 @@ def add_commands(commands: Any) -> None:
         help="Package a GGUF file, safetensors folder or DDUF file into a model artifact.",
         description="Package model files into a DMR-compatible OCI artifact in the local store.",
     )
-    package.add_argument("target", help="tag for the packaged model, e.g. myorg/mymodel:Q4_K_M")
+    package.add_argument("target", nargs="?", help="tag for the packaged model, e.g. myorg/mymodel:Q4_K_M")
+    takes(package, DmrArgs("package", PACKAGE_USAGE, "target"))
     package.add_argument("--gguf", metavar="PATH", help="GGUF file (the other shards of a set are found)")
     package.add_argument(
         "--safetensors-dir", "--safetensors", metavar="DIR", help="folder of a safetensors model"
@@ -378,6 +470,7 @@ def add_commands(commands: Any) -> None:
     listing.add_argument(
         "--openaiurl", metavar="URL", help="OpenAI-compatible API endpoint URL to list models from"
     )
+    takes(listing, DmrArgs("ls", "[OPTIONS] [MODEL]", counted=False))
     listing.set_defaults(handler=cmd_list)
 
     inspect = commands.add_parser("inspect", help="Show a model's details as JSON.")
@@ -421,8 +514,11 @@ def add_commands(commands: Any) -> None:
     load.add_argument("-t", "--tag", help="tag to give the loaded model")
     load.set_defaults(handler=cmd_load)
 
-    commands.add_parser("df", help="Show disk usage of models and engines.").set_defaults(handler=cmd_df)
+    df = commands.add_parser("df", help="Show disk usage of models and engines.")
+    takes(df, DmrArgs("df", "", counted=False))
+    df.set_defaults(handler=cmd_df)
 
     purge = commands.add_parser("purge", help="Remove every model from the local store.")
     purge.add_argument("-f", "--force", action="store_true", help="do not ask for confirmation")
+    takes(purge, DmrArgs("purge", "[OPTIONS]", counted=False))
     purge.set_defaults(handler=cmd_purge)

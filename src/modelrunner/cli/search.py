@@ -31,6 +31,7 @@ def format_count(n: int) -> str:
 
 
 def cmd_search(args: argparse.Namespace) -> None:
+    from modelrunner.artifact.gojson import go_quote
     from modelrunner.artifact.units import format_size
     from modelrunner.cli.dmrformat import go_table, standard_json
     from modelrunner.distribution import search as hub
@@ -44,7 +45,7 @@ def cmd_search(args: argparse.Namespace) -> None:
     except hub.SearchError as exc:
         raise UsageError(f"search failed: {exc}") from None
     if not results:
-        print(f"No models found matching {hub.go_quote(query)}" if query else "No models found")
+        print(f"No models found matching {go_quote(query)}" if query else "No models found")
         return
     if args.json:
         sys.stdout.write(standard_json([result.to_json() for result in results]))

@@ -19,6 +19,8 @@ from urllib.parse import urlencode
 
 import httpx
 
+from modelrunner.artifact.gojson import go_quote
+
 DOCKER_HUB = "Docker Hub"
 HUGGING_FACE = "HuggingFace"
 SOURCES = {
@@ -254,12 +256,6 @@ def _truncate(text: str, width: int) -> str:
     if len(data) <= width:
         return text
     return data[: width - 3].decode(errors="replace") + "..."
-
-
-def go_quote(text: str) -> str:
-    import json
-
-    return json.dumps(text, ensure_ascii=False)
 
 
 def _go_transport_error(url: str, exc: httpx.HTTPError) -> str:

@@ -167,9 +167,9 @@ def build_models_router(store: ModelStore, token: str) -> APIRouter:
         return {"message": "Model packaged successfully", "id": model_id, "tags": model.tags}
 
     @router.delete("/models/purge")
-    def purge() -> dict[str, str]:
+    def purge() -> Response:
         store.purge()
-        return {"message": "All models removed"}
+        return Response(status_code=200)  # DMR's handlePurge writes nothing
 
     @router.post("/models/{name:path}/tag", status_code=201)
     def tag_model(
