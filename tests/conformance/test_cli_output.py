@@ -312,7 +312,7 @@ def test_uninstall_runner_with_models(fake_daemon: InProcessDaemon, tmp_path: Pa
 
 def test_bench_timeout(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
     env = cli_env(tmp_path, fake_daemon.url)
-    refused = run_cli(env, "bench", "tiny", "--timeout", "-1s")
+    refused = run_cli(env, "bench", "tiny", "--timeout=-1s")
     # an error of bench.go's RunE: printed as it is by DMR's main, exit 1
     assert (refused.returncode, refused.stderr) == (
         1,
