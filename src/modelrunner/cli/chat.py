@@ -157,7 +157,7 @@ class Chat:
     def ask(self, text: str) -> None:
         """Send one message and print the answer; an error is printed and the conversation kept as it
         was (the failed turn is not added)."""
-        from modelrunner.cli.inference import stream_answer
+        from modelrunner.cli.answer import stream_answer
         from modelrunner.cli.prompt_files import PromptFileError, user_message
         from modelrunner.errors import DaemonError
 
