@@ -2,13 +2,13 @@
 
 Each keeps the document as the daemon sent it in `raw`, so what `--json` prints is the daemon's JSON byte
 for byte, fields of a newer daemon included; the typed fields are what the CLI's tables read. A field the
-daemon left out (a DMR daemon, an older one) reads as its zero value, as Go's decoder would.
+daemon left out (a DMR daemon, an older one) reads as its zero value, as Go's decoder would. NamedTuples,
+not dataclasses: those import `inspect`, which `model ls` would pay for at every start.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -25,8 +25,7 @@ def _int(value: Any) -> int:
         return 0
 
 
-@dataclass(frozen=True)
-class Model:
+class Model(NamedTuple):
     """One model of `GET /models` (DMR's Model)."""
 
     id: str
@@ -48,11 +47,10 @@ class Model:
 
     def with_tags(self, tags: list[str]) -> Model:
         """The model listed under only these tags (a filtered `ls`)."""
-        return replace(self, tags=tags, raw={**self.raw, "tags": tags})
+        return self._replace(tags=tags, raw={**self.raw, "tags": tags})
 
 
-@dataclass(frozen=True)
-class Runner:
+class Runner(NamedTuple):
     """One running engine of `GET /engines/ps` (DMR's BackendStatus, and our fields after it)."""
 
     model_name: str
@@ -80,8 +78,7 @@ class Runner:
         )
 
 
-@dataclass(frozen=True)
-class DiskUsage:
+class DiskUsage(NamedTuple):
     """`GET /engines/df`: bytes the models and the default engine take."""
 
     models: int

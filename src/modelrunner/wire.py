@@ -7,7 +7,6 @@ nothing but the standard library's json: the CLI loads it on every command.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 REQUEST_ID_HEADER = b"x-request-id"  # the daemon's id of a request, on every answer (eventlog.py)
@@ -24,15 +23,15 @@ def sse_field(line: bytes) -> tuple[bytes, bytes]:
     return name, value[1:] if value.startswith(b" ") else value
 
 
-@dataclass
 class SSEDecoder:
     """`feed(bytes)` returns the events completed by those bytes: (event name or None, data), the data
     lines of one event joined by newlines; `end()` those the stream's end completes. Comment lines (`:`
     pings) are skipped."""
 
-    _pending: bytes = b""
-    _event: str | None = None
-    _data: list[bytes] = field(default_factory=list)
+    def __init__(self) -> None:  # not a dataclass: dataclasses imports inspect, a cost on every command
+        self._pending = b""
+        self._event: str | None = None
+        self._data: list[bytes] = []
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
         if b"\n" not in chunk:
