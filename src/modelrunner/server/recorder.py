@@ -37,7 +37,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from modelrunner.chunking import chunk_size
 from modelrunner.compat import assemble
-from modelrunner.compat.sse import sse_events
 from modelrunner.errors import ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.memory import env_bytes
 from modelrunner.scheduler.runner import Runner
@@ -45,6 +44,7 @@ from modelrunner.scheduler.settings import ModelSettings, backend_configuration
 from modelrunner.server.access import Access, RequestHead
 from modelrunner.server.errors import ANTHROPIC, OLLAMA, RESPONSES
 from modelrunner.store.store import ModelStore
+from modelrunner.wire import sse_events, sse_field
 
 RECORDS_PER_MODEL = 10  # DMR's maximumRecordsPerModel
 SUBSCRIBER_BUFFER = 100  # DMR's subscriberChannelBuffer: a follower that lags loses records
@@ -341,8 +341,9 @@ def answer_usage(raw: bytes | bytearray) -> tuple[int | None, int | None]:
         stop = raw.find(b"\n", at)
         line = raw[start : len(raw) if stop < 0 else stop].strip()
         end = start
-        if line.startswith(b"data:"):
-            line = line[5:].strip()
+        name, value = sse_field(bytes(line))
+        if name == b"data":
+            line = value
         try:
             doc = json.loads(line)
         except (ValueError, UnicodeDecodeError, RecursionError):
