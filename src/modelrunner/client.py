@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
 from modelrunner import client_http, config
+from modelrunner.client_errors import Unreachable, daemon_error
+from modelrunner.client_types import DiskUsage, Model, Runner
 from modelrunner.errors import DaemonError
+from modelrunner.wire import REQUEST_ID_HEADER, SSEDecoder
 
 if TYPE_CHECKING:
     import socket
@@ -26,23 +29,6 @@ if TYPE_CHECKING:
     import subprocess
 
 DAEMON_START_TIMEOUT = 30.0
-
-
-def _error_message(status: int, body: bytes) -> str:
-    try:
-        doc = json.loads(body)
-        if isinstance(doc, dict):
-            error = doc.get("error")
-            if isinstance(error, dict) and error.get("message"):
-                return str(error["message"])
-            if isinstance(error, str):
-                return error
-            if doc.get("message"):
-                return str(doc["message"])
-    except ValueError:
-        pass
-    text = body.decode("utf-8", "replace").strip()
-    return text[:500] or f"HTTP {status}"
 
 
 def _streamed(response: client_http.Response) -> Iterator[bytes]:
@@ -183,8 +169,9 @@ class Client:
         timeout: float | None = None,
         with_token: bool = False,
     ) -> client_http.Response:
-        """Send a request and return the open response; raises DaemonError on >= 400. `with_token`: a
-        route only for the daemon's own user, who may have to prove it with the local token."""
+        """Send a request and return the open response; an answer >= 400 raises the DaemonError subclass of
+        its kind (client_errors.py), with the daemon's request id. `with_token`: a route only for the
+        daemon's own user, who may have to prove it with the local token."""
         url = self._prefix + path + (f"?{urlencode(params)}" if params else "")
         all_headers = {"User-Agent": "modelrunner-cli", **(headers or {})}
         if self.api_key:
@@ -199,7 +186,7 @@ class Client:
         except OSError as exc:  # first: a failed certificate check is a ValueError too
             if sock is not None:
                 sock.close()
-            raise self._tls_failure(exc) or DaemonError(
+            raise self._tls_failure(exc) or Unreachable(
                 0, f"cannot reach the model runner at {self.base_url}: {exc}"
             ) from None
         except ValueError as exc:  # a header or path that cannot be sent as it is
@@ -209,10 +196,16 @@ class Client:
         if response.status >= 400:
             data = response.read()
             response.close()
-            if response.status == 401 and response.getheader("WWW-Authenticate"):
-                # the daemon's own API key check (a registry's 401 on a pull comes without the header)
-                raise DaemonError(401, self._refused_key())
-            raise DaemonError(response.status, _error_message(response.status, data))
+            # the daemon's own API key check (a registry's 401 on a pull comes without the header)
+            own_key_check = response.status == 401 and response.getheader("WWW-Authenticate")
+            raise daemon_error(
+                response.status,
+                data,
+                path,
+                request_id=response.getheader(REQUEST_ID_HEADER.decode()),
+                retry_after=response.getheader("Retry-After"),
+                message=self._refused_key() if own_key_check else None,
+            )
         return response
 
     def call(self, method: str, path: str, *, payload: Any = None, **kwargs: Any) -> Any:
@@ -245,9 +238,8 @@ class Client:
         result: dict[str, Any] = self.call("GET", "/version")
         return result
 
-    def list_models(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.call("GET", "/models")
-        return result
+    def list_models(self) -> list[Model]:
+        return [Model.from_json(doc) for doc in self.call("GET", "/models")]
 
     def get_model(self, name: str, remote: bool = False) -> dict[str, Any]:
         params = {"remote": "true"} if remote else None
@@ -299,9 +291,8 @@ class Client:
     def purge(self) -> None:
         self.call("DELETE", "/models/purge")
 
-    def disk_usage(self) -> dict[str, int]:
-        result: dict[str, int] = self.call("GET", "/engines/df")
-        return result
+    def disk_usage(self) -> DiskUsage:
+        return DiskUsage.from_json(self.call("GET", "/engines/df"))
 
     def _progress_lines(self, path: str, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """POST, then yield the streamed progress events one by one as they arrive."""
@@ -352,14 +343,16 @@ class Client:
                 if not (response.getheader("Content-Type") or "").startswith("text/event-stream"):
                     yield json.loads(response.read())  # a server that answered without streaming
                     return
-                for raw in response:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
+                decoder = SSEDecoder()
+                while True:
+                    chunk = response.read1(64 * 1024)
+                    events = decoder.feed(chunk) if chunk else decoder.end()  # the end completes the last
+                    for _, data in events:
+                        if data == b"[DONE]":
+                            return
+                        yield json.loads(data)
+                    if not chunk:
                         return
-                    yield json.loads(data)
             except OSError as exc:  # client_http.ProtocolError among them
                 raise DaemonError(0, f"the answer was cut short: {exc or exc.__class__.__name__}") from None
             except ValueError:
@@ -383,9 +376,8 @@ class Client:
         result: dict[str, Any] = self.call("GET", f"{self._openai(None)}/models/{model_path(name)}")
         return result
 
-    def ps(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.call("GET", "/engines/ps")
-        return result
+    def ps(self) -> list[Runner]:
+        return [Runner.from_json(doc) for doc in self.call("GET", "/engines/ps")]
 
     def unload(self, models: list[str], unload_all: bool, backend: str | None) -> int:
         # DMR's UnloadRequest, every field present as its CLI sends it (cmd/cli/desktop/desktop.go)

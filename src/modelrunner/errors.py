@@ -81,11 +81,14 @@ def is_no_space(exc: BaseException) -> TypeGuard[OSError]:
 
 
 class DaemonError(ModelRunnerError):
-    """Client side: the daemon answered with an error status, or could not be reached (status 0)."""
+    """Client side: the daemon answered with an error status, or could not be reached (status 0);
+    `request_id` is the daemon's id of the request (its `X-Request-Id`), when it answered one. The client
+    raises a subclass per kind of failure (client_errors.py)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, request_id: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status
+        self.request_id = request_id
 
 
 class UnknownEngine(ModelRunnerError):

@@ -20,7 +20,8 @@ from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import TextIO
 
-REQUEST_ID_HEADER = b"x-request-id"
+from modelrunner.wire import REQUEST_ID_HEADER as REQUEST_ID_HEADER  # the front and lifecycle set it
+
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_BACKUPS = 3
 

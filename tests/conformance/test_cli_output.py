@@ -14,6 +14,7 @@ import json
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,7 +131,11 @@ def test_ps_table(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
 
 def test_ps_until_column() -> None:
     """formatUntil (ps.go), from a BackendStatus as our daemon writes it."""
-    from modelrunner.cli.inference import until
+    from modelrunner.cli.inference import until as until_of
+    from modelrunner.client_types import Runner
+
+    def until(doc: dict[str, Any], now: float) -> str:
+        return until_of(Runner.from_json(doc), now)
 
     now = 1_800_000_000.0
     used = "2027-01-15T08:00:00Z"  # = now

@@ -7,6 +7,7 @@ with the scripted engine."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -135,7 +136,7 @@ def finish(recorder: rec.Recorder, ex: Exchange, status: int, content_type: byte
         ex.started_answer(status, [(b"content-type", content_type)])
     for chunk in chunks:
         ex.answered(chunk, False)
-    recorder.finish(ex, ex.access_fields())
+    recorder.finish(ex.record, ex.access())
 
 
 def recorded(
@@ -144,7 +145,7 @@ def recorded(
     ex = exchange(recorder, path, kw.get("body", b'{"model": "ai/m"}'))
     settings = kw.get("settings")
     config = backend_configuration(settings) if settings else {}
-    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, config)
+    ex.record = recorder.start(ex.head, ex.kept_request(), "ai/m", "sha256:" + "1" * 64, config)
     finish(recorder, ex, status, content_type, *chunks)
     [entry] = recorder.listing("sha256:" + "1" * 64)
     return entry["records"][-1]  # type: ignore[no-any-return]
@@ -333,7 +334,7 @@ def test_a_body_relayed_in_chunks_is_recorded_unframed() -> None:
     """The HTTP front keeps the bytes it relays, chunk framing included: they are unframed when read."""
     recorder = rec.Recorder()
     ex = exchange(recorder)
-    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, {})
+    ex.record = recorder.start(ex.head, ex.kept_request(), "ai/m", "sha256:" + "1" * 64, {})
     assert ex.record is not None
     ex.started_answer(200, [(b"content-type", b"text/event-stream")])
     ex.record.framed_by_chunks = True
@@ -341,7 +342,7 @@ def test_a_body_relayed_in_chunks_is_recorded_unframed() -> None:
     framed = b"%x\r\n%b\r\n0\r\n\r\n" % (len(payload), payload)
     ex.answered(framed[:7], False)
     ex.answered(framed[7:], True)
-    recorder.finish(ex, ex.access_fields())
+    recorder.finish(ex.record, ex.access())
     response = recorder.listing(None)[0]["records"][0]["response"]
     assert json.loads(response)["choices"][0]["message"]["content"] == "ok"
 
@@ -351,15 +352,15 @@ def test_records_carry_the_access_lines_timing_and_the_answers_token_counts() ->
     completion_tokens where the answer says them, whichever API it came from."""
     recorder = rec.Recorder()
     ex = exchange(recorder)
-    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, {})
+    ex.record = recorder.start(ex.head, ex.kept_request(), "ai/m", "sha256:" + "1" * 64, {})
     ex.started_answer(200, [(b"content-type", b"text/event-stream")])
     top = {"id": "c", "created": 5, "model": "ai/m", "object": "chat.completion.chunk"}
     ex.answered(
         sse({**top, "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]}), False
     )
     ex.answered(sse({**top, "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1}}), True)
-    access = ex.access_fields() | {"duration_ms": 12.5, "ttfb_ms": 3.25}
-    recorder.finish(ex, access)
+    access = dataclasses.replace(ex.access(), duration_ms=12.5, ttfb_ms=3.25)
+    recorder.finish(ex.record, access)
     record = recorder.listing(None)[0]["records"][0]
     assert list(record)[-4:] == ["duration_ms", "ttfb_ms", "prompt_tokens", "completion_tokens"]
     assert (record["duration_ms"], record["ttfb_ms"]) == (12.5, 3.25)
@@ -367,8 +368,8 @@ def test_records_carry_the_access_lines_timing_and_the_answers_token_counts() ->
     assert ex.record.streamed and ex.record.first_data is not None
 
     failed = exchange(recorder)
-    failed.record = recorder.start(failed, "ai/m", "sha256:" + "1" * 64, {})
-    recorder.finish(failed, failed.access_fields())  # nothing answered: no first byte, no tokens
+    failed.record = recorder.start(failed.head, failed.kept_request(), "ai/m", "sha256:" + "1" * 64, {})
+    recorder.finish(failed.record, failed.access())  # nothing answered: no first byte, no tokens
     shown = recorder.listing(None)[0]["records"][-1]
     assert "ttfb_ms" not in shown and "prompt_tokens" not in shown and shown["duration_ms"] >= 0
 
@@ -438,12 +439,12 @@ def test_token_counts_are_read_from_each_apis_answer(answer: bytes, counts: tupl
 def test_an_answer_longer_than_what_is_kept_still_has_its_counts() -> None:
     recorder = rec.Recorder()
     ex = exchange(recorder, "/anthropic/v1/messages")
-    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, {})
+    ex.record = recorder.start(ex.head, ex.kept_request(), "ai/m", "sha256:" + "1" * 64, {})
     ex.started_answer(200, [(b"content-type", b"text/event-stream")])
     body = anthropic_stream(13, 70_000, text="x" * (rec.RESPONSE_LIMIT + 10))
     for at in range(0, len(body), 4096):
         ex.answered(body[at : at + 4096], False)
-    recorder.finish(ex, ex.access_fields())
+    recorder.finish(ex.record, ex.access())
     assert (ex.record.prompt_tokens, ex.record.completion_tokens) == (13, 70_000)
     assert len(ex.record._response) == rec.RESPONSE_LIMIT and not ex.record._tail
 
@@ -451,7 +452,7 @@ def test_an_answer_longer_than_what_is_kept_still_has_its_counts() -> None:
 def test_bodies_are_bounded() -> None:
     recorder = rec.Recorder()
     ex = exchange(recorder, body=b"x" * (rec.REQUEST_LIMIT + 10))
-    ex.record = recorder.start(ex, "ai/m", "sha256:" + "1" * 64, {})
+    ex.record = recorder.start(ex.head, ex.kept_request(), "ai/m", "sha256:" + "1" * 64, {})
     assert ex.record is not None and len(ex.record.request) < rec.REQUEST_LIMIT + 100
     assert ex.record.request.endswith(b"...[truncated 10 bytes]")
     ex.started_answer(200, [(b"content-type", b"application/json")])
@@ -470,7 +471,7 @@ def model_id(n: int) -> str:
 def record_of(recorder: rec.Recorder, model: int, request: bytes, answer: bytes) -> rec.Record:
     """A streamed chat recorded for model `model`, its request and answer (one content delta) as given."""
     ex = exchange(recorder, body=request)
-    ex.record = recorder.start(ex, "ai/m", model_id(model), {"context-size": model})
+    ex.record = recorder.start(ex.head, ex.kept_request(), "ai/m", model_id(model), {"context-size": model})
     top = {"id": "c", "created": 5, "model": "ai/m", "object": "chat.completion.chunk"}
     delta = {**top, "choices": [{"index": 0, "delta": {"content": answer.decode()}, "finish_reason": "stop"}]}
     body = sse(delta, {**top, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}})
@@ -516,13 +517,13 @@ def test_a_request_in_progress_holds_a_bounded_copy() -> None:
     """The first RESPONSE_LIMIT bytes of an answer and at most 2 * TAIL_KEPT of its end, however long."""
     recorder = rec.Recorder()
     ex = exchange(recorder, body=b"x" * (3 * rec.REQUEST_LIMIT))
-    ex.record = recorder.start(ex, "ai/m", model_id(1), {})
+    ex.record = recorder.start(ex.head, ex.kept_request(), "ai/m", model_id(1), {})
     ex.started_answer(200, [(b"content-type", b"text/event-stream")])
     bound = rec.REQUEST_LIMIT + 100 + rec.RESPONSE_LIMIT + 2 * rec.TAIL_KEPT
     for size in (1000, 65536, 300_000, 17) * 20:  # ~7 MB streamed
         ex.answered(b"y" * size, False)
         assert ex.record.size <= bound and recorder.size == ex.record.size
-    recorder.finish(ex, ex.access_fields())
+    recorder.finish(ex.record, ex.access())
     assert recorder.size == ex.record.size <= rec.REQUEST_LIMIT + 100 + rec.RESPONSE_LIMIT
 
 
@@ -544,7 +545,7 @@ def test_the_listing_is_written_a_record_at_a_time_as_it_was_written_whole() -> 
         body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "é<" * 20_000}]})
         record_of(recorder, i % 3, body.encode(), letters(50_000 + i).encode())
     ex = exchange(recorder)
-    ex.record = recorder.start(ex, "ai/m", model_id(1), {})  # one still answered
+    ex.record = recorder.start(ex.head, ex.kept_request(), "ai/m", model_id(1), {})  # one still answered
     # the listing as one body, as the route answered it before: Starlette's JSONResponse of the entries
     whole = JSONResponse(
         [

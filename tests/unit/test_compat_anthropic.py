@@ -11,7 +11,7 @@ import pytest
 
 from modelrunner.compat import anthropic as shapes
 from modelrunner.errors import BadRequest
-from modelrunner.server.anthropic_api import relay_events
+from modelrunner.server.anthropic_serving import relay_events
 
 
 def test_error_types_follow_the_status() -> None:

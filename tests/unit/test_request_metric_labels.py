@@ -56,7 +56,7 @@ def test_a_request_without_a_model_is_only_counted() -> None:
     exchange = Exchange(lifecycle, "GET", "/models", {})
     exchange.started_answer(200)
     exchange.answered(b"[]", True)
-    lifecycle.metrics.observe(exchange, exchange.access_fields())
+    lifecycle.metrics.observe(exchange.access(), exchange.record)
     found = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(lifecycle.metrics.render())

@@ -68,7 +68,7 @@ def _known(daemon: Any, model: str) -> bool:
     from modelrunner.errors import DaemonError
 
     for listed in daemon.list_models():
-        if model == listed.get("id") or model in (listed.get("tags") or []):
+        if model == listed.id or model in listed.tags:
             return True
     try:
         daemon.get_model(model)

@@ -14,11 +14,9 @@ from typing import TYPE_CHECKING, Any
 from modelrunner.cli.common import DmrArgs, UsageError, client, display, takes
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from modelrunner.client import Client
+    from modelrunner.client_types import Runner
 
-ITALIC, RESET = "\x1b[3m", "\x1b[0m"
 DEFAULT_KEEP_ALIVE = 300.0  # DMR's KeepAliveDefault, shown when a runner reports none
 
 
@@ -38,82 +36,6 @@ def ensure_model(daemon: Client, model: str) -> None:
     status = render_transfer(daemon.pull(model, hf_token(model)), False, "pull")
     if status != 0:
         raise SystemExit(status)
-
-
-LOADING_NOTICE_AFTER = 2.0  # seconds without a first token before saying why
-
-
-def _say_if_loading(daemon: Client, model: str) -> None:
-    """A long engine start (vLLM takes ~30 s on a CPU) is reported, so it is not mistaken for a hang."""
-    from modelrunner.errors import DaemonError
-
-    try:
-        runners = daemon.ps()
-    except DaemonError:
-        return
-    for runner in runners:
-        if runner.get("loading") and model in (
-            runner.get("model_name"),
-            display(runner.get("model_name", "")),
-        ):
-            print(f"Loading the model in {runner['backend_name']}...", file=sys.stderr, flush=True)
-            return
-
-
-def stream_answer(
-    daemon: Client,
-    model: str,
-    messages: list[dict[str, Any]],
-    backend: str | None,
-    color: bool = False,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
-    **options: Any,
-) -> str:
-    """Print an answer as it streams; returns its text. Reasoning comes first under "Thinking:" (italic
-    with --color), as DMR prints it. An error event or a cut stream raises DaemonError. `on_event` sees
-    each event too (the web search tool loop collects tool calls with it)."""
-    import threading
-
-    from modelrunner.errors import DaemonError
-
-    text: list[str] = []
-    state = "none"  # none | reasoning | content
-    notice = threading.Timer(LOADING_NOTICE_AFTER, _say_if_loading, (daemon, model))
-    notice.daemon = True
-    notice.start()
-    try:
-        for event in daemon.chat_stream(model, messages, backend, **options):
-            notice.cancel()
-            if "error" in event or event.get("type") == "error":
-                error = event.get("error", event)
-                message = error.get("message", error) if isinstance(error, dict) else error
-                raise DaemonError(500, str(message))
-            if on_event is not None:
-                on_event(event)
-            for choice in (event.get("choices") or [])[:1]:
-                delta = choice.get("delta") or choice.get("message") or {}
-                reasoning = delta.get("reasoning_content")
-                if reasoning:
-                    if state == "content":
-                        sys.stdout.write("\n\n")
-                    if state != "reasoning":
-                        sys.stdout.write((ITALIC if color else "") + "Thinking:\n")
-                    state = "reasoning"
-                    sys.stdout.write(reasoning)
-                content = delta.get("content")
-                if content:
-                    if state == "reasoning":
-                        sys.stdout.write((RESET if color else "") + "\n\n--\n\n")
-                    state = "content"
-                    sys.stdout.write(content)
-                    text.append(content)
-                sys.stdout.flush()
-    finally:
-        notice.cancel()
-        if state == "reasoning" and color:
-            sys.stdout.write(RESET)
-        sys.stdout.flush()
-    return "".join(text)
 
 
 def _prompt(args: argparse.Namespace) -> str:
@@ -198,22 +120,22 @@ def _parse_go_time(text: object) -> float | None:
         return None
 
 
-def until(runner: dict[str, Any], now: float) -> str:
+def until(runner: Runner, now: float) -> str:
     """The UNTIL column of DMR's `ps` (formatUntil): how long an idle runner stays loaded."""
     from modelrunner.cli.render import human_duration
     from modelrunner.scheduler.durations import NEVER, parse_keep_alive
 
-    if runner.get("loading"):
+    if runner.loading:
         return "Loading..."
-    raw = runner.get("keep_alive")
+    raw = runner.keep_alive
     try:
         keep_alive = DEFAULT_KEEP_ALIVE if raw is None else parse_keep_alive(raw)
     except ValueError:
         keep_alive = DEFAULT_KEEP_ALIVE
     if keep_alive == NEVER:
         return "Forever"
-    last_used = _parse_go_time(runner.get("last_used"))
-    if runner.get("in_use") or last_used is None:
+    last_used = _parse_go_time(runner.last_used)
+    if runner.in_use or last_used is None:
         return human_duration(keep_alive) + " from now"
     remaining = keep_alive - (now - last_used)
     return "Expiring" if remaining <= 0 else human_duration(remaining) + " from now"
@@ -238,15 +160,12 @@ def cmd_ps(_: argparse.Namespace) -> None:
 
     now = time.time()
     runners = client().ps()
-    rows = [
-        [ps_name(r.get("model_name", "")), r.get("backend_name", ""), r.get("mode", ""), until(r, now)]
-        for r in runners
-    ]
+    rows = [[ps_name(r.model_name), r.backend_name, r.mode, until(r, now)] for r in runners]
     headers = ["MODEL NAME", "BACKEND", "MODE", "UNTIL"]
-    if any(r.get("layout") for r in runners):  # ours: a column only when some model is spread out
+    if any(r.layout for r in runners):  # ours: a column only when some model is spread out
         headers.append("LAYOUT")
         for row, runner in zip(rows, runners, strict=True):
-            row.append(layout_text(runner["layout"]) if runner.get("layout") else "")
+            row.append(layout_text(runner.layout) if runner.layout else "")
     sys.stdout.write(go_table(headers, rows))
 
 

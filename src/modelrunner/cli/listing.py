@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelrunner.cli.common import UsageError
+
+if TYPE_CHECKING:
+    from modelrunner.client_types import Model
 
 
 def normalize_filter(text: str) -> str:
@@ -32,14 +35,14 @@ def matches(tag: str, wanted: str) -> bool:
     return tag.split(":", 1)[0] == wanted
 
 
-def filter_models(models: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+def filter_models(models: list[Model], text: str) -> list[Model]:
     """Models with a tag the filter matches, each keeping only its matching tags."""
     wanted = normalize_filter(text)
     out = []
     for model in models:
-        tags = [tag for tag in model.get("tags") or [] if matches(tag, wanted)]
+        tags = [tag for tag in model.tags if matches(tag, wanted)]
         if tags:
-            out.append({**model, "tags": tags})
+            out.append(model.with_tags(tags))
     return out
 
 

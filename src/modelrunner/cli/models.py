@@ -223,24 +223,24 @@ def cmd_list(args: argparse.Namespace) -> int | None:
         from modelrunner.cli.dmrformat import standard_json
 
         # Go's nil slice when a filter matched nothing (list.go): `null`
-        sys.stdout.write(standard_json(models if models or not args.model else None))
+        sys.stdout.write(standard_json([m.raw for m in models] if models or not args.model else None))
         return None
     if args.quiet:
-        for model_id in dict.fromkeys(short_id(m["id"]) for m in models):
+        for model_id in dict.fromkeys(short_id(m.id) for m in models):
             print(model_id)
         return None
     rows = []
     for m in models:
-        cfg = m.get("config") or {}
-        for name in [display(t) for t in m["tags"]] or ["<none>"]:
+        cfg = m.config
+        for name in [display(t) for t in m.tags] or ["<none>"]:
             rows.append(
                 [
                     name,
                     str(cfg.get("parameters", "")),
                     str(cfg.get("quantization", "")),
                     str(cfg.get("architecture", "")),
-                    short_id(m["id"]),
-                    ago(int(m.get("created") or 0)),
+                    short_id(m.id),
+                    ago(m.created),
                     _context_column(cfg),
                     str(cfg.get("size", "")),
                 ]
@@ -391,9 +391,9 @@ def cmd_df(_: argparse.Namespace) -> None:
     from modelrunner.cli.dmrformat import custom_size, go_table
 
     usage = client().disk_usage()
-    rows = [["Models", custom_size(usage["models_disk_usage"])]]
-    if usage.get("default_backend_disk_usage"):
-        rows.append(["Inference engine", custom_size(usage["default_backend_disk_usage"])])
+    rows = [["Models", custom_size(usage.models)]]
+    if usage.default_backend:
+        rows.append(["Inference engine", custom_size(usage.default_backend)])
     sys.stdout.write(go_table(["TYPE", "SIZE"], rows))
 
 

@@ -22,6 +22,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def cmd_requests(args: argparse.Namespace) -> None:
     from modelrunner.client import connect
+    from modelrunner.wire import SSEDecoder
 
     if args.include_existing and not args.follow:
         raise UsageError("--include-existing can only be used with --follow")
@@ -32,13 +33,9 @@ def cmd_requests(args: argparse.Namespace) -> None:
         sys.stdout.flush()
         return
     print("Connected to request stream. Press Ctrl+C to stop.", flush=True)
-    event, pending = "", b""
+    decoder = SSEDecoder()
     for chunk in chunks:
-        *lines, pending = (pending + chunk).split(b"\n")
-        for raw in lines:
-            line = raw.decode("utf-8", "replace").rstrip("\r")
-            if line.startswith("event: "):
-                event = line.removeprefix("event: ")
-            elif line.startswith("data: ") and event in ("new_request", "existing_request"):
-                print(line.removeprefix("data: "), flush=True)
+        for event, data in decoder.feed(chunk):
+            if event in ("new_request", "existing_request"):
+                print(data.decode("utf-8", "replace"), flush=True)
     print("Stream closed by server.")

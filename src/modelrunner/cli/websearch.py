@@ -167,7 +167,7 @@ def answer_with_tools(
     **options: Any,
 ) -> str:
     """stream_answer with the tools offered, run until the model answers without calling one."""
-    from modelrunner.cli.inference import stream_answer
+    from modelrunner.cli.answer import stream_answer
 
     history = list(messages)
     tools: list[dict[str, Any]] | None = [SCHEMA]
@@ -199,6 +199,6 @@ def answerer(websearch: bool) -> Callable[..., str]:
     """The function that answers a `run` prompt: with the web search tool when asked for."""
     if websearch:
         return answer_with_tools
-    from modelrunner.cli.inference import stream_answer
+    from modelrunner.cli.answer import stream_answer
 
     return stream_answer

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from modelrunner.compat.anthropic import new_message
-from modelrunner.compat.sse import SSEDecoder
+from modelrunner.wire import SSEDecoder, document_message
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -101,8 +101,7 @@ def _raise_error(doc: dict[str, Any]) -> None:
     error = doc["error"]
     code = error.get("code") if isinstance(error, dict) else None
     status = code if isinstance(code, int) and 400 <= code < 600 else 500
-    message = error.get("message") if isinstance(error, dict) else str(error)
-    raise AssemblyError(str(message or "the engine failed"), status, {"error": error})
+    raise AssemblyError(document_message(doc) or "the engine failed", status, {"error": error})
 
 
 class _OpenAIAssembler(Assembler):
@@ -234,9 +233,7 @@ class MessageAssembler(Assembler):
     def add(self, event: str | None, doc: dict[str, Any]) -> None:
         kind = doc.get("type") or event
         if kind == "error":
-            error = doc.get("error") or {}
-            message = error.get("message") if isinstance(error, dict) else str(error)
-            raise AssemblyError(str(message or "the engine failed"), 500, doc)
+            raise AssemblyError(document_message(doc) or "the engine failed", 500, doc)
         if kind == "message_start":
             self.message = dict(doc.get("message") or {})
             self.started = True

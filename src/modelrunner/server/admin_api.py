@@ -1,18 +1,17 @@
 """Scheduler and observability routes: /engines/ps, /engines/unload, /engines/_configure, /logs, /metrics.
 
-The bodies and answers of the DMR routes have the shapes of DMR's Go types (`pkg/inference/scheduling/
-api.go`, `pkg/inference/backend.go`), so DMR's own CLI and Compose provider decode them.
+The router: it parses bodies and queries, calls server/admin_serving.py and answers; `_configure` (its
+body's checks below) is served here. The bodies of the DMR routes have the shapes of DMR's Go types
+(`pkg/inference/scheduling/api.go`), so DMR's own CLI and Compose provider send them as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,25 +24,14 @@ from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
 from modelrunner.errors import BadRequest, Conflict, ModelNotFound, PermissionDenied
 from modelrunner.scheduler.durations import parse_keep_alive
-from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
-from modelrunner.scheduler.settings import ModelSettings, backend_configuration
+from modelrunner.scheduler.settings import ModelSettings
+from modelrunner.server.admin_serving import AdminServing, UnloadRequest
 from modelrunner.server.lifecycle import KNOWN_BACKENDS, Lifecycle, model_for_engine, select_engine_name
 from modelrunner.server.localuser import caller_is_daemon_user
-from modelrunner.server.log_files import LogStreamer, ModelFilter
 from modelrunner.store.store import ModelStore
 
 _HF_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-GO_ZERO_TIME = "0001-01-01T00:00:00Z"  # how Go writes an unset time.Time
-
-
-class UnloadRequest(BaseModel):
-    """DMR's UnloadRequest; its CLI sends `"backend": ""` for every backend and `"models": null` with all."""
-
-    model_config = ConfigDict(extra="forbid")
-    all: bool = False
-    backend: str | None = None
-    models: list[str] | None = Field(default=None, max_length=1000)
 
 
 class ConfigureRequest(BaseModel):
@@ -211,34 +199,6 @@ def speculative_settings(
     settings.speculative_min_acceptance_rate = None if rate is None else float(rate)
 
 
-def _draft_name(store: ModelStore, settings: ModelSettings) -> str | None:
-    return _model_name(store, settings.speculative_draft_model) if settings.speculative_draft_model else None
-
-
-def _model_name(store: ModelStore, model_id: str) -> str:
-    with contextlib.suppress(ModelNotFound):
-        tags = store.get(model_id).tags
-        if tags:
-            return tags[0]
-    return model_id
-
-
-def go_time(unix: float) -> str:
-    """A Unix time as Go's encoding/json writes a time.Time (RFC 3339, UTC, nanosecond precision)."""
-    moment = datetime.fromtimestamp(unix, UTC)
-    fraction = f"{moment.microsecond:06d}".rstrip("0")
-    return moment.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
-
-
-def backend_status(entry: dict[str, Any]) -> dict[str, Any]:
-    """One runner of `scheduler.ps()` as DMR's BackendStatus (plus our fields, which Go decoders skip):
-    `last_used` is an RFC 3339 time, Go's zero time while the runner is in use (as DMR reports it)."""
-    return {
-        **entry,
-        "last_used": GO_ZERO_TIME if entry["in_use"] else go_time(entry["last_used"]),
-    }
-
-
 def daemon_user_only(token: str, api_key: str | None) -> Callable[[Request], None]:
     """A route dependency for what holds the daemon user's data: the prompts and answers the recorder keeps
     (`GET /engines/requests`) and the logs (`GET /logs`). Without an API key every local user reaches the
@@ -265,30 +225,16 @@ def build_admin_router(
     daemon_user: Callable[[Request], None],
 ) -> APIRouter:
     """`daemon_user`: the dependency of the routes only the daemon's user may read (`daemon_user_only`)."""
+    serving = AdminServing(store, scheduler, engines, logs_dir, lifecycle)
     router = APIRouter()
 
     @router.get("/engines/ps")
     def ps() -> list[dict[str, Any]]:
-        return [backend_status(entry) for entry in scheduler.ps()]
+        return serving.ps()
 
     @router.post("/engines/unload")
     async def unload(body: UnloadRequest = Depends(json_body(UnloadRequest))) -> dict[str, int]:
-        backend = body.backend or None  # "" (DMR's CLI default) means every backend
-        if body.all:
-            return {"unloaded_runners": await scheduler.unload(None, backend)}
-        if not body.models:
-            raise BadRequest("name the models to unload, or set all")
-        return {"unloaded_runners": await scheduler.unload(resolve_loaded(body.models), backend)}
-
-    def resolve_loaded(names: list[str]) -> set[str]:
-        """Model IDs for names as the user typed them (`smollm2`, `ai/smollm2:latest`, an ID), resolved
-        like DMR does; a runner is also found by the name it was loaded under (its model may be gone)."""
-        ids: set[str] = set()
-        for name in names:
-            with contextlib.suppress(ModelNotFound, BadRequest):
-                ids.add(store.get(name).id)
-            ids.update(r.key.model_id for r in list(scheduler.runners.values()) if r.model.reference == name)
-        return ids
+        return await serving.unload(body)
 
     async def configure(body: ConfigureRequest, backend: str | None) -> PlainTextResponse:
         if backend is not None and backend not in KNOWN_BACKENDS:
@@ -332,60 +278,15 @@ def build_admin_router(
 
     @router.get("/engines/_configure")
     def show_configuration(model: str | None = None) -> list[dict[str, Any]]:
-        """DMR's `[{Backend, Model, ModelID, Mode, Config}]`; a filter naming no model matches nothing."""
-        wanted = None
-        if model:
-            try:
-                wanted = store.get(model).id
-            except (ModelNotFound, BadRequest):
-                return []
-        out = []
-        for backend, model_id, mode, settings in scheduler.settings.all():
-            if wanted and model_id != wanted:
-                continue
-            try:
-                tags = store.get(model_id).tags
-            except ModelNotFound:
-                continue  # the model was removed since
-            out.append(
-                {
-                    "Backend": backend,
-                    "Model": tags[0] if tags else "",
-                    "ModelID": model_id,
-                    "Mode": mode.value,
-                    "Config": backend_configuration(settings, _draft_name(store, settings)),
-                }
-            )
-        return out
+        return serving.configuration(model)
 
     @router.get("/engines/estimate")
     def estimate(model: str, backend: str | None = None) -> dict[str, Any]:
-        """Ours: the memory one runner of the model needs on this machine, with its stored settings (what
-        `model generate` requests for a pod)."""
-        if backend is not None and backend not in KNOWN_BACKENDS:
-            raise ModelNotFound(f"unknown backend {backend[:40]!r}")
-        stored = store.get(model)
-        engine = engines.get(select_engine_name(backend, stored.config.format))
-        if engine is None:
-            raise ModelNotFound(f"no engine serves {stored.config.format} models in this build")
-        settings = scheduler.settings.get(engine.name, stored.id, Mode.COMPLETION) or ModelSettings()
-        target = model_for_engine(store, stored, model)
-        memory = engine.estimate_memory(target, settings.runner_settings())
-        return {"model": model, "model_id": stored.id, "backend": engine.name, "memory_bytes": memory}
+        return serving.estimate(model, backend)
 
     @router.get("/engines/cluster")
     async def cluster() -> dict[str, list[dict[str, object]]]:
-        """Ours: what the engines use beyond this machine (Ray clusters: nodes, resources), probed now."""
-        stored = scheduler.settings.all()
-        out = {}
-        for engine in engines.values():
-            mine = [
-                settings.runner_settings() for backend, _, _, settings in stored if backend == engine.name
-            ]
-            found = await asyncio.to_thread(engine.cluster_status, mine)
-            if found:
-                out[engine.name] = found
-        return out
+        return await serving.cluster()
 
     @router.get("/logs", dependencies=[Depends(daemon_user)])
     async def logs(
@@ -394,88 +295,11 @@ def build_admin_router(
         no_engines: bool = Query(False, alias="no-engines"),
         model: str | None = Query(None, min_length=1, max_length=512),
     ) -> StreamingResponse:
-        """DMR's log route (pkg/logs/http_handler.go: follow, no-engines), plus `model` to keep only the
-        lines about one model and its engines' logs."""
-        wanted = ModelFilter(store, model) if model else None
-        streamer = LogStreamer(logs_dir, not no_engines, wanted, request.is_disconnected)
-        return StreamingResponse(streamer.stream(follow), media_type="text/plain; charset=utf-8")
+        lines = serving.logs(follow, not no_engines, model, request.is_disconnected)
+        return StreamingResponse(lines, media_type="text/plain; charset=utf-8")
 
     @router.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        text = await render_metrics(scheduler, lifecycle)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(await serving.metrics(), media_type="text/plain; version=0.0.4")
 
     return router
-
-
-def _label(line: str, labels: str) -> str:
-    """Add our labels to one sample line of the Prometheus text format."""
-    name, sep, rest = line.partition(" ")
-    if "{" in name:
-        return name.replace("{", "{" + labels + ",", 1) + sep + rest
-    return f"{name}{{{labels}}}{sep}{rest}"
-
-
-def _gauge(name: str, text: str, value: float) -> list[str]:
-    return [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name} {value}"]
-
-
-async def render_metrics(scheduler: Scheduler, lifecycle: Lifecycle) -> str:
-    """The scheduler's gauges and counters, the daemon's request metrics (server/request_metrics.py),
-    then each ready runner's own metrics labelled with its backend, model and mode."""
-    from modelrunner.scheduler.runner import http_get
-
-    runners = list(scheduler.runners.values())
-    lines = [
-        *_gauge("modelrunner_loaded_runners", "Engine processes loaded.", len(runners)),
-        *_gauge("modelrunner_queue_depth", "Requests waiting for a runner.", scheduler.waiting),
-        *_gauge(
-            "modelrunner_requests_running",
-            "Requests holding a runner (being answered by an engine).",
-            sum(1 for exchange in list(lifecycle.open) if exchange.runners),
-        ),
-        *_gauge(
-            "modelrunner_memory_in_use_bytes",
-            "Memory the loaded runners are estimated to use.",
-            sum(runner.memory for runner in runners),
-        ),
-        *_gauge(
-            "modelrunner_memory_budget_bytes",
-            "Memory the scheduler may give to runners.",
-            scheduler.limits.memory_budget,
-        ),
-        "# HELP modelrunner_runner_loads_total Runners loaded since start.",
-        "# TYPE modelrunner_runner_loads_total counter",
-        f"modelrunner_runner_loads_total {scheduler.counters.loads}",
-        "# HELP modelrunner_runner_load_seconds_total Seconds spent loading runners.",
-        "# TYPE modelrunner_runner_load_seconds_total counter",
-        f"modelrunner_runner_load_seconds_total {scheduler.counters.load_seconds_total:.6f}",
-        "# HELP modelrunner_evictions_total Idle runners evicted to make room.",
-        "# TYPE modelrunner_evictions_total counter",
-        f"modelrunner_evictions_total {scheduler.counters.evictions}",
-        "# HELP modelrunner_runner_crashes_total Runners that exited on their own.",
-        "# TYPE modelrunner_runner_crashes_total counter",
-        f"modelrunner_runner_crashes_total {scheduler.counters.crashes}",
-        *lifecycle.metrics.render().splitlines(),
-    ]
-    seen_meta: set[str] = set()
-    for runner in runners:
-        if runner.state is not RunnerState.READY:
-            continue
-        text = await http_get(runner.socket, "/metrics")
-        if not text:
-            continue
-        labels = (
-            f'backend="{runner.key.engine}",model="{json.dumps(runner.model.reference)[1:-1]}",'
-            f'mode="{runner.key.mode.value}"'
-        )
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            if line.startswith("#"):
-                if line not in seen_meta:
-                    seen_meta.add(line)
-                    lines.append(line)
-                continue
-            lines.append(_label(line, labels))
-    return "\n".join(lines) + "\n"

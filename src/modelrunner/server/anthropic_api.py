@@ -1,5 +1,6 @@
 """Anthropic's Messages API: `/anthropic/v1/messages[/count_tokens]`, `/v1/messages[/count_tokens]` and
-`/engines[/{backend}]/v1/messages[/count_tokens]` (contract 2.2).
+`/engines[/{backend}]/v1/messages[/count_tokens]` (contract 2.2). The router: it parses the body, calls
+server/anthropic_serving.py and answers.
 
 llama-server (b11434) serves `/v1/messages` and `/v1/messages/count_tokens` natively, streaming Anthropic's
 events itself (message_start, content_block_*, message_delta with usage, message_stop), tool use included.
@@ -13,76 +14,24 @@ is asked for as a stream and assembled (server/upstream.py), so that a client th
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
 
-from modelrunner.compat import anthropic as shapes
 from modelrunner.compat.bodies import parse_json_object
-from modelrunner.engines.base import Mode
-from modelrunner.errors import ModelNotFound
-from modelrunner.scheduler.durations import parse_keep_alive
+from modelrunner.server.anthropic_serving import AnthropicServing
 from modelrunner.server.lifecycle import Inference
-from modelrunner.server.upstream import READ_ERRORS, EngineCall, call_engine
-
-_MESSAGE_START = b"event: message_start"
-
-
-async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
-    """The engine's event stream, as it comes, with two repairs: a stream that does not open with
-    `message_start` gets one (llama-server b11434 skips it when the first tokens are an incomplete UTF-8
-    sequence it holds back, and Anthropic's clients cannot build the message without it), and an engine
-    that dies mid-stream (or a daemon that stops) ends it with an `error` event."""
-    tail = b"\n\n"
-    opening: bytes | None = b""  # the first bytes, until it is clear how the stream opens
-    try:
-        async for chunk in call.chunks():
-            if opening is not None:
-                opening += chunk
-                if len(opening) < len(_MESSAGE_START):
-                    continue
-                chunk, opening = opening, None
-                if not chunk.startswith(_MESSAGE_START):
-                    yield shapes.message_start_event(model)
-            yield chunk
-            tail = (tail + chunk)[-2:]
-        if opening:  # a stream shorter than the event name
-            yield opening
-    except READ_ERRORS as exc:
-        event = shapes.error_body(500, call.exchange.failure(exc))
-        boundary = b"" if tail == b"\n\n" else b"\n\n"  # end a half-sent event first
-        yield boundary + b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
-    finally:
-        await call.close()
+from modelrunner.server.serving import respond
 
 
 def build_anthropic_router(ctx: Inference) -> APIRouter:
+    serving = AnthropicServing(ctx)
     router = APIRouter()
 
     async def handle(request: Request, backend: str | None, count_tokens: bool) -> Response:
         doc = parse_json_object(await request.body())
-        checked = shapes.check_request(doc, count_tokens)
-        try:
-            ctx.store.get(checked.model)
-        except ModelNotFound:
-            raise ModelNotFound(f"model: {checked.model[:200]} not found") from None
-        keep_alive = parse_keep_alive(doc.pop("keep_alive")) if "keep_alive" in doc else None
-        path = "/v1/messages/count_tokens" if count_tokens else "/v1/messages"
-        call = await call_engine(ctx, checked.model, path, doc, Mode.COMPLETION, keep_alive, backend)
-        if doc.get("stream") and not count_tokens:
-            return StreamingResponse(
-                relay_events(call, checked.model),
-                media_type="text/event-stream",
-                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
-            )
-        try:
-            status, body = await call.answer()
-        finally:
-            await call.close()
-        return Response(body, status_code=status, media_type="application/json")
+        return respond(await serving.messages(doc, backend, count_tokens))
 
     for prefix in ("/anthropic/v1", "/engines/v1"):
         router.add_api_route(

@@ -11,8 +11,8 @@ relay, the raw ASGI relay, the Ollama, Anthropic and Responses routers), the rul
   next token) and cancels a wait for a runner;
 * at shutdown, requests still running after the grace period are ended by the daemon: their engine
   connections close and each relay ends its stream with an error in its API's shape;
-* one access line per request when it finishes; with the same fields, the exchange goes to the request
-  recorder and the daemon's request metrics (server/request_metrics.py).
+* one access line per request when it finishes; the same, as a frozen record (server/access.py), goes
+  to the request recorder and the daemon's request metrics (server/request_metrics.py).
 """
 
 from __future__ import annotations
@@ -24,20 +24,19 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from modelrunner import eventlog
 from modelrunner.engines.base import Engine, Mode, ModelForEngine
 from modelrunner.errors import EngineNotInstalled, ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy, Scheduler
+from modelrunner.server.access import Access, RequestHead
 from modelrunner.server.errors import api_family
 from modelrunner.server.proxy import App, Message, Receive, Scope, Send
+from modelrunner.server.recorder import Record, Recorder
 from modelrunner.server.request_metrics import RequestMetrics
 from modelrunner.store.store import ModelStore, StoredModel
-
-if TYPE_CHECKING:
-    from modelrunner.server.recorder import Record, Recorder
 
 access_log = logging.getLogger("modelrunner.access")
 log = logging.getLogger(__name__)
@@ -91,13 +90,15 @@ class Exchange:
 
     def __init__(self, lifecycle: Lifecycle, method: str, path: str, headers: Mapping[bytes, bytes]) -> None:
         self.lifecycle = lifecycle
-        self.method = method
-        self.path = path
-        self.api = api_family(path)
         incoming = headers.get(eventlog.REQUEST_ID_HEADER, b"")
-        self.id = incoming.decode() if _INCOMING_ID.fullmatch(incoming) else eventlog.new_request_id()
-        self.user_agent = headers.get(b"user-agent", b"").decode("latin-1")[:200]
-        self.started = time.monotonic()
+        self.head = RequestHead(
+            method=method,
+            path=path,
+            api=api_family(path),
+            request_id=incoming.decode() if _INCOMING_ID.fullmatch(incoming) else eventlog.new_request_id(),
+            user_agent=headers.get(b"user-agent", b"").decode("latin-1")[:200],
+            started=time.monotonic(),
+        )
         self.first_byte: float | None = None
         self.status = 0
         self.bytes_out = 0
@@ -115,6 +116,26 @@ class Exchange:
         self._waiting: asyncio.Task[Any] | None = None
         self._watcher: asyncio.Task[None] | None = None
 
+    @property
+    def method(self) -> str:
+        return self.head.method
+
+    @property
+    def path(self) -> str:
+        return self.head.path
+
+    @property
+    def api(self) -> str:
+        return self.head.api
+
+    @property
+    def id(self) -> str:
+        return self.head.request_id
+
+    @property
+    def started(self) -> float:
+        return self.head.started
+
     def keep_request(self, chunk: bytes) -> None:
         """The request body as it arrives, kept up to the recorder's limit."""
         self.request_size += len(chunk)
@@ -122,6 +143,13 @@ class Exchange:
         room = (recorder.request_limit if recorder is not None else 0) - len(self.request_body)
         if room > 0:
             self.request_body += chunk[:room]
+
+    def kept_request(self) -> bytes:
+        """The request body as the recorder keeps it: its start, and what was left out."""
+        request = self.request_body
+        if self.request_size > len(request):
+            request += f"...[truncated {self.request_size - len(request)} bytes]".encode()
+        return request
 
     # -- runners ---------------------------------------------------------------------------------------
 
@@ -239,20 +267,19 @@ class Exchange:
             return "client_left"
         return "complete" if self.complete else "incomplete"
 
-    def access_fields(self) -> dict[str, object]:
+    def access(self) -> Access:
+        """The request as its access line says it, now."""
         ended = time.monotonic()
         ttfb = None if self.first_byte is None else round((self.first_byte - self.started) * 1000, 1)
-        return {
-            "method": self.method,
-            "path": self.path[:200],
-            "api": self.api,
-            "model": self.model[:200] if self.model else None,
-            "status": self.status or (499 if self.client_gone else 0),
-            "bytes": self.bytes_out,
-            "ttfb_ms": ttfb,
-            "duration_ms": round((ended - self.started) * 1000, 1),
-            "outcome": self.outcome(),
-        }
+        return Access(
+            head=self.head,
+            model=self.model,
+            status=self.status or (499 if self.client_gone else 0),
+            bytes_out=self.bytes_out,
+            ttfb_ms=ttfb,
+            duration_ms=round((ended - self.started) * 1000, 1),
+            outcome=self.outcome(),
+        )
 
     async def finish(self) -> None:
         if self._watcher is not None:
@@ -286,11 +313,11 @@ class Lifecycle:
                 await asyncio.shield(self.spawn(exchange.finish()))
         finally:
             self.open.discard(exchange)
-            access = exchange.access_fields()
+            access = exchange.access()
             if self.recorder is not None and exchange.record is not None:
-                self.recorder.finish(exchange, access)
-            self.metrics.observe(exchange, access)
-            eventlog.event(access_log, "request", logging.INFO, **access)
+                self.recorder.finish(exchange.record, access)
+            self.metrics.observe(access, exchange.record)
+            eventlog.event(access_log, "request", logging.INFO, **access.fields())
 
     async def release(self, runner: Runner) -> None:
         if not self.scheduler.release_nowait(runner):
@@ -374,7 +401,7 @@ class Inference:
             config = recorder.runner_config(
                 runner, lambda: self.scheduler.settings.get(engine.name, model.id, mode)
             )
-            exchange.record = recorder.start(exchange, name, model.id, config)
+            exchange.record = recorder.start(exchange.head, exchange.kept_request(), name, model.id, config)
         return runner
 
     async def release(self, runner: Runner) -> None:

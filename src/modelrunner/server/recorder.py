@@ -28,25 +28,23 @@ import os
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from modelrunner.chunking import chunk_size
 from modelrunner.compat import assemble
-from modelrunner.compat.sse import sse_events
 from modelrunner.errors import ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.memory import env_bytes
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
+from modelrunner.server.access import Access, RequestHead
 from modelrunner.server.errors import ANTHROPIC, OLLAMA, RESPONSES
 from modelrunner.store.store import ModelStore
-
-if TYPE_CHECKING:
-    from modelrunner.server.lifecycle import Exchange
+from modelrunner.wire import sse_events, sse_field
 
 RECORDS_PER_MODEL = 10  # DMR's maximumRecordsPerModel
 SUBSCRIBER_BUFFER = 100  # DMR's subscriberChannelBuffer: a follower that lags loses records
@@ -343,8 +341,9 @@ def answer_usage(raw: bytes | bytearray) -> tuple[int | None, int | None]:
         stop = raw.find(b"\n", at)
         line = raw[start : len(raw) if stop < 0 else stop].strip()
         end = start
-        if line.startswith(b"data:"):
-            line = line[5:].strip()
+        name, value = sse_field(bytes(line))
+        if name == b"data":
+            line = value
         try:
             doc = json.loads(line)
         except (ValueError, UnicodeDecodeError, RecursionError):
@@ -361,21 +360,21 @@ class Record:
     finished and shown, only its JSON is kept (`size` counts what it holds)."""
 
     def __init__(
-        self, exchange: Exchange, model: str, model_id: str, config: dict[str, Any], request: bytes
+        self, head: RequestHead, model: str, model_id: str, config: dict[str, Any], request: bytes
     ) -> None:
         self.id = f"{model_id}_{time.time_ns()}"
         self.model = model
         self.model_id = model_id
         self.config = config
-        self.api = exchange.api
-        self.method = exchange.method
-        self.url = exchange.path
+        self.api = head.api
+        self.method = head.method
+        self.url = head.path
         self.request = request
         self.timestamp = int(time.time())
-        self.user_agent = exchange.user_agent
-        self.request_id = exchange.id  # ours: the X-Request-Id of its access and log lines
-        generation = exchange.api != OLLAMA or exchange.path in ("/api/chat", "/api/generate")
-        self.origin = ORIGINS.get(exchange.api, "") if generation else ""
+        self.user_agent = head.user_agent
+        self.request_id = head.request_id  # ours: the X-Request-Id of its access and log lines
+        generation = head.api != OLLAMA or head.path in ("/api/chat", "/api/generate")
+        self.origin = ORIGINS.get(head.api, "") if generation else ""
         self.status_code = 0
         self.content_type = ""
         self.framed_by_chunks = False  # the front keeps the bytes as it relays them
@@ -433,10 +432,10 @@ class Record:
         if self.owner is not None:  # counted as it grows: the budget holds while requests run too
             self.owner.account(self)
 
-    def finish(self, access: Mapping[str, Any]) -> None:
+    def finish(self, access: Access) -> None:
         """The request is over: its timing from the access line, its token counts from its answer."""
         self.finished = True
-        self.timing = {key: access.get(key) for key in ("duration_ms", "ttfb_ms")}
+        self.timing = {"duration_ms": access.duration_ms, "ttfb_ms": access.ttfb_ms}
         if self.framed_by_chunks:  # unframed once, here: the counts are read from it, and the record shown
             self._response = bytearray(unchunk(bytes(self._response)))
             self.framed_by_chunks = False
@@ -542,11 +541,11 @@ class Recorder:
             config = self._runner_configs[runner] = backend_configuration(stored) if stored else {}
         return config
 
-    def start(self, exchange: Exchange, model: str, model_id: str, config: dict[str, Any]) -> Record:
-        request = exchange.request_body
-        if exchange.request_size > len(request):
-            request += f"...[truncated {exchange.request_size - len(request)} bytes]".encode()
-        record = Record(exchange, model, model_id, config, request)
+    def start(
+        self, head: RequestHead, request: bytes, model: str, model_id: str, config: dict[str, Any]
+    ) -> Record:
+        """A record of the request `head` (`request`: its body as kept), now that a runner answers it."""
+        record = Record(head, model, model_id, config, request)
         records = self.models.get(model_id)
         if records is None:
             records = self.models[model_id] = deque()
@@ -591,11 +590,8 @@ class Recorder:
         self.account(record)  # its bodies may have given way to its JSON
         return data
 
-    def finish(self, exchange: Exchange, access: Mapping[str, Any]) -> None:
-        """The exchange's request is over (`access`: the fields of its access line)."""
-        record = exchange.record
-        if record is None:
-            return
+    def finish(self, record: Record, access: Access) -> None:
+        """The record's request is over (`access`: what its access line says)."""
         record.finish(access)
         self.account(record)
         if self._followers:

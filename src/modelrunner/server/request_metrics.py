@@ -18,18 +18,14 @@ Label values are bounded: `api` is one of five families, `model` the model's nam
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from modelrunner.display import display_name
 from modelrunner.errors import ModelRunnerError
 from modelrunner.reference import parse_model_id, parse_reference
-
-if TYPE_CHECKING:
-    from modelrunner.server.lifecycle import Exchange
+from modelrunner.server.access import Access
+from modelrunner.server.recorder import Record
 
 MAX_MODEL_LABELS = 100
 OTHER_MODELS = "other"
@@ -114,22 +110,22 @@ class RequestMetrics:
                 self._labels[name] = found
         return found
 
-    def observe(self, exchange: Exchange, access: Mapping[str, Any]) -> None:
-        """One finished request; `access` holds the fields of its access line."""
-        status = int(access["status"])
-        model = self.label(exchange.model)
-        self.requests.labels(exchange.api, model, status_class(status)).inc()
+    def observe(self, access: Access, record: Record | None) -> None:
+        """One finished request, with the recorder's copy of its answer (None when it was not recorded)."""
+        status = access.status
+        model = self.label(access.model)
+        api = access.head.api
+        self.requests.labels(api, model, status_class(status)).inc()
         if not model or not 200 <= status < 400:
             return
-        labels = (exchange.api, model)
-        self.duration.labels(*labels).observe(access["duration_ms"] / 1000)
-        if access["ttfb_ms"] is not None:
-            self.first_byte.labels(*labels).observe(access["ttfb_ms"] / 1000)
-        record = exchange.record
+        labels = (api, model)
+        self.duration.labels(*labels).observe(access.duration_ms / 1000)
+        if access.ttfb_ms is not None:
+            self.first_byte.labels(*labels).observe(access.ttfb_ms / 1000)
         if record is None:
             return
         if record.streamed and record.first_data is not None:
-            self.first_token.labels(*labels).observe(max(0.0, record.first_data - exchange.started))
+            self.first_token.labels(*labels).observe(max(0.0, record.first_data - access.head.started))
         if record.prompt_tokens:
             self.prompt_tokens.labels(*labels).inc(record.prompt_tokens)
         if record.completion_tokens:

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from modelrunner.compat import assemble
-from modelrunner.compat.sse import SSEDecoder
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelRunnerError
 from modelrunner.eventlog import event
@@ -34,6 +33,7 @@ from modelrunner.server import lifecycle
 from modelrunner.server.errors import error_body
 from modelrunner.server.lifecycle import Exchange, Inference
 from modelrunner.server.proxy import request_bytes, retry_full_backlog
+from modelrunner.wire import SSEDecoder, error_message
 
 log = logging.getLogger(__name__)
 
@@ -74,20 +74,7 @@ class EngineFailed(ModelRunnerError):
 
 def engine_error_message(status: int, body: bytes) -> str:
     """The message of an engine's error body, whatever its shape (OpenAI, llama-server, plain text)."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        doc = None
-    if isinstance(doc, dict):
-        error = doc.get("error", doc)
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-        if isinstance(doc.get("message"), str):
-            return str(doc["message"])
-    text = body.decode(errors="replace").strip()
-    return text[:500] or f"the engine answered with status {status}"
+    return error_message(body) or f"the engine answered with status {status}"
 
 
 def input_too_long(status: int, message: str) -> str | None:

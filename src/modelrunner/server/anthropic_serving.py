@@ -1,0 +1,74 @@
+"""What Anthropic's Messages API does, without HTTP: check the request and the model, then relay the
+engine's answer (server/anthropic_api.py, the router, says why the engine's own `/v1/messages` serves it).
+Methods take the parsed body and return the engine's bytes or event stream, or raise the ModelRunnerError
+that server/errors.py answers in Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from modelrunner.compat import anthropic as shapes
+from modelrunner.engines.base import Mode
+from modelrunner.errors import ModelNotFound
+from modelrunner.scheduler.durations import parse_keep_alive
+from modelrunner.server.lifecycle import Inference
+from modelrunner.server.serving import EventStream, RawAnswer
+from modelrunner.server.upstream import READ_ERRORS, EngineCall, call_engine
+
+_MESSAGE_START = b"event: message_start"
+
+
+class AnthropicServing:
+    def __init__(self, ctx: Inference) -> None:
+        self.ctx = ctx
+
+    async def messages(
+        self, doc: dict[str, Any], backend: str | None = None, count_tokens: bool = False
+    ) -> RawAnswer | EventStream:
+        """`doc`, the request's JSON object, goes to the engine as it is, less our `keep_alive`."""
+        checked = shapes.check_request(doc, count_tokens)
+        try:
+            self.ctx.store.get(checked.model)
+        except ModelNotFound:
+            raise ModelNotFound(f"model: {checked.model[:200]} not found") from None
+        keep_alive = parse_keep_alive(doc.pop("keep_alive")) if "keep_alive" in doc else None
+        path = "/v1/messages/count_tokens" if count_tokens else "/v1/messages"
+        call = await call_engine(self.ctx, checked.model, path, doc, Mode.COMPLETION, keep_alive, backend)
+        if doc.get("stream") and not count_tokens:
+            return EventStream(relay_events(call, checked.model))
+        try:
+            status, body = await call.answer()
+        finally:
+            await call.close()
+        return RawAnswer(status, body)
+
+
+async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
+    """The engine's event stream, as it comes, with two repairs: a stream that does not open with
+    `message_start` gets one (llama-server b11434 skips it when the first tokens are an incomplete UTF-8
+    sequence it holds back, and Anthropic's clients cannot build the message without it), and an engine
+    that dies mid-stream (or a daemon that stops) ends it with an `error` event."""
+    tail = b"\n\n"
+    opening: bytes | None = b""  # the first bytes, until it is clear how the stream opens
+    try:
+        async for chunk in call.chunks():
+            if opening is not None:
+                opening += chunk
+                if len(opening) < len(_MESSAGE_START):
+                    continue
+                chunk, opening = opening, None
+                if not chunk.startswith(_MESSAGE_START):
+                    yield shapes.message_start_event(model)
+            yield chunk
+            tail = (tail + chunk)[-2:]
+        if opening:  # a stream shorter than the event name
+            yield opening
+    except READ_ERRORS as exc:
+        event = shapes.error_body(500, call.exchange.failure(exc))
+        boundary = b"" if tail == b"\n\n" else b"\n\n"  # end a half-sent event first
+        yield boundary + b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+    finally:
+        await call.close()

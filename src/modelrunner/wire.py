@@ -1,0 +1,92 @@
+"""What every side reads off the wire the same way: server-sent events and the message of an error body.
+
+The daemon (engine streams, the recorder), compat/ and the CLI all use these, so this module imports
+nothing but the standard library's json: the CLI loads it on every command.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+REQUEST_ID_HEADER = b"x-request-id"  # the daemon's id of a request, on every answer (eventlog.py)
+TEXT_KEPT = 500  # characters of a body that is not JSON kept as its error message
+
+
+# -- server-sent events --------------------------------------------------------------------------------
+
+
+def sse_field(line: bytes) -> tuple[bytes, bytes]:
+    """(name, value) of one event-stream line, without its line end: `data: x` -> (b"data", b"x"); one
+    space after the colon belongs to the syntax, not to the value."""
+    name, _, value = line.removesuffix(b"\r").partition(b":")
+    return name, value[1:] if value.startswith(b" ") else value
+
+
+class SSEDecoder:
+    """`feed(bytes)` returns the events completed by those bytes: (event name or None, data), the data
+    lines of one event joined by newlines; `end()` those the stream's end completes. Comment lines (`:`
+    pings) are skipped."""
+
+    def __init__(self) -> None:  # not a dataclass: dataclasses imports inspect, a cost on every command
+        self._pending = b""
+        self._event: str | None = None
+        self._data: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
+        if b"\n" not in chunk:
+            self._pending += chunk
+            return []
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        events: list[tuple[str | None, bytes]] = []
+        for line in lines:
+            if not line.removesuffix(b"\r"):
+                if self._data or self._event is not None:
+                    events.append((self._event, b"\n".join(self._data)))
+                self._event, self._data = None, []
+                continue
+            name, value = sse_field(line)
+            if name == b"data":
+                self._data.append(value)
+            elif name == b"event":
+                self._event = value.decode("utf-8", "replace")
+        return events
+
+    def end(self) -> list[tuple[str | None, bytes]]:
+        """The events a stream that stops here still completes (its last line, its last event)."""
+        return self.feed(b"\n\n")
+
+
+def sse_events(body: bytes) -> list[tuple[str | None, bytes]]:
+    """Every event of a whole stream."""
+    decoder = SSEDecoder()
+    return decoder.feed(body) + decoder.end()
+
+
+# -- error bodies ----------------------------------------------------------------------------------------
+
+
+def document_message(doc: Any) -> str | None:
+    """The message of a decoded error: OpenAI's and Anthropic's `{"error": {"message"}}`, Ollama's
+    `{"error": "..."}`, DMR's and llama-server's `{"message": ...}`; None when it says none."""
+    if not isinstance(doc, dict):
+        return None
+    error = doc.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"]:
+        return str(error["message"])
+    if isinstance(error, str) and error:
+        return error
+    message = doc.get("message")
+    return message if isinstance(message, str) and message else None
+
+
+def error_message(body: bytes) -> str | None:
+    """The message of an error body, whatever its shape (JSON as `document_message` reads it, else its
+    text, cut short); None for an empty body."""
+    try:
+        message = document_message(json.loads(body))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        message = None
+    if message is not None:
+        return message
+    return body.decode("utf-8", "replace").strip()[:TEXT_KEPT] or None

@@ -1,0 +1,60 @@
+"""The typed client against a real daemon (the fake engine behind it): its answers as dataclasses that keep
+the daemon's JSON, its failures as the error of their kind with the daemon's request id."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelrunner import client_errors as ce
+from modelrunner.client import Client
+from modelrunner.client_types import DiskUsage, Model, Runner
+from tests.conformance.dmr_daemons import fake_daemon
+from tests.inprocess import InProcessDaemon
+
+__all__ = ["fake_daemon"]
+
+
+def test_answers_are_typed_and_keep_the_daemons_json(fake_daemon: InProcessDaemon) -> None:
+    client = Client(fake_daemon.url)
+    [model] = client.list_models()
+    assert isinstance(model, Model)
+    assert [model.raw] == fake_daemon.http("GET", "/models").json()
+    assert (model.id, model.tags, model.created) == (
+        model.raw["id"],
+        ["docker.io/ai/tiny:latest"],
+        model.raw["created"],
+    )
+    assert model.config["format"] == "gguf"
+    assert model.with_tags([]).raw["tags"] == [] and model.raw["tags"] == ["docker.io/ai/tiny:latest"]
+    usage = client.disk_usage()
+    assert isinstance(usage, DiskUsage) and usage.models > 0
+    assert client.ps() == []
+    client.preload("tiny")
+    fake_daemon.wait_for(lambda: client.ps() != [], "the runner to be listed")
+    [runner] = client.ps()
+    assert isinstance(runner, Runner)
+    assert (runner.model_name, runner.backend_name, runner.mode) == (
+        "tiny",
+        "llama.cpp",
+        "completion",
+    )
+    assert runner.raw == fake_daemon.http("GET", "/engines/ps").json()[0]
+
+
+def test_failures_are_their_kind_with_the_request_id(fake_daemon: InProcessDaemon) -> None:
+    client = Client(fake_daemon.url)
+    with pytest.raises(ce.ModelNotFound) as missing:
+        client.open("GET", "/models/ai/nosuch", headers={"X-Request-Id": "trace-404"})
+    assert (missing.value.status_code, missing.value.request_id) == (404, "trace-404")
+    assert "nosuch" in missing.value.message
+    with pytest.raises(ce.BadRequest) as bad:
+        client.configure({"model": "tiny", "context-size": "large"})
+    assert bad.value.status_code == 400 and bad.value.request_id  # the daemon's own id when none was sent
+    assert client.configuration() == []  # refused: nothing configured
+
+
+def test_a_daemon_that_does_not_listen_is_unreachable(fake_daemon: InProcessDaemon) -> None:
+    fake_daemon.stop()
+    with pytest.raises(ce.Unreachable) as down:
+        Client(fake_daemon.url).list_models()
+    assert down.value.status_code == 0 and down.value.request_id is None

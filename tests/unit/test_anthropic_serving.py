@@ -1,0 +1,66 @@
+"""The Messages API's logic (server/anthropic_serving.py) called directly, without HTTP: the request and
+the model checked before the engine is asked, the engine's answer relayed as it is."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from modelrunner.errors import BadRequest, ModelNotFound
+from modelrunner.server import anthropic_serving
+from modelrunner.server.anthropic_serving import AnthropicServing
+from modelrunner.server.lifecycle import Inference
+from modelrunner.server.serving import EventStream, RawAnswer
+from modelrunner.store.store import ModelStore
+from tests.serving import EngineCalls, FakeCall, FakeScheduler, collect
+
+MESSAGE = {"model": "ai/tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def serving(store: ModelStore) -> AnthropicServing:
+    return AnthropicServing(Inference(store, FakeScheduler(), {}, None))  # type: ignore[arg-type]
+
+
+def test_an_answer_is_relayed_as_the_engine_sent_it(
+    store: ModelStore, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = EngineCalls(monkeypatch, anthropic_serving, FakeCall(raw=(200, b'{"type":"message"}')))
+    answer = asyncio.run(serving(store).messages(MESSAGE | {"keep_alive": "5m"}, "llama.cpp"))
+    assert answer == RawAnswer(200, b'{"type":"message"}')
+    name, path, body, _, keep_alive, backend = calls.sent[0]
+    assert (name, path, keep_alive, backend) == ("ai/tiny", "/v1/messages", 300, "llama.cpp")
+    assert "keep_alive" not in body  # ours, not the engine's
+
+
+def test_count_tokens_goes_to_its_own_path(
+    store: ModelStore, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = EngineCalls(monkeypatch, anthropic_serving, FakeCall(raw=(200, b'{"input_tokens":3}')))
+    doc = {"model": "ai/tiny", "messages": MESSAGE["messages"]}
+    assert asyncio.run(serving(store).messages(doc, count_tokens=True)) == RawAnswer(
+        200, b'{"input_tokens":3}'
+    )
+    assert calls.sent[0][1] == "/v1/messages/count_tokens"
+
+
+def test_a_stream_opens_with_message_start(
+    store: ModelStore, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    call = FakeCall(raw=(200, b'event: content_block_delta\ndata: {"type":"content_block_delta"}\n\n'))
+    EngineCalls(monkeypatch, anthropic_serving, call)
+    result = asyncio.run(serving(store).messages(MESSAGE | {"stream": True}))
+    assert isinstance(result, EventStream)
+    assert asyncio.run(collect(result.events)).startswith(b"event: message_start")
+    assert call.closed
+
+
+def test_an_unknown_model_or_a_bad_body_never_reaches_the_engine(
+    store: ModelStore, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = EngineCalls(monkeypatch, anthropic_serving)
+    with pytest.raises(ModelNotFound, match="model: nope not found"):
+        asyncio.run(serving(store).messages(MESSAGE | {"model": "nope"}))
+    with pytest.raises(BadRequest, match="max_tokens"):
+        asyncio.run(serving(store).messages({"model": "ai/tiny", "messages": MESSAGE["messages"]}))
+    assert calls.sent == []

@@ -1,0 +1,75 @@
+"""wire.py: the one SSE decoder and the one reader of an error body's message, as every side uses them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from modelrunner.wire import SSEDecoder, document_message, error_message, sse_events, sse_field
+
+STREAM = (
+    b": ping\r\n\r\n"
+    b'event: message_start\r\ndata: {"a": 1}\r\n\r\n'
+    b"data: line one\ndata:line two\n\n"
+    b"data: [DONE]\n\n"
+)
+EVENTS = [("message_start", b'{"a": 1}'), (None, b"line one\nline two"), (None, b"[DONE]")]
+
+
+def test_events_are_the_same_however_the_bytes_are_cut() -> None:
+    assert sse_events(STREAM) == EVENTS
+    for size in (1, 2, 7):
+        decoder = SSEDecoder()
+        events = []
+        for at in range(0, len(STREAM), size):
+            events += decoder.feed(STREAM[at : at + size])
+        assert events + decoder.end() == EVENTS
+
+
+def test_the_end_of_a_stream_completes_its_last_event() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b'data: {"last": true}') == []
+    assert decoder.end() == [(None, b'{"last": true}')]
+    assert sse_events(b"event: done\ndata: x\n") == [("done", b"x")]
+
+
+def test_a_field_loses_one_space_after_its_colon_and_its_carriage_return() -> None:
+    assert sse_field(b"data:  two spaces\r") == (b"data", b" two spaces")
+    assert sse_field(b"data:x") == (b"data", b"x")
+    assert sse_field(b'{"usage": 1}') == (b'{"usage"', b"1}")  # not a field of ours: the caller passes it
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"error": {"message": "no such model", "type": "not_found_error", "code": 404}}, "no such model"),
+        ({"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}, "bad"),  # Anthropic
+        ({"error": "model 'x' not found"}, "model 'x' not found"),  # Ollama
+        ({"message": "engine busy"}, "engine busy"),  # DMR's and llama-server's own
+        ({"error": {"message": ""}, "message": "the outer one"}, "the outer one"),
+        ({"error": {"code": 500}}, None),
+        ([1, 2], None),
+    ],
+)
+def test_the_message_of_each_apis_error_shape(body: object, message: str | None) -> None:
+    assert document_message(body) == message
+    assert error_message(json.dumps(body).encode()) == (message or json.dumps(body))
+
+
+def test_a_body_that_is_not_json_is_its_text_cut_short() -> None:
+    assert error_message(b"  upstream timed out\n") == "upstream timed out"
+    assert error_message(b"x" * 2000) == "x" * 500
+    assert error_message(b"\xff\xfe bad bytes") == "\ufffd\ufffd bad bytes"
+    assert error_message(b"[" * 100_000) == "[" * 500  # too deep for json: text, not a crash
+    assert error_message(b" \n") is None
+
+
+def test_the_cli_imports_it_alone() -> None:
+    """Cheap to import: nothing of the daemon (FastAPI, pydantic) nor another module of ours comes with it."""
+    code = "import sys, modelrunner.wire; print(sorted(m for m in sys.modules if m.split('.')[0] in MODS))"
+    code = code.replace("MODS", "('fastapi', 'pydantic', 'httpx', 'modelrunner')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['modelrunner', 'modelrunner.wire']"
