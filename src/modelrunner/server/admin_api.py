@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from modelrunner.artifact import gojson
 from modelrunner.compat.bodies import json_body
 from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
@@ -34,7 +35,6 @@ from modelrunner.server.log_files import LogStreamer, ModelFilter
 from modelrunner.store.store import ModelStore
 
 _HF_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-GO_ZERO_TIME = "0001-01-01T00:00:00Z"  # how Go writes an unset time.Time
 
 
 class UnloadRequest(BaseModel):
@@ -223,19 +223,16 @@ def _model_name(store: ModelStore, model_id: str) -> str:
     return model_id
 
 
-def go_time(unix: float) -> str:
-    """A Unix time as Go's encoding/json writes a time.Time (RFC 3339, UTC, nanosecond precision)."""
-    moment = datetime.fromtimestamp(unix, UTC)
-    fraction = f"{moment.microsecond:06d}".rstrip("0")
-    return moment.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
-
-
 def backend_status(entry: dict[str, Any]) -> dict[str, Any]:
     """One runner of `scheduler.ps()` as DMR's BackendStatus (plus our fields, which Go decoders skip):
     `last_used` is an RFC 3339 time, Go's zero time while the runner is in use (as DMR reports it)."""
     return {
         **entry,
-        "last_used": GO_ZERO_TIME if entry["in_use"] else go_time(entry["last_used"]),
+        "last_used": (
+            gojson.ZERO_TIME
+            if entry["in_use"]
+            else gojson.time_text(datetime.fromtimestamp(entry["last_used"], UTC))
+        ),
     }
 
 
