@@ -420,7 +420,7 @@ def extend_artifact(
             file_time_zone,
             artifact_type=mt.CNCF_MANIFEST_ARTIFACT_TYPE,
         )
-    if base_is_cncf or base.config.media_type == mt.CONFIG_CNCF:
+    if modelpack.is_modelpack_model(base, base_is_cncf):
         raise BadRequest("a CNCF ModelPack model cannot be repackaged in the Docker format")
     reencode_config(base_config)  # a broken base config fails before anything is written
     return _assemble(

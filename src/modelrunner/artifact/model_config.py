@@ -74,11 +74,13 @@ class ModelConfig:
     """What the API shows of a model: the inner config object, normalised, and its creation time.
 
     `inferred_format`: for a ModelPack config that names no format, the one its layers' file names say
-    (what DMR's bundle and engines go by, while its API shows the config as it is)."""
+    (what DMR's bundle and engines go by, while its API shows the config as it is). `modelpack`: the blob is
+    a ModelPack config (modelpack.is_modelpack_config)."""
 
     config: dict[str, Any]
     created: int  # unix seconds
     inferred_format: str = ""
+    modelpack: bool = False
 
     @property
     def format(self) -> str:
@@ -139,7 +141,7 @@ def _from_modelpack(data: bytes, layers: Iterable[tuple[str, str | None]]) -> Mo
     if config.get("format") == "diffusers":
         config["format"] = mt.FORMAT_DDUF
     inferred = "" if config.get("format") else modelpack.infer_format(layers)
-    return ModelConfig(config, _parse_time(model["descriptor"]["createdAt"]), inferred)
+    return ModelConfig(config, _parse_time(model["descriptor"]["createdAt"]), inferred, modelpack=True)
 
 
 def reencode_config(data: bytes, context_size: int | None = None, more_diff_ids: Iterable[str] = ()) -> bytes:

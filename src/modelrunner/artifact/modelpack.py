@@ -22,12 +22,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelrunner.artifact import gojson
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.artifact.filetypes import FileType, classify_file, extension
 from modelrunner.errors import InvalidArtifact
+
+if TYPE_CHECKING:
+    from modelrunner.artifact.manifest import Manifest
 
 __all__ = [
     "cncf_layer_media_type",
@@ -37,6 +40,7 @@ __all__ = [
     "infer_format",
     "is_mmproj_path",
     "is_modelpack_config",
+    "is_modelpack_model",
     "normalised_config",
     "reencode",
 ]
@@ -254,6 +258,19 @@ def is_modelpack_config(data: bytes) -> bool:
         (isinstance(config, dict) and "paramSize" in config)
         or (isinstance(descriptor, dict) and "createdAt" in descriptor)
         or "modelfs" in doc
+    )
+
+
+def is_modelpack_model(manifest: Manifest, config_is_modelpack: bool) -> bool:
+    """The one rule for "is this stored model a ModelPack model" (how its files are laid out, whether a
+    Docker-format setting such as the context size can be written into its config): its manifest says so
+    (the ModelPack config media type, which DMR's bundle goes by, or the ModelPack artifactType) or its
+    config does (`config_is_modelpack`: `is_modelpack_config` of the blob, which DMR's config reader and
+    mutate go by, as `ModelConfig.modelpack` keeps it)."""
+    return (
+        config_is_modelpack
+        or manifest.config.media_type == mt.CONFIG_CNCF
+        or manifest.artifact_type == mt.CNCF_MANIFEST_ARTIFACT_TYPE
     )
 
 
