@@ -86,9 +86,9 @@ def go_now() -> str:
     """Now, as Go writes a UTC time.Time."""
     from datetime import UTC, datetime
 
-    moment = datetime.now(UTC)
-    fraction = f"{moment.microsecond:06d}".rstrip("0")
-    return moment.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
+    from modelrunner.artifact import gojson
+
+    return gojson.time_text(datetime.now(UTC))
 
 
 def validate_name(name: str) -> None:

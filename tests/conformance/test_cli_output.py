@@ -213,10 +213,10 @@ def test_configure_show_is_go_s_marshal_indent(fake_daemon: InProcessDaemon, tmp
 
 
 def test_go_json_escapes_as_go() -> None:
-    from modelrunner.cli.dmrformat import go_json
+    from modelrunner.artifact.gojson import dumps_text
 
-    assert go_json({"a": "<b>&é\u2028"}) == '{"a":"\\u003cb\\u003e\\u0026é\\u2028"}'
-    assert go_json([{"k": [1]}], indent="  ") == '[\n  {\n    "k": [\n      1\n    ]\n  }\n]'
+    assert dumps_text({"a": "<b>&é\u2028"}) == '{"a":"\\u003cb\\u003e\\u0026é\\u2028"}'
+    assert dumps_text([{"k": [1]}], indent="  ") == '[\n  {\n    "k": [\n      1\n    ]\n  }\n]'
 
 
 def test_version_layout(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ examples under deploy/ are what the CLI prints; memory requests come from a real
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -99,21 +98,23 @@ def test_the_example_compose_file_parses_as_compose() -> None:
 @pytest.fixture(scope="module")
 def checkov() -> Path:
     """checkov in its own environment under the machine cache (it pins many packages of its own)."""
-    from modelrunner.engines.install import cache_lock
+    from modelrunner.engines.install import cached_or_made, engine_cache_root
 
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "modelrunner" / "tools"
+    base = engine_cache_root("tools")
     folder = base / CHECKOV.replace("==", "-")
     python = folder / "bin" / "python"
-    base.mkdir(parents=True, exist_ok=True)
-    with cache_lock(base / f".{folder.name}.lock", "waiting for checkov's environment", print):
-        if not python.exists():
-            staging = base / f".{folder.name}.tmp"
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(staging)], check=True)
-            subprocess.run(
-                [str(staging / "bin" / "python"), "-m", "pip", "install", "-q", CHECKOV], check=True
-            )
-            staging.rename(folder)  # `python -m checkov.main` works from the moved environment
-    return python
+
+    def make() -> Path:
+        staging = base / f".{folder.name}.tmp"
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(staging)], check=True)
+        subprocess.run([str(staging / "bin" / "python"), "-m", "pip", "install", "-q", CHECKOV], check=True)
+        staging.rename(folder)  # `python -m checkov.main` works from the moved environment
+        return python
+
+    waiting = "waiting for checkov's environment"
+    return cached_or_made(
+        base, folder.name, waiting, print, lambda: python if python.exists() else None, make
+    )
 
 
 def test_kube_examples_pass_the_policy_checker(checkov: Path) -> None:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from modelrunner.artifact.gojson import ZERO_TIME as GO_ZERO_TIME
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelNotFound
 from modelrunner.scheduler.settings import ModelSettings
-from modelrunner.server.admin_serving import GO_ZERO_TIME, AdminServing, UnloadRequest
+from modelrunner.server.admin_serving import AdminServing, UnloadRequest
 from modelrunner.store.store import ModelStore
 from tests.serving import FakeScheduler
 

@@ -814,6 +814,31 @@ def test_repackage_of_a_cncf_model_with_a_context_size_is_refused(store: ModelSt
         store.repackage(model_id, "ai/cncf-8k", 8192)
 
 
+@pytest.mark.parametrize(
+    ("config_media_type", "artifact_type", "config"),
+    [
+        # the manifest says so by its artifactType alone
+        (mt.CONFIG_V01, mt.CNCF_MANIFEST_ARTIFACT_TYPE, {"config": {"format": "gguf"}}),
+        # the config says so alone (modelpack.is_modelpack_config), under a Docker media type
+        (mt.CONFIG_V01, None, {"config": {"paramSize": "1B"}, "modelfs": {"type": "layers", "diffIds": []}}),
+    ],
+)
+def test_repackage_refuses_every_model_the_modelpack_rule_names(
+    store: ModelStore, refuses: Any, config_media_type: str, artifact_type: str | None, config: dict[str, Any]
+) -> None:
+    layer = store.write_blob_bytes(b"weights")
+    blob = json.dumps(config).encode()
+    manifest = Manifest(
+        Descriptor(config_media_type, store.write_blob_bytes(blob), len(blob)),
+        (Descriptor(mt.GGUF, layer, 7),),
+        artifact_type=artifact_type,
+    )
+    model_id = store.add_model(manifest.to_bytes(), ["ai/modelpack"])
+    assert store.get(model_id).is_modelpack
+    with refuses(BadRequest, store):
+        store.repackage(model_id, "ai/modelpack-8k", 8192)
+
+
 # --- purge -------------------------------------------------------------------------------------------------
 
 
@@ -1158,7 +1183,13 @@ def test_bundle_of_a_cncf_shard_set_numbers_the_shards(
         assert (bundle / "model" / f"model-{i:05d}-of-00002.gguf").read_bytes() == shard.read_bytes()
 
 
-def _modelpack_model(store: ModelStore, config: dict[str, Any], files: list[tuple[str, str | None]]) -> str:
+def _modelpack_model(
+    store: ModelStore,
+    config: dict[str, Any],
+    files: list[tuple[str, str | None]],
+    config_media_type: str = mt.CONFIG_CNCF,
+    artifact_type: str | None = mt.CNCF_MANIFEST_ARTIFACT_TYPE,
+) -> str:
     """A ModelPack model as another tool (modctl) writes it: raw layers, file path annotations."""
     layers = []
     for media_type, path in files:
@@ -1169,9 +1200,9 @@ def _modelpack_model(store: ModelStore, config: dict[str, Any], files: list[tupl
         {"modelfs": {"type": "layers", "diffIds": [x.digest for x in layers]}, **config}
     ).encode()
     manifest = Manifest(
-        Descriptor(mt.CONFIG_CNCF, store.write_blob_bytes(blob), len(blob)),
+        Descriptor(config_media_type, store.write_blob_bytes(blob), len(blob)),
         tuple(layers),
-        artifact_type=mt.CNCF_MANIFEST_ARTIFACT_TYPE,
+        artifact_type=artifact_type,
     )
     return store.add_model(manifest.to_bytes())
 
@@ -1202,6 +1233,19 @@ def test_bundle_of_a_cncf_gguf_without_a_format_in_its_config(store: ModelStore)
     assert (
         bundle / "model" / "model.gguf"
     ).read_bytes() == b"%s qwen-Q4_K_M.gguf" % mt.CNCF_WEIGHT_RAW.encode()
+
+
+def test_bundle_of_a_model_only_its_config_calls_modelpack_is_laid_out_by_role(store: ModelStore) -> None:
+    # one rule (modelpack.is_modelpack_model): a ModelPack config under a Docker media type and no
+    # artifactType is still a ModelPack model, so its raw weights are placed by role
+    model_id = _modelpack_model(
+        store,
+        {"config": {"paramSize": "1b", "format": "gguf"}},
+        [(mt.CNCF_WEIGHT_RAW, "qwen-Q4_K_M.gguf")],
+        config_media_type=mt.CONFIG_V01,
+        artifact_type=None,
+    )
+    assert bundle_files(store.bundle(model_id)) == {"config.json", "model/model.gguf"}
 
 
 def test_bundle_of_a_cncf_safetensors_folder_keeps_relative_paths(

@@ -32,7 +32,7 @@ from modelrunner.artifact.dduf import read_dduf
 from modelrunner.artifact.filetypes import FileType, classify_file
 from modelrunner.artifact.gguf import find_gguf_shards, read_gguf
 from modelrunner.artifact.manifest import Descriptor, Manifest, check_relative_path
-from modelrunner.artifact.model_config import go_time, make_config_blob, reencode_config
+from modelrunner.artifact.model_config import make_config_blob, reencode_config
 from modelrunner.artifact.safetensors import find_safetensors_shards, read_safetensors
 from modelrunner.artifact.units import format_size
 from modelrunner.errors import BadRequest, InvalidModelFile
@@ -358,7 +358,7 @@ def build_artifact(
         return _assemble(
             _as_cncf(files, True) + _as_cncf(extras, False),
             [],
-            lambda digests: modelpack.from_docker_config(config, go_time(when), digests),
+            lambda digests: modelpack.from_docker_config(config, gojson.time_text(when), digests),
             mt.CONFIG_CNCF,
             sink,
             file_time_zone,
@@ -420,7 +420,7 @@ def extend_artifact(
             file_time_zone,
             artifact_type=mt.CNCF_MANIFEST_ARTIFACT_TYPE,
         )
-    if base_is_cncf or base.config.media_type == mt.CONFIG_CNCF:
+    if modelpack.is_modelpack_model(base, base_is_cncf):
         raise BadRequest("a CNCF ModelPack model cannot be repackaged in the Docker format")
     reencode_config(base_config)  # a broken base config fails before anything is written
     return _assemble(

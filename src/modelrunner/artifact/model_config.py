@@ -10,10 +10,9 @@ bytes, and so the same model ID, as `docker model package`.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from modelrunner.artifact import gojson, modelpack
@@ -25,31 +24,17 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024
 _CONFIG_STRINGS = ("format", "quantization", "parameters", "architecture", "size")
 _CONFIG_MAPS = ("gguf", "safetensors", "diffusers")
 _INT32 = range(-(2**31), 2**31)
-_RFC3339 = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(Z|[+-]\d{2}:\d{2})")
-
-
-def go_time(moment: datetime) -> str:
-    """A datetime as Go marshals a time.Time (aware datetimes keep their offset; naive ones are UTC)."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    offset = moment.utcoffset()
-    offset_s = int(offset.total_seconds()) if offset is not None else 0
-    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
-    unix_ns = (delta.days * 86400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
-    return gojson.rfc3339nano(unix_ns, offset_s)
 
 
 def _reencoded_time(value: Any) -> Any:
-    """`created` after Go's unmarshal and marshal: the same instant and offset, the fraction without
-    trailing zeros, a zero offset as `Z`. Anything else is kept as it was."""
-    match = _RFC3339.fullmatch(value) if isinstance(value, str) else None
-    if match is None:
+    """`created` after Go's unmarshal and marshal (gojson.remarshal_time); what Go could not read is kept
+    as it was."""
+    if not isinstance(value, str):
         return value
-    clock, fraction, zone = match.groups()
-    fraction = (fraction or "").rstrip("0")
-    if zone in ("+00:00", "-00:00"):
-        zone = "Z"
-    return clock + ("." + fraction if fraction else "") + zone
+    try:
+        return gojson.remarshal_time(value)
+    except ValueError:
+        return value
 
 
 def go_model_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -81,7 +66,7 @@ def _config_file(config: Mapping[str, Any], descriptor: dict[str, Any], diff_ids
 
 def make_config_blob(model: Mapping[str, Any], diff_ids: list[str], created: datetime) -> bytes:
     """Serialise a Docker-format config. `model` is the inner "config" object (format, sizes, metadata)."""
-    return _config_file(model, {"created": go_time(created)}, list(diff_ids))
+    return _config_file(model, {"created": gojson.time_text(created)}, list(diff_ids))
 
 
 @dataclass(frozen=True)
@@ -89,11 +74,13 @@ class ModelConfig:
     """What the API shows of a model: the inner config object, normalised, and its creation time.
 
     `inferred_format`: for a ModelPack config that names no format, the one its layers' file names say
-    (what DMR's bundle and engines go by, while its API shows the config as it is)."""
+    (what DMR's bundle and engines go by, while its API shows the config as it is). `modelpack`: the blob is
+    a ModelPack config (modelpack.is_modelpack_config)."""
 
     config: dict[str, Any]
     created: int  # unix seconds
     inferred_format: str = ""
+    modelpack: bool = False
 
     @property
     def format(self) -> str:
@@ -109,7 +96,7 @@ def _parse_time(value: Any) -> int:
     if not isinstance(value, str) or not value:
         return 0
     try:
-        return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp())
+        return int(gojson.parse_time(value).timestamp())
     except ValueError:
         return 0
 
@@ -154,7 +141,7 @@ def _from_modelpack(data: bytes, layers: Iterable[tuple[str, str | None]]) -> Mo
     if config.get("format") == "diffusers":
         config["format"] = mt.FORMAT_DDUF
     inferred = "" if config.get("format") else modelpack.infer_format(layers)
-    return ModelConfig(config, _parse_time(model["descriptor"]["createdAt"]), inferred)
+    return ModelConfig(config, _parse_time(model["descriptor"]["createdAt"]), inferred, modelpack=True)
 
 
 def reencode_config(data: bytes, context_size: int | None = None, more_diff_ids: Iterable[str] = ()) -> bytes:

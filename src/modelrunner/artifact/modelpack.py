@@ -22,13 +22,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelrunner.artifact import gojson
 from modelrunner.artifact import mediatypes as mt
 from modelrunner.artifact.filetypes import FileType, classify_file, extension
 from modelrunner.errors import InvalidArtifact
+
+if TYPE_CHECKING:
+    from modelrunner.artifact.manifest import Manifest
 
 __all__ = [
     "cncf_layer_media_type",
@@ -38,6 +40,7 @@ __all__ = [
     "infer_format",
     "is_mmproj_path",
     "is_modelpack_config",
+    "is_modelpack_model",
     "normalised_config",
     "reencode",
 ]
@@ -143,7 +146,6 @@ _DOCKER_CONFIG_FILE: _Struct = {
     "descriptor": ({"created": ("time", True)}, False),
 }
 
-_RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|[+-](\d{2}):(\d{2}))")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -158,26 +160,6 @@ def _bad(where: str, wanted: str) -> InvalidArtifact:
 def _go_text(value: str) -> str:
     # Go's decoder turns an unpaired surrogate escape into U+FFFD; Python's keeps it (and cannot encode it).
     return _SURROGATE.sub("\ufffd", value)
-
-
-def _go_time(value: str, where: str) -> str:
-    """A time.Time through Go's UnmarshalJSON (RFC 3339) and MarshalJSON (RFC 3339 with nanoseconds): the
-    same instant and offset, the fraction cut to 9 digits without trailing zeros, a zero offset as `Z`."""
-    match = _RFC3339.fullmatch(value)
-    if match is None:
-        raise _bad(where, "an RFC 3339 time")
-    year, month, day, hour, minute, second, fraction, zone, zone_h, zone_m = match.groups()
-    try:
-        datetime(int(year), int(month), int(day), int(hour), int(minute), int(second))
-    except ValueError:
-        raise _bad(where, "a valid time") from None
-    if zone != "Z" and (int(zone_h) > 23 or int(zone_m) > 59):
-        raise _bad(where, "a time with a valid zone offset")
-    text = value[: match.start(7) - 1] if fraction else value[: match.end(6)]
-    fraction = (fraction or "")[:9].rstrip("0")
-    if fraction:
-        text += "." + fraction
-    return text + ("Z" if zone == "Z" or (zone_h == "00" and zone_m == "00") else zone)
 
 
 def _zero(kind: Any) -> Any:
@@ -222,7 +204,10 @@ def _decode_value(kind: Any, current: Any, item: Any, where: str) -> Any:
     if kind == "time":
         if not isinstance(item, str):
             raise _bad(where, "an RFC 3339 time")
-        return _go_time(item, where)
+        try:
+            return gojson.remarshal_time(item)
+        except ValueError as exc:
+            raise _bad(where, str(exc)) from None
     if not isinstance(item, bool):
         raise _bad(where, "a boolean")
     return item
@@ -273,6 +258,19 @@ def is_modelpack_config(data: bytes) -> bool:
         (isinstance(config, dict) and "paramSize" in config)
         or (isinstance(descriptor, dict) and "createdAt" in descriptor)
         or "modelfs" in doc
+    )
+
+
+def is_modelpack_model(manifest: Manifest, config_is_modelpack: bool) -> bool:
+    """The one rule for "is this stored model a ModelPack model" (how its files are laid out, whether a
+    Docker-format setting such as the context size can be written into its config): its manifest says so
+    (the ModelPack config media type, which DMR's bundle goes by, or the ModelPack artifactType) or its
+    config does (`config_is_modelpack`: `is_modelpack_config` of the blob, which DMR's config reader and
+    mutate go by, as `ModelConfig.modelpack` keeps it)."""
+    return (
+        config_is_modelpack
+        or manifest.config.media_type == mt.CONFIG_CNCF
+        or manifest.artifact_type == mt.CNCF_MANIFEST_ARTIFACT_TYPE
     )
 
 

@@ -143,10 +143,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
             print(f"  Total time: {go_duration(r.seconds)}\n", flush=True)
     results.sort(key=lambda r: r.concurrency)
     if args.json:
-        from modelrunner.cli.dmrformat import go_json
+        from modelrunner.artifact import gojson
 
         document = {"model": args.model, "prompt": args.prompt, "results": [r.to_json() for r in results]}
-        print(go_json(document, indent="  "))
+        print(gojson.dumps_text(document, indent="  "))
         return
     sys.stdout.write(summary_text(results))
 

@@ -13,15 +13,15 @@ import argparse
 import sys
 from typing import Any
 
+from modelrunner.artifact import gojson
 from modelrunner.cli.common import client
-from modelrunner.cli.dmrformat import go_json
 
 Message = dict[str, str]
 
 
 def send(kind: str, message: str) -> None:
     """One protocol message, as DMR's CLI marshals it (compact Go JSON, one line)."""
-    print(go_json({"type": kind, "message": message}), flush=True)
+    print(gojson.dumps_text({"type": kind, "message": message}), flush=True)
 
 
 def _parameters(parameters: list[tuple[str, str, bool, str, str | None]]) -> list[dict[str, Any]]:
@@ -59,7 +59,7 @@ def cmd_metadata(_: argparse.Namespace) -> None:
         "up": {"parameters": _parameters(UP_PARAMETERS)},
         "down": {"parameters": None},
     }
-    sys.stdout.write(go_json(metadata))
+    sys.stdout.write(gojson.dumps_text(metadata))
 
 
 def _known(daemon: Any, model: str) -> bool:

@@ -98,6 +98,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> None:
     """DMR's `context inspect`: `[{name, host, tls, description, createdAt}]`, four-space JSON; a
     context's API key is never printed."""
+    from modelrunner.artifact import gojson
     from modelrunner.cli.dmrformat import standard_json
     from modelrunner.contexts import DEFAULT_CONTEXT, ContextStore
 
@@ -111,7 +112,7 @@ def cmd_inspect(args: argparse.Namespace) -> None:
                     "host": "(auto-detect)",
                     "tls": {"enabled": False},
                     "description": "Auto-detected Docker context",
-                    "createdAt": "0001-01-01T00:00:00Z",
+                    "createdAt": gojson.ZERO_TIME,
                 }
             )
             continue

@@ -1,6 +1,6 @@
 """Output exactly as DMR's CLI prints it (`cmd/cli/commands/utils.go`, `formatter/json.go`), for the verbs
-whose output scripts parse: tables as its tablewriter setup draws them, sizes as go-units' CustomSize, JSON
-as Go's encoding/json writes it."""
+whose output scripts parse: tables as its tablewriter setup draws them, sizes as go-units' CustomSize (JSON as
+Go's encoding/json writes it: artifact/gojson.py)."""
 
 from __future__ import annotations
 
@@ -31,20 +31,6 @@ def custom_size(n_bytes: float) -> str:
         size /= 1000
         unit += 1
     return f"{size:.2f}{_DECIMAL_UNITS[unit]}"
-
-
-def go_json(value: Any, indent: str | None = None) -> str:
-    """Go's encoding/json: compact (json.Marshal) or indented (MarshalIndent with `indent`), UTF-8 kept,
-    `<`, `>`, `&`, U+2028 and U+2029 escaped as Go escapes them; no trailing newline."""
-    text = json.dumps(
-        value,
-        ensure_ascii=False,
-        indent=len(indent) if indent is not None and set(indent) == {" "} else indent,
-        separators=(",", ": ") if indent is not None else (",", ":"),
-    )
-    for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
-        text = text.replace(char, escaped)
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 def standard_json(value: Any) -> str:

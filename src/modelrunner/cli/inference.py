@@ -110,12 +110,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _parse_go_time(text: object) -> float | None:
     """Seconds since the epoch of an RFC 3339 time; None for Go's zero time or anything else."""
-    if not isinstance(text, str) or text.startswith("0001-01-01"):
-        return None
-    from datetime import datetime
+    from modelrunner.artifact import gojson
 
+    if not isinstance(text, str) or text == gojson.ZERO_TIME:
+        return None
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return gojson.parse_time(text).timestamp()
     except ValueError:
         return None
 
@@ -196,9 +196,9 @@ def _parse_bool(text: str) -> bool:
 def cmd_configure(args: argparse.Namespace) -> None:
     daemon = client()
     if args.model == "show":
-        from modelrunner.cli.dmrformat import go_json
+        from modelrunner.artifact import gojson
 
-        print(go_json(daemon.configuration(args.target), indent="  "))
+        print(gojson.dumps_text(daemon.configuration(args.target), indent="  "))
         return
     if args.target is not None:
         raise UsageError(f"unexpected argument {args.target!r}; engine flags go after --")

@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import os
 import platform
 import re
 import shutil
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
-from modelrunner.engines.install import cache_lock, staged_folder
+from modelrunner.engines.install import cache_lock, cached_or_made, engine_cache_root, staged_folder
 from modelrunner.engines.llamacpp_binary import EXECUTABLE, RPC_EXECUTABLE, server_version
 from modelrunner.errors import EngineInstallError, ModelRunnerError
 
@@ -121,8 +120,7 @@ def cpu_family() -> str:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "modelrunner" / "llama.cpp"
+    return engine_cache_root("llama.cpp")
 
 
 def cache_dir(spec: BuildSpec) -> Path:
@@ -141,29 +139,30 @@ def cached_server(spec: BuildSpec) -> Path | None:
         return None
 
 
-def _cache_lock(spec: BuildSpec, progress: Progress) -> contextlib.AbstractContextManager[None]:
-    waiting = "Waiting for another build of llama.cpp on this machine to finish"
-    return cache_lock(cache_root() / f".{spec.key}.lock", waiting, progress)
+_WAITING = "Waiting for another build of llama.cpp on this machine to finish"
 
 
 def ensure_built(spec: BuildSpec, progress: Progress) -> Path:
     """The cached `llama-server` for spec, building it first when the cache has none."""
-    found = cached_server(spec)
-    if found is not None:
-        return found
-    with _cache_lock(spec, progress):
-        found = cached_server(spec)  # built by whoever held the lock
-        if found is not None:
-            return found
-        cache_root().mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache_root(), prefix=".build-") as work:
-            started = time.monotonic()
-            source = _fetch_source(Path(work), progress)
-            build_dir = Path(work) / "build"
-            _compile(source, build_dir, spec, progress, Path(work))
-            binary = store_in_cache(build_dir, spec, time.monotonic() - started, source_dir=source)
-        progress(f"Built llama.cpp {VERSION} in {time.monotonic() - started:.0f} s")
-        return binary
+    return cached_or_made(
+        cache_root(),
+        spec.key,
+        _WAITING,
+        progress,
+        lambda: cached_server(spec),
+        lambda: _build(spec, progress),
+    )
+
+
+def _build(spec: BuildSpec, progress: Progress) -> Path:
+    with tempfile.TemporaryDirectory(dir=cache_root(), prefix=".build-") as work:
+        started = time.monotonic()
+        source = _fetch_source(Path(work), progress)
+        build_dir = Path(work) / "build"
+        _compile(source, build_dir, spec, progress, Path(work))
+        binary = store_in_cache(build_dir, spec, time.monotonic() - started, source_dir=source)
+    progress(f"Built llama.cpp {VERSION} in {time.monotonic() - started:.0f} s")
+    return binary
 
 
 def _run(
@@ -336,8 +335,7 @@ def adopt_build(build_dir: Path, spec: BuildSpec) -> Path:
     if wrong:
         raise EngineInstallError(f"that build was not made with this recipe: {', '.join(wrong)}")
     source = _cmake_cache(build_dir).get("CMAKE_HOME_DIRECTORY")
-    cache_root().mkdir(parents=True, exist_ok=True)
-    with _cache_lock(spec, print):
+    with cache_lock(cache_root(), spec.key, _WAITING, print):
         return store_in_cache(build_dir, spec, None, Path(source) if source else None)
 
 

@@ -14,7 +14,6 @@ path into this source tree) keeps a runner home working whatever happens to the 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -40,7 +39,8 @@ from modelrunner.engines.base import (
 from modelrunner.engines.gpu import GPU_KINDS, detect_accelerator
 from modelrunner.engines.install import (
     InstallTracker,
-    cache_lock,
+    cached_or_made,
+    engine_cache_root,
     folder_size,
     remove_install,
     staged_folder,
@@ -101,8 +101,7 @@ def env_key(flavour: str) -> str:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "modelrunner" / NAME
+    return engine_cache_root(NAME)
 
 
 def cached_env(flavour: str) -> Path | None:
@@ -111,29 +110,29 @@ def cached_env(flavour: str) -> Path | None:
     return env if (env / ENV_INFO).is_file() and (env / "bin" / "python").exists() else None
 
 
-def _cache_lock(key: str, progress: ProgressCallback) -> contextlib.AbstractContextManager[None]:
-    waiting = "Waiting for another install of the diffusers environment on this machine to finish"
-    return cache_lock(cache_root() / f".{key}.lock", waiting, progress)
-
-
 def ensure_env(flavour: str, progress: ProgressCallback) -> Path:
     """The cached environment for flavour ("cpu" | "cuda"), creating it first when the cache has none."""
-    found = cached_env(flavour)
-    if found is not None:
-        return found
+    waiting = "Waiting for another install of the diffusers environment on this machine to finish"
     key = env_key(flavour)
-    with _cache_lock(key, progress):
-        found = cached_env(flavour)  # made by whoever held the lock
-        if found is not None:
-            return found
-        started = time.monotonic()
-        # Built under a temporary name and renamed: the server runs as `python -m`, which does not care
-        # where the environment was created (only the pip/uvicorn launcher scripts would).
-        final = cache_root() / key
-        with staged_folder(final) as staging:  # replaces an incomplete one (no ENV_INFO)
-            _create_env(staging, flavour, progress)
-        progress(f"Created the diffusers environment in {time.monotonic() - started:.0f} s")
-        return final
+    return cached_or_made(
+        cache_root(),
+        key,
+        waiting,
+        progress,
+        lambda: cached_env(flavour),
+        lambda: _made_env(key, flavour, progress),
+    )
+
+
+def _made_env(key: str, flavour: str, progress: ProgressCallback) -> Path:
+    started = time.monotonic()
+    # Built under a temporary name and renamed: the server runs as `python -m`, which does not care
+    # where the environment was created (only the pip/uvicorn launcher scripts would).
+    final = cache_root() / key
+    with staged_folder(final) as staging:  # replaces an incomplete one (no ENV_INFO)
+        _create_env(staging, flavour, progress)
+    progress(f"Created the diffusers environment in {time.monotonic() - started:.0f} s")
+    return final
 
 
 def _create_env(env: Path, flavour: str, progress: ProgressCallback) -> None:

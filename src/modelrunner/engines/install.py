@@ -1,5 +1,6 @@
-"""What every engine's installer shares: a machine-wide lock around a cache entry, and the bookkeeping that
-lets status() say "Installing" during an install and "install failed: ..." after a failed one."""
+"""What every engine's installer shares: the machine-wide cache of builds and environments (an entry is
+looked for, else made under its lock), and the bookkeeping that lets status() say "Installing" during an
+install and "install failed: ..." after a failed one."""
 
 from __future__ import annotations
 
@@ -9,18 +10,29 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from modelrunner.engines.base import EngineStatus, InstallState
 from modelrunner.errors import ModelRunnerError
 
+_Found = TypeVar("_Found")
+
+
+def engine_cache_root(name: str) -> Path:
+    """The machine-wide cache of one engine (or tool), shared by every runner home of this user: a build
+    or an environment is made once per machine and recipe, not once per home."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "modelrunner" / name
+
 
 @contextlib.contextmanager
-def cache_lock(lock_file: Path, waiting: str, progress: Callable[[str], None]) -> Iterator[None]:
-    """Hold a machine-wide lock on one cache entry; say so when another install holds it first."""
+def cache_lock(root: Path, key: str, waiting: str, progress: Callable[[str], None]) -> Iterator[None]:
+    """Hold the machine-wide lock on the cache entry `key` under root; say `waiting` when another install
+    holds it first."""
     from filelock import FileLock, Timeout
 
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_file))
+    root.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(root / f".{key}.lock"))
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -30,6 +42,24 @@ def cache_lock(lock_file: Path, waiting: str, progress: Callable[[str], None]) -
         yield
     finally:
         lock.release()
+
+
+def cached_or_made(
+    root: Path,
+    key: str,
+    waiting: str,
+    progress: Callable[[str], None],
+    cached: Callable[[], _Found | None],
+    make: Callable[[], _Found],
+) -> _Found:
+    """The cache entry `key` as `cached` finds it complete; else made by `make` under the entry's lock. It
+    is looked for again once the lock is held: whoever held it first may have made it."""
+    found = cached()
+    if found is not None:
+        return found
+    with cache_lock(root, key, waiting, progress):
+        found = cached()
+        return found if found is not None else make()
 
 
 @contextlib.contextmanager

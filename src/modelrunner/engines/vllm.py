@@ -41,7 +41,14 @@ from modelrunner.engines.base import (
     RunnerSettings,
 )
 from modelrunner.engines.gpu import cuda_device_count, detect_accelerator
-from modelrunner.engines.install import InstallTracker, cache_lock, folder_size, remove_install
+from modelrunner.engines.install import (
+    InstallTracker,
+    cache_lock,
+    cached_or_made,
+    engine_cache_root,
+    folder_size,
+    remove_install,
+)
 from modelrunner.engines.vllm_flags import validate_runtime_flags
 from modelrunner.errors import (
     BadRequest,
@@ -109,8 +116,7 @@ CUDA = Flavour(
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "modelrunner" / NAME
+    return engine_cache_root(NAME)
 
 
 def _cpu_flags() -> set[str]:
@@ -158,9 +164,7 @@ def cached_venv(flavour: Flavour) -> Path | None:
     return folder / "venv" if marker.is_file() and os.access(executable, os.X_OK) else None
 
 
-def _cache_lock(flavour: Flavour, progress: ProgressCallback) -> contextlib.AbstractContextManager[None]:
-    waiting = "Waiting for another install of vllm on this machine to finish"
-    return cache_lock(cache_root() / f".{flavour.key}.lock", waiting, progress)
+_WAITING = "Waiting for another install of vllm on this machine to finish"
 
 
 def _run(argv: list[str], what: str, on_line: Callable[[str], None] | None = None) -> None:
@@ -202,39 +206,43 @@ def _pip_progress(progress: ProgressCallback) -> Callable[[str], None]:
 
 def build_venv(flavour: Flavour, progress: ProgressCallback) -> Path:
     """The cache venv of flavour, making it first (under a machine-wide lock) when there is none."""
-    found = cached_venv(flavour)
-    if found is not None:
-        return found
-    with _cache_lock(flavour, progress):
-        found = cached_venv(flavour)  # made by whoever held the lock
-        if found is not None:
-            return found
-        folder = cache_root() / flavour.key
-        if folder.exists():
-            shutil.rmtree(folder)  # an install that was interrupted: start over
-        folder.mkdir(parents=True)
-        started = time.monotonic()
-        venv = folder / "venv"
-        progress(f"Installing vllm {flavour.version}: {flavour.download}")
-        progress("Creating the vllm environment")
-        _run([sys.executable, "-m", "venv", str(venv)], "creating the vllm environment")
-        python = str(venv / "bin" / "python")
-        for step in flavour.steps:
-            progress(f"Installing {' '.join(step)} (pip)")
-            argv = [python, "-m", "pip", "install", *step]
-            _run(argv, f"pip install {' '.join(step)}", _pip_progress(progress))
-        if flavour.remove:
-            progress(f"Removing {', '.join(flavour.remove)} (they break vllm on CPU)")
-            _run([python, "-m", "pip", "uninstall", "-y", *flavour.remove], "pip uninstall")
-        if flavour.gpu == "cpu":
-            _add_vllm_metadata(python, flavour.version)
-        progress("Checking that vllm starts")
-        _run([str(venv / "bin" / "vllm"), "--version"], "vllm --version")
-        seconds = time.monotonic() - started
-        info = {"version": flavour.version, "gpu": flavour.gpu, "install_seconds": round(seconds, 1)}
-        (folder / INSTALL_INFO).write_text(json.dumps(info) + "\n")
-        progress(f"Made the vllm {flavour.version} environment in {seconds:.0f} s")
-        return venv
+    return cached_or_made(
+        cache_root(),
+        flavour.key,
+        _WAITING,
+        progress,
+        lambda: cached_venv(flavour),
+        lambda: _made_venv(flavour, progress),
+    )
+
+
+def _made_venv(flavour: Flavour, progress: ProgressCallback) -> Path:
+    folder = cache_root() / flavour.key
+    if folder.exists():
+        shutil.rmtree(folder)  # an install that was interrupted: start over
+    folder.mkdir(parents=True)
+    started = time.monotonic()
+    venv = folder / "venv"
+    progress(f"Installing vllm {flavour.version}: {flavour.download}")
+    progress("Creating the vllm environment")
+    _run([sys.executable, "-m", "venv", str(venv)], "creating the vllm environment")
+    python = str(venv / "bin" / "python")
+    for step in flavour.steps:
+        progress(f"Installing {' '.join(step)} (pip)")
+        argv = [python, "-m", "pip", "install", *step]
+        _run(argv, f"pip install {' '.join(step)}", _pip_progress(progress))
+    if flavour.remove:
+        progress(f"Removing {', '.join(flavour.remove)} (they break vllm on CPU)")
+        _run([python, "-m", "pip", "uninstall", "-y", *flavour.remove], "pip uninstall")
+    if flavour.gpu == "cpu":
+        _add_vllm_metadata(python, flavour.version)
+    progress("Checking that vllm starts")
+    _run([str(venv / "bin" / "vllm"), "--version"], "vllm --version")
+    seconds = time.monotonic() - started
+    info = {"version": flavour.version, "gpu": flavour.gpu, "install_seconds": round(seconds, 1)}
+    (folder / INSTALL_INFO).write_text(json.dumps(info) + "\n")
+    progress(f"Made the vllm {flavour.version} environment in {seconds:.0f} s")
+    return venv
 
 
 def _add_vllm_metadata(python: str, version: str) -> None:
@@ -495,7 +503,7 @@ class VllmEngine(Engine):
 
     def _drop_cache(self, flavour: Flavour, progress: ProgressCallback) -> None:
         """A forced reinstall makes the environment anew (the point of it is a broken one)."""
-        with _cache_lock(flavour, progress):
+        with cache_lock(cache_root(), flavour.key, _WAITING, progress):
             folder = cache_root() / flavour.key
             if folder.exists():
                 progress("Removing the old vllm environment")

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from modelrunner.artifact import gojson
 from modelrunner.engines.base import Engine, Mode
 from modelrunner.errors import BadRequest, ModelNotFound
 from modelrunner.scheduler.runner import RunnerState
@@ -27,8 +28,6 @@ from modelrunner.scheduler.settings import ModelSettings, backend_configuration
 from modelrunner.server.lifecycle import KNOWN_BACKENDS, Lifecycle, model_for_engine, select_engine_name
 from modelrunner.server.log_files import LogStreamer, ModelFilter
 from modelrunner.store.store import ModelStore
-
-GO_ZERO_TIME = "0001-01-01T00:00:00Z"  # how Go writes an unset time.Time
 
 
 class UnloadRequest(BaseModel):
@@ -156,19 +155,16 @@ def _model_name(store: ModelStore, model_id: str) -> str:
     return model_id
 
 
-def go_time(unix: float) -> str:
-    """A Unix time as Go's encoding/json writes a time.Time (RFC 3339, UTC, nanosecond precision)."""
-    moment = datetime.fromtimestamp(unix, UTC)
-    fraction = f"{moment.microsecond:06d}".rstrip("0")
-    return moment.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
-
-
 def backend_status(entry: dict[str, Any]) -> dict[str, Any]:
     """One runner of `scheduler.ps()` as DMR's BackendStatus (plus our fields, which Go decoders skip):
     `last_used` is an RFC 3339 time, Go's zero time while the runner is in use (as DMR reports it)."""
     return {
         **entry,
-        "last_used": GO_ZERO_TIME if entry["in_use"] else go_time(entry["last_used"]),
+        "last_used": (
+            gojson.ZERO_TIME
+            if entry["in_use"]
+            else gojson.time_text(datetime.fromtimestamp(entry["last_used"], UTC))
+        ),
     }
 
 

@@ -35,6 +35,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from modelrunner.artifact import gojson
 from modelrunner.chunking import chunk_size
 from modelrunner.compat import assemble
 from modelrunner.errors import ModelNotFound, ModelRunnerError
@@ -91,25 +92,6 @@ def truncate_base64(data: str) -> str:
     return f"{data[:MEDIA_KEPT]}...[truncated {len(data) - MEDIA_KEPT} chars]"
 
 
-def go_json(value: Any) -> str:
-    """`value` as Go's encoding/json writes a decoded `interface{}`: keys sorted, no spaces, numbers as
-    float64 (1.0 is `1`), and `<`, `>`, `&`, U+2028, U+2029 escaped."""
-    text = json.dumps(_go_numbers(value), separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-    for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
-        text = text.replace(char, escaped)
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-
-
-def _go_numbers(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _go_numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_go_numbers(v) for v in value]
-    return value
-
-
 def truncate_media(body: bytes) -> str:
     """The request as recorded. DMR's truncateMediaFields: a JSON object with a `messages` array has the
     base64 of its `image_url.url` and `input_audio.data` parts cut and is written again the Go way;
@@ -117,7 +99,7 @@ def truncate_media(body: bytes) -> str:
     `source.data` parts and the Responses API's `input_image` parts."""
     text = body.decode("utf-8", "replace")
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_constant=_refuse_constant)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return text
     if not isinstance(doc, dict):
@@ -132,8 +114,12 @@ def truncate_media(body: bytes) -> str:
             if isinstance(message, dict):
                 _cut_parts(message.get("content"))
                 _cut_images(message.get("images"))
-        return go_json(doc)
-    return go_json(doc) if changed else text
+        return gojson.dumps_text(gojson.as_interface(doc))
+    return gojson.dumps_text(gojson.as_interface(doc)) if changed else text
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # Go's decoder refuses NaN and Infinity: the body stays as it was
 
 
 def _cut_images(images: Any) -> bool:

@@ -98,15 +98,16 @@ def _cncf_file_names(manifest: Manifest, model_format: str) -> list[tuple[Descri
     return placed
 
 
-def bundle_file_names(manifest: Manifest, model_format: str = "") -> list[tuple[Descriptor, str]]:
+def bundle_file_names(
+    manifest: Manifest, model_format: str = "", modelpack: bool = False
+) -> list[tuple[Descriptor, str]]:
     """Where each layer goes inside `model/`, following DMR's bundle layout (contract section 4).
 
     v0.2 artifacts are layer-per-file: each layer keeps its annotated relative path. Older ones place
     files by media type: model.gguf (or numbered shards), model.mmproj, template.jinja, model.safetensors.
-    ModelPack ones (manifest artifactType, as DMR's isCNCFModel) are placed by role (_cncf_file_names).
+    ModelPack ones (`modelpack`: modelpack.is_modelpack_model) are placed by role (_cncf_file_names).
     """
-    is_modelpack = manifest.artifact_type == mt.CNCF_MANIFEST_ARTIFACT_TYPE
-    if is_modelpack or manifest.config.media_type == mt.CONFIG_CNCF:
+    if modelpack:
         placed = _cncf_file_names(manifest, model_format)
     elif manifest.config.media_type == mt.CONFIG_V02:
         placed = []
@@ -139,16 +140,18 @@ def build_bundle(
     manifest: Manifest,
     runtime_config: dict[str, object],
     model_format: str = "",
+    modelpack: bool = False,
 ) -> Path:
     """Return the model's bundle folder, building it first if it is missing. `model_format`: the format
-    the model's config names or its layers imply (ModelPack weights say only that they are weights)."""
+    the model's config names or its layers imply (ModelPack weights say only that they are weights);
+    `modelpack`: whether it is a ModelPack model (modelpack.is_modelpack_model)."""
     final = layout.bundle_path(model_id)
     if (final / CONFIG_FILE).is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     try:
-        for layer, name in bundle_file_names(manifest, model_format):
+        for layer, name in bundle_file_names(manifest, model_format, modelpack):
             link_or_copy(layout.blob_path(layer.digest), staging / MODEL_DIR / name)
         (staging / CONFIG_FILE).write_text(json.dumps(runtime_config))
         if final.exists():  # a damaged bundle (no config.json): move it aside, then replace it

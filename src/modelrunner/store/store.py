@@ -31,7 +31,7 @@ from typing import Any
 from filelock import FileLock
 
 from modelrunner import config as runner_config
-from modelrunner.artifact import mediatypes as mt
+from modelrunner.artifact import modelpack
 from modelrunner.artifact.manifest import Descriptor, Manifest, parse_manifest, sha256_digest
 from modelrunner.artifact.model_config import ModelConfig, parse_config_blob, with_context_size
 from modelrunner.errors import (
@@ -80,6 +80,10 @@ class StoredModel:
     tags: list[str]
     manifest: Manifest
     config: ModelConfig
+
+    @property
+    def is_modelpack(self) -> bool:
+        return modelpack.is_modelpack_model(self.manifest, self.config.modelpack)
 
     def to_api(self) -> dict[str, Any]:
         """The `Model` object of DMR's API: {id, tags, created, config}."""
@@ -634,7 +638,7 @@ class ModelStore:
         type, the same layers). Without a context size it is the same model, tagged once more."""
         full_tag(target)  # a bad target fails before anything is written
         model = self.get(source)
-        if model.manifest.config.media_type == mt.CONFIG_CNCF:
+        if model.is_modelpack:
             raise BadRequest("context size cannot be set on a CNCF-format model")
         if context_size is None:
             self.tag(model.id, target)
@@ -652,7 +656,14 @@ class ModelStore:
 
     def bundle_of(self, model: StoredModel) -> Path:
         """The model's bundle folder (built if missing), for a model already looked up."""
-        return build_bundle(self.layout, model.id, model.manifest, model.config.config, model.config.format)
+        return build_bundle(
+            self.layout,
+            model.id,
+            model.manifest,
+            model.config.config,
+            model.config.format,
+            model.is_modelpack,
+        )
 
     def purge(self) -> None:
         """Delete every model and blob; refuses on a folder that is not a store."""
