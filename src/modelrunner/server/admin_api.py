@@ -11,7 +11,7 @@ import contextlib
 import json
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from modelrunner.compat.bodies import json_body
 from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
+from modelrunner.engines.registry import EngineRegistry
 from modelrunner.errors import BadRequest, Conflict, ModelNotFound, PermissionDenied
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
-from modelrunner.server.lifecycle import KNOWN_BACKENDS, Lifecycle, model_for_engine, select_engine_name
+from modelrunner.server.lifecycle import Lifecycle, model_for_engine
 from modelrunner.server.localuser import caller_is_daemon_user
 from modelrunner.server.log_files import LogStreamer, ModelFilter
 from modelrunner.store.store import ModelStore
@@ -259,7 +260,7 @@ def daemon_user_only(token: str, api_key: str | None) -> Callable[[Request], Non
 def build_admin_router(
     store: ModelStore,
     scheduler: Scheduler,
-    engines: Mapping[str, Engine],
+    engines: EngineRegistry,
     logs_dir: Path,
     lifecycle: Lifecycle,
     daemon_user: Callable[[Request], None],
@@ -291,13 +292,8 @@ def build_admin_router(
         return ids
 
     async def configure(body: ConfigureRequest, backend: str | None) -> PlainTextResponse:
-        if backend is not None and backend not in KNOWN_BACKENDS:
-            raise ModelNotFound(f"unknown backend {backend[:40]!r}")
         model = store.get(body.model)
-        engine_name = select_engine_name(backend, model.config.format)
-        engine = engines.get(engine_name)
-        if engine is None:
-            raise ModelNotFound(f"the {engine_name} engine is not available")
+        engine = engines.resolve(backend, model.config.format)
         flags = requested_flags(body)
         mode = body.mode or (Mode.EMBEDDING if flags and "--embeddings" in flags else Mode.COMPLETION)
         if scheduler.in_use(engine.name, model.id, mode):
@@ -362,12 +358,8 @@ def build_admin_router(
     def estimate(model: str, backend: str | None = None) -> dict[str, Any]:
         """Ours: the memory one runner of the model needs on this machine, with its stored settings (what
         `model generate` requests for a pod)."""
-        if backend is not None and backend not in KNOWN_BACKENDS:
-            raise ModelNotFound(f"unknown backend {backend[:40]!r}")
         stored = store.get(model)
-        engine = engines.get(select_engine_name(backend, stored.config.format))
-        if engine is None:
-            raise ModelNotFound(f"no engine serves {stored.config.format} models in this build")
+        engine = engines.resolve(backend, stored.config.format)
         settings = scheduler.settings.get(engine.name, stored.id, Mode.COMPLETION) or ModelSettings()
         target = model_for_engine(store, stored, model)
         memory = engine.estimate_memory(target, settings.runner_settings())
