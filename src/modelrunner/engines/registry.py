@@ -136,18 +136,21 @@ class EngineRegistry(Mapping[str, Engine]):
         return engine
 
     def resolve(self, backend: str | None, model_format: str) -> Engine:
-        """The engine that runs a model of `model_format` when `backend` (or none) is asked for. A named
-        backend must exist, but the format decides (DMR's selectBackendForModel: safetensors to vLLM, GGUF to
-        llama.cpp, whatever the URL says): the first engine that serves it; a format no engine claims (a
-        config that names none) goes to the default engine."""
-        if backend is not None:
-            self.find(backend)
-        for engine in self._engines.values():
-            if model_format in engine.formats:
-                return engine
+        """The engine that runs a model of `model_format` when `backend` (or none) is asked for (DMR's
+        selectBackendForModel). A named backend must exist. A format whose first engine (in registry order)
+        is not the default goes to it, whatever the URL says (safetensors to vLLM, DDUF to diffusers); any
+        other format (GGUF, or a config that names none) stays with the backend asked for, as in DMR, if
+        that engine serves it or is one this runner does not implement (MLX, SGLang: its 412 says why); a
+        real engine asked for a format it does not serve (vLLM for a GGUF model) gives way to the default."""
+        named = self.find(backend) if backend is not None else None
         default = self.default
         if default is None:
             raise UnknownEngine("no engine is registered in this daemon")
+        owner = next((engine for engine in self._engines.values() if model_format in engine.formats), None)
+        if owner is not None and owner is not default:
+            return owner
+        if named is not None and (model_format in named.formats or isinstance(named, UnavailableEngine)):
+            return named
         return default
 
 
