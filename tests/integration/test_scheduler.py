@@ -303,10 +303,20 @@ def test_bad_configure_requests(start: Start, tmp_path: Path, body: dict[str, An
 
 
 def test_unknown_backend_is_404(start: Start, tmp_path: Path) -> None:
+    """Inference, configure and estimate pick the engine in one place and refuse a name the same way."""
     daemon = start()
     package(daemon, tmp_path, "tiny")
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
-    assert daemon.http("POST", "/engines/nope/v1/chat/completions", json=body).status_code == 404
+    answers = [
+        daemon.http("POST", "/engines/nope/v1/chat/completions", json=body),
+        daemon.http("POST", "/engines/nope/_configure", json={"model": "tiny", "context-size": 2048}),
+        daemon.http("GET", "/engines/estimate", params={"model": "tiny", "backend": "nope"}),
+    ]
+    for response in answers:
+        assert response.status_code == 404, response.text
+        assert response.json()["error"]["message"] == "unknown backend 'nope': use one of llama.cpp"
+    assert daemon.http("GET", "/engines/_configure").json() == []
+    assert daemon.ps() == []
 
 
 def test_api_key_is_required_when_set(start: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

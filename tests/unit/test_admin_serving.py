@@ -10,7 +10,8 @@ import pytest
 
 from modelrunner.artifact.gojson import ZERO_TIME as GO_ZERO_TIME
 from modelrunner.engines.base import Mode
-from modelrunner.errors import BadRequest, ModelNotFound
+from modelrunner.engines.registry import EngineRegistry
+from modelrunner.errors import BadRequest, UnknownEngine
 from modelrunner.scheduler.settings import ModelSettings
 from modelrunner.server.admin_serving import AdminServing, UnloadRequest
 from modelrunner.store.store import ModelStore
@@ -18,7 +19,7 @@ from tests.serving import FakeScheduler
 
 
 def serving(store: ModelStore, scheduler: FakeScheduler, tmp_path: Path) -> AdminServing:
-    return AdminServing(store, scheduler, {}, tmp_path, None)  # type: ignore[arg-type]
+    return AdminServing(store, scheduler, EngineRegistry({}), tmp_path, None)  # type: ignore[arg-type]
 
 
 def test_ps_says_last_used_as_go_writes_it(store: ModelStore, tmp_path: Path) -> None:
@@ -61,7 +62,7 @@ def test_estimate_refuses_an_unknown_backend_or_a_missing_engine(
     store: ModelStore, tiny_model: str, tmp_path: Path
 ) -> None:
     api = serving(store, FakeScheduler(), tmp_path)
-    with pytest.raises(ModelNotFound, match="unknown backend"):
+    with pytest.raises(UnknownEngine, match="unknown backend"):
         api.estimate("ai/tiny", "nope")
-    with pytest.raises(ModelNotFound, match="no engine serves gguf models"):
+    with pytest.raises(UnknownEngine, match="no engine is registered"):
         api.estimate("ai/tiny", None)

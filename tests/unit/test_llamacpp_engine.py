@@ -15,7 +15,7 @@ from modelrunner.engines import build, gpu, llamacpp_memory
 from modelrunner.engines.base import InstallState, Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.llamacpp import LlamaCppEngine, command_line, default_threads
 from modelrunner.engines.llamacpp_flags import validate_runtime_flags
-from modelrunner.engines.registry import default_registry, find_engine
+from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.errors import (
     BadRequest,
     EngineInstallError,
@@ -394,7 +394,7 @@ def test_broken_server_is_an_error_state(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_registry_lists_every_dmr_engine() -> None:
-    engines = {engine.name: engine for engine in default_registry()}
+    engines = EngineRegistry.of(default_registry())
     assert list(engines) == ["llama.cpp", "vllm", "mlx", "sglang", "diffusers"]
     assert engines["mlx"].status().describe("mlx") == "Not Installed: only supported on macOS arm64"
     assert engines["sglang"].status().describe("sglang") == "Not Installed: not yet available in modelrunner"
@@ -403,7 +403,7 @@ def test_registry_lists_every_dmr_engine() -> None:
     with pytest.raises(EngineNotInstalled, match="install-runner --backend diffusers"):
         engines["diffusers"].require_installed()
     with pytest.raises(UnknownEngine, match=r"use one of llama\.cpp, vllm") as info:
-        find_engine(engines, "llama")
+        engines.find("llama")
     assert info.value.status_code == 404
 
 

@@ -10,10 +10,9 @@ import pytest
 from modelrunner.engines import vllm
 from modelrunner.engines.base import InstallState, Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.gpu import Accelerator
-from modelrunner.engines.registry import default_registry
+from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.engines.vllm_flags import validate_runtime_flags
 from modelrunner.errors import BadRequest, EngineNotInstalled
-from modelrunner.server.lifecycle import select_engine_name
 
 SOCKET = Path("/run/x/inference-runner-0.sock")
 ID = "sha256:" + "a" * 64
@@ -185,5 +184,6 @@ def test_registry_has_the_engine_and_routing_follows_the_format() -> None:
     names = [engine.name for engine in default_registry()]
     assert names[:2] == ["llama.cpp", "vllm"]
     assert isinstance(default_registry()[1], vllm.VllmEngine)
-    assert select_engine_name("llama.cpp", "safetensors") == "vllm"
-    assert select_engine_name("vllm", "gguf") == "llama.cpp"  # DMR sends GGUF to llama.cpp
+    registry = EngineRegistry.of(default_registry())
+    assert registry.resolve("llama.cpp", "safetensors").name == "vllm"
+    assert registry.resolve("vllm", "gguf").name == "llama.cpp"  # DMR sends GGUF to llama.cpp

@@ -1,14 +1,18 @@
-"""Every engine by name: the ones modelrunner runs, and status-only entries for the rest of DMR's backends.
+"""Every engine by name: the ones modelrunner runs, and status-only entries for the rest of DMR's backends;
+and the one place that picks the engine of a backend name or a model's format (`EngineRegistry`).
 
 A status-only engine answers `status()` honestly (not installed, and why) and refuses installs and loads
 with a clear message, so `/engines/status` and `model status` list every backend DMR names.
+
+A new engine is one module (an `Engine` with its `name`, `formats` and `modes`) plus one line in
+`default_registry`: its place in that list is its rank when two engines serve the same format.
 """
 
 from __future__ import annotations
 
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from modelrunner.engines.base import (
@@ -25,10 +29,6 @@ from modelrunner.engines.diffusers import DiffusersEngine
 from modelrunner.engines.llamacpp import LlamaCppEngine
 from modelrunner.engines.vllm import VllmEngine
 from modelrunner.errors import EngineNotInstalled, EngineUnsupported, UnknownEngine
-
-DEFAULT_ENGINE = "llama.cpp"
-# DMR's backend names, in its order (contract 2.2).
-ENGINE_NAMES = ("llama.cpp", "vllm", "mlx", "sglang", "diffusers")
 
 
 class UnavailableEngine(Engine):
@@ -99,16 +99,59 @@ def _placeholders() -> list[Engine]:
 
 
 def default_registry() -> list[Engine]:
-    """Every engine DMR names, in its order: llama.cpp, vllm, the status-only entries, diffusers."""
+    """Every engine DMR names, in its order (contract 2.2): llama.cpp, vllm, the status-only entries,
+    diffusers. The first is the default backend; for a format, the first engine that serves it wins."""
     return [LlamaCppEngine(), VllmEngine(), *_placeholders(), DiffusersEngine()]
 
 
-def find_engine(engines: Mapping[str, Engine], name: str) -> Engine:
-    """The engine of a backend name; UnknownEngine (404) naming the choices otherwise."""
-    engine = engines.get(name)
-    if engine is None:
-        raise UnknownEngine(f"unknown backend {name!r}: use one of {', '.join(engines)}")
-    return engine
+class EngineRegistry(Mapping[str, Engine]):
+    """A daemon's engines by backend name, in rank order; the only place that chooses one."""
+
+    def __init__(self, engines: Mapping[str, Engine]) -> None:
+        self._engines = dict(engines)
+
+    @classmethod
+    def of(cls, engines: Iterable[Engine]) -> EngineRegistry:
+        return cls({engine.name: engine for engine in engines})
+
+    def __getitem__(self, name: str) -> Engine:
+        return self._engines[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._engines)
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+    @property
+    def default(self) -> Engine | None:
+        """DMR's default backend: the first engine (llama.cpp in the default registry)."""
+        return next(iter(self._engines.values()), None)
+
+    def find(self, name: str) -> Engine:
+        """The engine of a backend name; UnknownEngine (404) naming the choices otherwise."""
+        engine = self._engines.get(name)
+        if engine is None:
+            raise UnknownEngine(f"unknown backend {name[:40]!r}: use one of {', '.join(self._engines)}")
+        return engine
+
+    def resolve(self, backend: str | None, model_format: str) -> Engine:
+        """The engine that runs a model of `model_format` when `backend` (or none) is asked for (DMR's
+        selectBackendForModel). A named backend must exist. A format whose first engine (in registry order)
+        is not the default goes to it, whatever the URL says (safetensors to vLLM, DDUF to diffusers); any
+        other format (GGUF, or a config that names none) stays with the backend asked for, as in DMR, if
+        that engine serves it or is one this runner does not implement (MLX, SGLang: its 412 says why); a
+        real engine asked for a format it does not serve (vLLM for a GGUF model) gives way to the default."""
+        named = self.find(backend) if backend is not None else None
+        default = self.default
+        if default is None:
+            raise UnknownEngine("no engine is registered in this daemon")
+        owner = next((engine for engine in self._engines.values() if model_format in engine.formats), None)
+        if owner is not None and owner is not default:
+            return owner
+        if named is not None and (model_format in named.formats or isinstance(named, UnavailableEngine)):
+            return named
+        return default
 
 
 def platform_name() -> str:

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from modelrunner.compat.bodies import json_body
 from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
+from modelrunner.engines.registry import EngineRegistry
 from modelrunner.errors import BadRequest, Conflict, ModelNotFound, PermissionDenied
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings
 from modelrunner.server.admin_serving import AdminServing, UnloadRequest
-from modelrunner.server.lifecycle import KNOWN_BACKENDS, Lifecycle, model_for_engine, select_engine_name
+from modelrunner.server.lifecycle import Lifecycle, model_for_engine
 from modelrunner.server.localuser import caller_is_daemon_user
 from modelrunner.store.store import ModelStore
 
@@ -219,7 +220,7 @@ def daemon_user_only(token: str, api_key: str | None) -> Callable[[Request], Non
 def build_admin_router(
     store: ModelStore,
     scheduler: Scheduler,
-    engines: Mapping[str, Engine],
+    engines: EngineRegistry,
     logs_dir: Path,
     lifecycle: Lifecycle,
     daemon_user: Callable[[Request], None],
@@ -237,13 +238,8 @@ def build_admin_router(
         return await serving.unload(body)
 
     async def configure(body: ConfigureRequest, backend: str | None) -> PlainTextResponse:
-        if backend is not None and backend not in KNOWN_BACKENDS:
-            raise ModelNotFound(f"unknown backend {backend[:40]!r}")
         model = store.get(body.model)
-        engine_name = select_engine_name(backend, model.config.format)
-        engine = engines.get(engine_name)
-        if engine is None:
-            raise ModelNotFound(f"the {engine_name} engine is not available")
+        engine = engines.resolve(backend, model.config.format)
         flags = requested_flags(body)
         mode = body.mode or (Mode.EMBEDDING if flags and "--embeddings" in flags else Mode.COMPLETION)
         if scheduler.in_use(engine.name, model.id, mode):

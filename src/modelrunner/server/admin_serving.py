@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,12 +20,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.artifact import gojson
-from modelrunner.engines.base import Engine, Mode
+from modelrunner.engines.base import Mode
+from modelrunner.engines.registry import EngineRegistry
 from modelrunner.errors import BadRequest, ModelNotFound
 from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
-from modelrunner.server.lifecycle import KNOWN_BACKENDS, Lifecycle, model_for_engine, select_engine_name
+from modelrunner.server.lifecycle import Lifecycle, model_for_engine
 from modelrunner.server.log_files import LogStreamer, ModelFilter
 from modelrunner.store.store import ModelStore
 
@@ -44,7 +45,7 @@ class AdminServing:
         self,
         store: ModelStore,
         scheduler: Scheduler,
-        engines: Mapping[str, Engine],
+        engines: EngineRegistry,
         logs_dir: Path,
         lifecycle: Lifecycle,
     ) -> None:
@@ -107,12 +108,8 @@ class AdminServing:
     def estimate(self, model: str, backend: str | None) -> dict[str, Any]:
         """Ours: the memory one runner of the model needs on this machine, with its stored settings (what
         `model generate` requests for a pod)."""
-        if backend is not None and backend not in KNOWN_BACKENDS:
-            raise ModelNotFound(f"unknown backend {backend[:40]!r}")
         stored = self.store.get(model)
-        engine = self.engines.get(select_engine_name(backend, stored.config.format))
-        if engine is None:
-            raise ModelNotFound(f"no engine serves {stored.config.format} models in this build")
+        engine = self.engines.resolve(backend, stored.config.format)
         settings = self.scheduler.settings.get(engine.name, stored.id, Mode.COMPLETION) or ModelSettings()
         target = model_for_engine(self.store, stored, model)
         memory = engine.estimate_memory(target, settings.runner_settings())

@@ -23,6 +23,7 @@ from fastapi.responses import PlainTextResponse
 from modelrunner import __version__, config
 from modelrunner.distribution.jobs import TransferManager
 from modelrunner.engines.base import Engine
+from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.scheduler import rundir
 from modelrunner.scheduler.memory import memory_budget
 from modelrunner.scheduler.scheduler import Scheduler, SchedulerLimits
@@ -50,10 +51,8 @@ from modelrunner.store.store import ModelStore
 _ALIASES = ("/v1/", "/rerank", "/score")
 
 
-def default_engines() -> Mapping[str, Engine]:
-    from modelrunner.engines.registry import default_registry
-
-    return {engine.name: engine for engine in default_registry()}
+def default_engines() -> EngineRegistry:
+    return EngineRegistry.of(default_registry())
 
 
 def runtime_dir() -> Path:
@@ -76,7 +75,7 @@ class Daemon:
 
     store: ModelStore
     scheduler: Scheduler
-    engines: Mapping[str, Engine]
+    engines: EngineRegistry
     asgi: App
     fast: FastPath  # what the HTTP front answers without the ASGI stack (server/front.py)
     lifecycle: Lifecycle
@@ -145,7 +144,7 @@ def build_daemon(
     extra_listen: Sequence[config.ListenAddress] = (),
 ) -> Daemon:
     store = store or ModelStore(config.models_path())
-    engines = engines if engines is not None else default_engines()
+    engines = EngineRegistry(engines) if engines is not None else default_engines()
     logs_dir = config.logs_dir()
     scheduler = Scheduler(
         engines,
@@ -175,7 +174,7 @@ def build_daemon(
 
     @api.get("/engines/df")
     def disk_usage() -> dict[str, Any]:
-        default = engines.get("llama.cpp")
+        default = engines.default
         return {
             "models_disk_usage": store.disk_usage(),
             "default_backend_disk_usage": default.disk_usage() if default else 0,

@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -19,9 +19,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.compat.bodies import json_body
-from modelrunner.engines.base import Engine, InstallState
+from modelrunner.engines.base import InstallState
 from modelrunner.engines.gpu import GPU_KINDS, detect_accelerator
-from modelrunner.engines.registry import find_engine, is_supported_here, platform_name
+from modelrunner.engines.registry import EngineRegistry, is_supported_here, platform_name
 from modelrunner.errors import BadRequest, ModelRunnerError
 
 _log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def _line(kind: str, message: str, **extra: Any) -> bytes:
 
 
 def build_engines_router(
-    engines: Mapping[str, Engine],
+    engines: EngineRegistry,
     before_uninstall: BeforeUninstall | None = None,
     extra_listen: Sequence[str] = (),
 ) -> APIRouter:
@@ -82,7 +82,7 @@ def build_engines_router(
     async def install_backend(
         body: InstallRequest = Depends(json_body(InstallRequest)),
     ) -> StreamingResponse:
-        engine = find_engine(engines, body.backend)
+        engine = engines.find(body.backend)
         if body.gpu not in GPU_KINDS:
             raise BadRequest(f"unknown gpu {body.gpu!r}: use one of {', '.join(GPU_KINDS)}")
         # Errors found before any work get a real status code; later ones end the stream with an error line.
@@ -97,7 +97,7 @@ def build_engines_router(
     async def uninstall_backend(
         body: UninstallRequest = Depends(json_body(UninstallRequest)),
     ) -> dict[str, str]:
-        engine = find_engine(engines, body.backend)
+        engine = engines.find(body.backend)
         if before_uninstall is not None:
             await before_uninstall(engine.name)
         await asyncio.to_thread(engine.uninstall)

@@ -24,11 +24,11 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelrunner import eventlog
 from modelrunner.engines.base import Engine, Mode, ModelForEngine
-from modelrunner.errors import EngineNotInstalled, ModelNotFound, ModelRunnerError
+from modelrunner.errors import ModelRunnerError
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy, Scheduler
 from modelrunner.server.access import Access, RequestHead
@@ -38,11 +38,12 @@ from modelrunner.server.recorder import Record, Recorder
 from modelrunner.server.request_metrics import RequestMetrics
 from modelrunner.store.store import ModelStore, StoredModel
 
+if TYPE_CHECKING:
+    from modelrunner.engines.registry import EngineRegistry
+
 access_log = logging.getLogger("modelrunner.access")
 log = logging.getLogger(__name__)
 
-KNOWN_BACKENDS = ("llama.cpp", "vllm", "mlx", "sglang", "diffusers")
-DEFAULT_BACKEND = "llama.cpp"
 _INCOMING_ID = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
 _current: ContextVar[Exchange | None] = ContextVar("exchange", default=None)
 
@@ -51,15 +52,6 @@ class ClientGone(ModelRunnerError):
     """The client left before its answer was complete (nginx's 499: nobody reads this answer)."""
 
     status_code = 499
-
-
-def select_engine_name(requested: str | None, model_format: str) -> str:
-    """The model's format decides, whatever the URL says (DMR's selectBackendForModel)."""
-    if model_format == "safetensors":
-        return "vllm"
-    if model_format in ("dduf", "diffusers"):
-        return "diffusers"
-    return requested if requested and requested not in ("vllm", "diffusers") else DEFAULT_BACKEND
 
 
 def model_for_engine(store: ModelStore, model: StoredModel, requested_as: str) -> ModelForEngine:
@@ -356,7 +348,7 @@ class Inference:
     all on the current exchange."""
 
     def __init__(
-        self, store: ModelStore, scheduler: Scheduler, engines: Mapping[str, Engine], lifecycle: Lifecycle
+        self, store: ModelStore, scheduler: Scheduler, engines: EngineRegistry, lifecycle: Lifecycle
     ) -> None:
         self.store = store
         self.scheduler = scheduler
@@ -364,13 +356,7 @@ class Inference:
         self.lifecycle = lifecycle
 
     def engine_for(self, model: StoredModel, backend: str | None = None) -> Engine:
-        if backend is not None and backend not in KNOWN_BACKENDS:
-            raise ModelNotFound(f"unknown backend {backend[:40]!r}; known: {', '.join(KNOWN_BACKENDS)}")
-        name = select_engine_name(backend, model.config.format)
-        engine = self.engines.get(name)
-        if engine is None:
-            raise EngineNotInstalled(f"the {name} engine is not available in this build of modelrunner")
-        return engine
+        return self.engines.resolve(backend, model.config.format)
 
     async def acquire(
         self,
