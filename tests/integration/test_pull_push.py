@@ -280,6 +280,12 @@ def test_ctrl_c_cancels_and_leaves_a_resumable_partial(
     _, stderr = cli.communicate(timeout=60)
     assert cli.returncode == 130
     assert "cancelled" in stderr and "resume" in stderr
+    # the daemon sees its last client leave (jobs.TransferJob.detach) before the held blob goes on: else
+    # the cancelled job may still ask for the rest once, and its bytes would count with the new pull's
+    deadline = time.monotonic() + 60
+    while "went away: cancelling" not in daemon.log.read_text():
+        assert time.monotonic() < deadline, "the daemon never cancelled the pull of the client that left"
+        time.sleep(0.05)
     proxy.controls.hold_after = None
     proxy.controls.release.set()
     assert daemon.models() == []
