@@ -308,8 +308,7 @@ def cmd_configure(args: argparse.Namespace) -> None:
     }
     if speculative:
         request["speculative"] = speculative
-    if len(request) == 1:
-        raise UsageError("nothing to configure: give --context-size, --keep-alive, --think, --mode or flags")
+    # `configure MODEL` alone is sent too, as DMR's configure.go does: it resets the model to its defaults
     daemon.configure(request, args.backend)  # and nothing printed, as DMR's configure.go prints nothing
 
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from modelrunner.compat.bodies import json_body
 from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
-from modelrunner.errors import BadRequest, Conflict, ModelNotFound, PermissionDenied
+from modelrunner.errors import BadRequest, ModelNotFound, PermissionDenied
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
@@ -87,7 +87,7 @@ def split_raw_flags(raw: str) -> list[str]:
 
 def requested_flags(body: ConfigureRequest) -> list[str] | None:
     """The runtime flags of a request as DMR reads them: the list when it is not empty, else the raw
-    string; None when the request sets no flags at all (the stored ones stay)."""
+    string; None when the request sets no flags at all (the engine's defaults)."""
     if body.runtime_flags:
         return list(body.runtime_flags)
     if body.raw_runtime_flags is not None:
@@ -105,13 +105,11 @@ def configured_keep_alive(value: object) -> float:
 
 
 def settings_from_request(
-    body: ConfigureRequest,
-    flags: list[str] | None,
-    engine: Engine,
-    base: ModelSettings | None,
-    store: ModelStore,
+    body: ConfigureRequest, flags: list[str] | None, engine: Engine, store: ModelStore
 ) -> ModelSettings:
-    settings = base or ModelSettings()
+    """The request's settings as the model's whole configuration: what it leaves out is the default (DMR's
+    ConfigureRunner builds a new BackendConfiguration from each request; nothing is merged)."""
+    settings = ModelSettings()
     if body.context_size is not None:
         if body.context_size == 0 or body.context_size < -1 or body.context_size > 2**31 - 1:
             raise BadRequest(
@@ -300,13 +298,9 @@ def build_admin_router(
             raise ModelNotFound(f"the {engine_name} engine is not available")
         flags = requested_flags(body)
         mode = body.mode or (Mode.EMBEDDING if flags and "--embeddings" in flags else Mode.COMPLETION)
-        if scheduler.in_use(engine.name, model.id, mode):
-            raise Conflict("the model is answering requests; configure it again when it is idle")
-        stored = scheduler.settings.get(engine.name, model.id, mode)
-        settings = settings_from_request(body, flags, engine, stored, store)
-        scheduler.settings.put(engine.name, model.id, mode, settings)
-        await scheduler.unload({model.id}, engine.name, reason="configure")  # reload with the new settings
-        scheduler.preload(_preload(engine, model.id, body.model, mode))
+        settings = settings_from_request(body, flags, engine, store)
+        await scheduler.configure(engine.name, model.id, mode, settings)  # 409 while it answers requests
+        scheduler.preload(_preload(engine, model.id, body.model, mode))  # as DMR, which Compose relies on
         return PlainTextResponse("", status_code=202)
 
     async def _preload(engine: Engine, model_id: str, name: str, mode: Mode) -> None:
