@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from tests.conformance.dmr_daemons import cli_env, fake_daemon, run_cli
+from tests.conformance.dmr_daemons import cli_env, fake_daemon, package, run_cli
 from tests.conformance.test_wire_scheduler import send
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
@@ -206,3 +206,27 @@ def test_compose_up_again_with_an_option_removed(fake_daemon: InProcessDaemon, t
     assert shown(fake_daemon) == {"context-size": 2048}
     gate.touch()
     assert "--fake-threads" not in argv(loaded(fake_daemon)["pid"])
+
+
+def test_a_model_not_pulled_yet_is_accepted_and_configures_nothing(
+    fake_daemon: InProcessDaemon, tmp_path: Path
+) -> None:
+    """scheduler.go ConfigureRunner: a model that GetLocal does not find is no error; ResolveID gives the
+    name back and loader.go setRunnerConfig keys the configuration by it, where no load looks (loads key by
+    the model's ID), and http_handler.go Configure answers 202, its preload finding no model. configure.go
+    prints nothing. The request's settings are still checked: a bad one is a 400."""
+    response = send(fake_daemon, "POST", "/engines/_configure", '{"model":"ai/later","context-size":2048}')
+    assert (response.status_code, response.text) == (202, "")
+    env = cli_env(tmp_path, fake_daemon.url)
+    configured = run_cli(env, "configure", "--context-size", "2048", "ai/later", "--", "--fake-x", "1")
+    assert (configured.returncode, configured.stdout, configured.stderr) == (0, "", "")
+    assert fake_daemon.http("GET", "/engines/_configure").json() == []
+    assert fake_daemon.ps() == []
+    bad = send(fake_daemon, "POST", "/engines/_configure", '{"model":"ai/later","context-size":0}')
+    assert bad.status_code == 400 and "context-size" in bad.json()["error"]["message"]
+    # pulled afterwards, the model runs on its defaults
+    package(fake_daemon, tmp_path, "ai/later", seed=1)
+    later = {**CHAT, "model": "ai/later"}
+    assert fake_daemon.http("POST", "/engines/v1/chat/completions", json=later).status_code == 200
+    pid = loaded(fake_daemon)["pid"]
+    assert "--ctx-size" not in argv(pid) and "--fake-x" not in argv(pid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import shlex
 from collections.abc import Callable, Mapping
@@ -24,14 +25,23 @@ from modelrunner.compat.bodies import json_body
 from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
 from modelrunner.errors import BadRequest, ModelNotFound, PermissionDenied
+from modelrunner.eventlog import event
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
-from modelrunner.server.lifecycle import KNOWN_BACKENDS, Lifecycle, model_for_engine, select_engine_name
+from modelrunner.server.lifecycle import (
+    DEFAULT_BACKEND,
+    KNOWN_BACKENDS,
+    Lifecycle,
+    model_for_engine,
+    select_engine_name,
+)
 from modelrunner.server.localuser import caller_is_daemon_user
 from modelrunner.server.log_files import LogStreamer, ModelFilter
-from modelrunner.store.store import ModelStore
+from modelrunner.store.store import ModelStore, StoredModel
+
+log = logging.getLogger(__name__)
 
 _HF_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"  # how Go writes an unset time.Time
@@ -291,14 +301,25 @@ def build_admin_router(
     async def configure(body: ConfigureRequest, backend: str | None) -> PlainTextResponse:
         if backend is not None and backend not in KNOWN_BACKENDS:
             raise ModelNotFound(f"unknown backend {backend[:40]!r}")
-        model = store.get(body.model)
-        engine_name = select_engine_name(backend, model.config.format)
+        try:
+            model: StoredModel | None = store.get(body.model)
+        except ModelNotFound:
+            model = None  # accepted all the same, as DMR's ConfigureRunner does (below)
+        engine_name = backend or DEFAULT_BACKEND
+        if model is not None:
+            engine_name = select_engine_name(backend, model.config.format)
         engine = engines.get(engine_name)
         if engine is None:
             raise ModelNotFound(f"the {engine_name} engine is not available")
         flags = requested_flags(body)
         mode = body.mode or (Mode.EMBEDDING if flags and "--embeddings" in flags else Mode.COMPLETION)
-        settings = settings_from_request(body, flags, engine, store)
+        settings = settings_from_request(body, flags, engine, store)  # bad settings: a 400 either way
+        if model is None:
+            # DMR (scheduler.go ConfigureRunner) keys the configuration by the name when no model has it,
+            # where no load ever looks (loads key by the model's ID), and its preload finds no model: a 202
+            # that configures nothing. The same here, without keeping what no load would read.
+            event(log, "configure_ignored", reason="model_not_in_store", model=body.model[:200])
+            return PlainTextResponse("", status_code=202)
         await scheduler.configure(engine.name, model.id, mode, settings)  # 409 while it answers requests
         scheduler.preload(_preload(engine, model.id, body.model, mode))  # as DMR, which Compose relies on
         return PlainTextResponse("", status_code=202)
