@@ -348,7 +348,8 @@ def add_commands(commands: Any) -> None:
     configure = commands.add_parser(
         "configure",
         aliases=["config"],
-        help="Set a model's engine settings (kept across restarts); `configure show [MODEL]` lists them.",
+        help="Set a model's engine settings, all at once: what is left out is back to its default (kept "
+        "across restarts); `configure show [MODEL]` lists them.",
     )
     configure.add_argument("model", help="model name, tag or ID (or `show`); engine flags follow a --")
     configure.add_argument("target", nargs="?", help="with `show`: only this model")
