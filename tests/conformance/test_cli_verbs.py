@@ -18,13 +18,11 @@ from pathlib import Path
 import pytest
 
 from modelrunner.cli.bench import LevelResult, summary_text
-from tests.conformance.dmr_daemons import cli_env, fake_daemon, run_cli
-from tests.conformance.test_cli_run import OpenAIEndpoint, endpoint
+from tests.conformance.dmr_daemons import cli_env, run_cli
+from tests.conformance.openai_endpoint import OpenAIEndpoint
 from tests.daemon import free_port
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
-
-__all__ = ["endpoint", "fake_daemon"]
 
 
 def test_show_is_format_model_info(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:

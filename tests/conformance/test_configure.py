@@ -16,12 +16,10 @@ from typing import Any
 
 import httpx
 
-from tests.conformance.dmr_daemons import cli_env, fake_daemon, package, run_cli
+from tests.conformance.dmr_daemons import cli_env, package, run_cli
 from tests.conformance.test_wire_scheduler import send
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
-
-__all__ = ["fake_daemon"]
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 

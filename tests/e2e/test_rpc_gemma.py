@@ -23,9 +23,6 @@ import pytest
 
 from modelrunner.engines import rpc_workers
 from tests.daemon import Daemon, error_message, free_port
-from tests.engines import llama_server
-
-__all__ = ["llama_server"]
 
 PROMPT = "The capital of France is"
 GREEDY = {"model": "gemma3:270m", "prompt": PROMPT, "max_tokens": 24, "temperature": 0}

@@ -31,9 +31,7 @@ import pytest
 from modelrunner.engines import ray_cluster
 from tests.daemon import Daemon, engine_log, error_message, free_port
 from tests.netns import PrivateNetwork
-from tests.vllm_env import GREEDY_TRANSFORMERS, tiny_vllm_model, venv_python, vllm_venv
-
-__all__ = ["tiny_vllm_model", "vllm_venv"]
+from tests.vllm_env import GREEDY_TRANSFORMERS, venv_python
 
 LOAD = 900.0  # seconds a request may wait for a vLLM start (two workers) on a busy 2-core machine
 PROMPT, N_TOKENS = "the quick brown fox", 6

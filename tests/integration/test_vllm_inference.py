@@ -22,9 +22,7 @@ import pytest
 
 from tests.daemon import Daemon, error_message, free_port
 from tests.models import write_tiny_gguf
-from tests.vllm_env import GREEDY_TRANSFORMERS, tiny_vllm_model, venv_python, vllm_venv
-
-__all__ = ["tiny_vllm_model", "vllm_venv"]
+from tests.vllm_env import GREEDY_TRANSFORMERS, venv_python
 
 LOAD = 600.0  # seconds a request may wait for a vLLM start on a busy 2-core machine
 
