@@ -181,6 +181,23 @@ def test_unknown_and_abbreviated_flags(
     assert result.stderr == f"{problem}\n\nUsage:  {line}\n\nRun '{path} --help' for more information\n"
 
 
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["ls", "a", "b"], "accepts at most 1 arg(s), received 2"),  # list.go: cobra.MaximumNArgs(1)
+        (["context", "rm"], "requires at least 1 arg(s), only received 0"),  # context.go: MinimumNArgs(1)
+        (["context", "inspect"], "requires at least 1 arg(s), only received 0"),
+        (["context", "create"], "accepts 1 arg(s), received 0"),  # context.go: cobra.ExactArgs(1)
+        (["context", "use", "a", "b"], "accepts 1 arg(s), received 2"),
+    ],
+)
+def test_cobras_own_argument_counts(tmp_path: Path, args: list[str], error: str) -> None:
+    """Verbs whose Args are cobra's own validators (args.go) fail with cobra's texts, as DMR's main prints
+    them, exit 1, before anything is asked of the daemon or the context store."""
+    result = run_cli(cli_env(tmp_path, f"http://127.0.0.1:{free_port()}"), *args)
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", error + "\n")
+
+
 def test_run_and_package_argument_counts(tmp_path: Path) -> None:
     """run.go requireMinArgs(1, "run", "MODEL [PROMPT]"), package.go requireExactArgs(1, ...)."""
     env = cli_env(tmp_path, f"http://127.0.0.1:{free_port()}")
