@@ -8,6 +8,8 @@
   daemon or CLI it starts. Engine caches (XDG_CACHE_HOME, ~/.cache/modelrunner) stay shared on purpose.
 * A guard: a test that opens, lists or changes anything under the user's real runner home
   (~/.local/share/modelrunner), or connects to or binds the default port 12434, fails.
+* Shared fixtures (`pytest_plugins`): a test asks for `llama_server`, `vllm_venv`, `tiny_vllm_model`,
+  `diffusers_python`, `tiny_sd_dduf`, `fake_daemon` or `endpoint` by parameter name, nothing to import.
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ from typing import Any
 import pytest
 
 from tests.daemon import free_port
+
+pytest_plugins = [
+    "tests.engines",
+    "tests.vllm_env",
+    "tests.diffusers_env",
+    "tests.conformance.dmr_daemons",
+    "tests.conformance.openai_endpoint",
+]
 
 DEFAULT_PORT = 12434
 _FOLDER_MARKERS = {"unit": "unit", "integration": "integration", "e2e": "e2e"}

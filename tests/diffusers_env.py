@@ -4,8 +4,8 @@
 it first on a fresh machine (~1-2 min of pip, once; scripts/test does it before the tests). The pipeline is
 built by the environment's own python (the project venv has no torch): random weights, the tiny configs of
 diffusers' own tests, a byte-level CLIP tokenizer made in code, so nothing is downloaded. It is ~370 KB and
-makes a 64x64 image in 2 steps in well under a second. In a test module: `from tests.diffusers_env import
-diffusers_python, tiny_sd_dduf` and `__all__` listing them (so linters see them used).
+makes a 64x64 image in 2 steps in well under a second. Tests ask for both by parameter name
+(tests/conftest.py registers this module as a plugin).
 """
 
 from __future__ import annotations

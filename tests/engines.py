@@ -2,9 +2,9 @@
 
 `llama_server` is session-scoped and never skips: on a machine without a cached build it builds one
 (~7 minutes on 2 cores, once; scripts/test does it before the tests), and if building is impossible the tests
-that need it fail with the build's error. In a test module: `from tests.engines import llama_server`,
-`__all__ = ["llama_server"]` (so linters see it used) and a `llama_server: Path` parameter; a daemon uses
-it through `LLAMA_SERVER_PATH`.
+that need it fail with the build's error. A test asks for it with a `llama_server: Path`
+parameter (tests/conftest.py registers this module as a plugin); a daemon uses it through
+`LLAMA_SERVER_PATH`.
 """
 
 from __future__ import annotations

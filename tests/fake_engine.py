@@ -4,6 +4,7 @@ tested separately). Run as a script it serves a small OpenAI-compatible API on a
     python tests/fake_engine.py SOCKET [engine flags...]
 
 Behaviour comes from FAKE_* environment variables: FAKE_START_DELAY (seconds before /health says 200),
+FAKE_START_GATE (a file: /health says 503, still loading, until it exists),
 FAKE_EXIT_AT_START (exit code, before serving), FAKE_CHUNKS / FAKE_CHUNK_DELAY (streamed answer),
 FAKE_CHUNK_PAD (x's after each token's text), FAKE_CRASH_AFTER (exit after that many streamed chunks),
 FAKE_EVENTS (a file it appends events to: started, request, token, completed, cancelled), FAKE_CHILD
@@ -124,6 +125,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             ready = time.monotonic() - self.started >= float(os.environ.get("FAKE_START_DELAY", "0"))
+            gate = os.environ.get("FAKE_START_GATE")
+            ready = ready and (gate is None or os.path.exists(gate))
             self._json(200 if ready else 503, {"status": "ok" if ready else "loading"})
         elif self.path == "/props":
             self._json(200, {"argv": sys.argv[1:], "pid": os.getpid()})

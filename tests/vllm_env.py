@@ -6,7 +6,7 @@ tests). It never skips: where vLLM cannot run at all (not Linux x86_64 with AVX2
 the tests fail saying so. `tiny_vllm_model` writes the tiny Llama of shared/reference/dependencies.md with the
 environment's torch and transformers (the project's venv has neither): hidden 128, 2 layers, 2 heads of
 64, 1 KV head, a byte-level BPE trained here by `tokenizers`, a chat template, F32 weights.
-In a test module: `from tests.vllm_env import tiny_vllm_model, vllm_venv` and `__all__` naming them.
+Tests ask for both by parameter name (tests/conftest.py registers this module as a plugin).
 """
 
 from __future__ import annotations

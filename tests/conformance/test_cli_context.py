@@ -12,11 +12,9 @@ import json
 import stat
 from pathlib import Path
 
-from tests.conformance.dmr_daemons import cli_env, fake_daemon, run_cli
+from tests.conformance.dmr_daemons import cli_env, run_cli
 from tests.conformance.gotypes import go_decode
 from tests.inprocess import InProcessDaemon
-
-__all__ = ["fake_daemon"]
 
 # modelctx.contextFile / ContextConfig / TLSConfig, as DMR's reader decodes them
 CONTEXT_FILE = {

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.dmr_daemons import cli_env, fake_daemon, run_cli
+from tests.conformance.dmr_daemons import cli_env, run_cli
 from tests.daemon import free_port
 from tests.docker_cli import docker, plugin_env
 from tests.inprocess import InProcessDaemon
-
-__all__ = ["fake_daemon"]
 
 
 def _count_error(path: str, wanted: str, usage: str) -> str:

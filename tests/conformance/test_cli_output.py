@@ -18,11 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.dmr_daemons import cli_env, fake_daemon, package, run_cli
+from tests.conformance.dmr_daemons import cli_env, package, run_cli
 from tests.daemon import free_port
 from tests.inprocess import InProcessDaemon
-
-__all__ = ["fake_daemon"]
 
 
 def test_status_text_and_json(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:

@@ -21,15 +21,13 @@ from pathlib import Path
 import pytest
 
 from modelrunner.cli.plugin import plugin_arguments
-from tests.conformance.dmr_daemons import cli_env, fake_daemon, package, run_cli
+from tests.conformance.dmr_daemons import cli_env, package, run_cli
 from tests.conformance.gotypes import go_decode
 from tests.daemon import free_port
 from tests.docker_cli import PLUGIN, docker, plugin_env
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
 from tests.registry import Registry
-
-__all__ = ["fake_daemon"]
 
 
 @pytest.fixture

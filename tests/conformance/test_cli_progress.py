@@ -20,11 +20,9 @@ import pytest
 
 from modelrunner.cli.distribution import PULL_FAILURE, render_transfer
 from modelrunner.distribution.progress import event
-from tests.conformance.dmr_daemons import cli_env, fake_daemon, package, run_cli
+from tests.conformance.dmr_daemons import cli_env, package, run_cli
 from tests.inprocess import InProcessDaemon
 from tests.registry import Registry
-
-__all__ = ["fake_daemon"]
 
 A, B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 

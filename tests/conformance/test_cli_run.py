@@ -11,77 +11,22 @@ Follows: `cmd/cli/commands/run.go` (readline loop, /help, /set, multi-line input
 from __future__ import annotations
 
 import base64
-import json
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from modelrunner.cli.prompt_files import attach_images, include_files, user_message
-from tests.conformance.dmr_daemons import cli_env, fake_daemon, package, run_cli
+from tests.conformance.dmr_daemons import cli_env, package, run_cli
+from tests.conformance.openai_endpoint import OpenAIEndpoint
 from tests.daemon import free_port
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.registry import Registry
 from tests.terminal import Terminal
 
-__all__ = ["fake_daemon"]
-
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 32
-
-
-class OpenAIEndpoint:
-    """A scripted OpenAI-compatible server that records each chat request; `script` lists, per request,
-    "ok" (a streamed answer) or "error" (one chunk, then an error event, as our daemon reports a crash)."""
-
-    def __init__(self, script: list[str]) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.script = script
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                endpoint.requests.append({"path": self.path, "body": body})
-                kind = endpoint.script.pop(0) if endpoint.script else "ok"
-                events = [{"choices": [{"delta": {"content": "first "}}]}]
-                if kind == "error":
-                    events.append({"error": {"message": "the engine stopped", "type": "server_error"}})
-                else:
-                    events.append({"choices": [{"delta": {"content": "answer"}}]})
-                data = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events)
-                if kind == "ok":
-                    data += b"data: [DONE]\n\n"
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def endpoint() -> Iterator[OpenAIEndpoint]:
-    running = OpenAIEndpoint([])
-    yield running
-    running.stop()
 
 
 def test_file_inclusion_and_images_as_dmr_builds_the_message(

@@ -18,13 +18,11 @@ from pathlib import Path
 import pytest
 
 from modelrunner.cli.bench import LevelResult, summary_text
-from tests.conformance.dmr_daemons import cli_env, fake_daemon, run_cli
-from tests.conformance.test_cli_run import OpenAIEndpoint, endpoint
+from tests.conformance.dmr_daemons import cli_env, run_cli
+from tests.conformance.openai_endpoint import OpenAIEndpoint
 from tests.daemon import free_port
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
-
-__all__ = ["endpoint", "fake_daemon"]
 
 
 def test_show_is_format_model_info(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
@@ -181,6 +179,23 @@ def test_unknown_and_abbreviated_flags(
     path = f"model {args[0]}"
     line = f"model {usage}" if usage is not None else f"model package {PACKAGE_USAGE}"
     assert result.stderr == f"{problem}\n\nUsage:  {line}\n\nRun '{path} --help' for more information\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["ls", "a", "b"], "accepts at most 1 arg(s), received 2"),  # list.go: cobra.MaximumNArgs(1)
+        (["context", "rm"], "requires at least 1 arg(s), only received 0"),  # context.go: MinimumNArgs(1)
+        (["context", "inspect"], "requires at least 1 arg(s), only received 0"),
+        (["context", "create"], "accepts 1 arg(s), received 0"),  # context.go: cobra.ExactArgs(1)
+        (["context", "use", "a", "b"], "accepts 1 arg(s), received 2"),
+    ],
+)
+def test_cobras_own_argument_counts(tmp_path: Path, args: list[str], error: str) -> None:
+    """Verbs whose Args are cobra's own validators (args.go) fail with cobra's texts, as DMR's main prints
+    them, exit 1, before anything is asked of the daemon or the context store."""
+    result = run_cli(cli_env(tmp_path, f"http://127.0.0.1:{free_port()}"), *args)
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", error + "\n")
 
 
 def test_run_and_package_argument_counts(tmp_path: Path) -> None:

@@ -20,12 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conformance.dmr_daemons import fake_daemon, package
+from tests.conformance.dmr_daemons import package
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
 from tests.registry import Registry
-
-__all__ = ["fake_daemon"]
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}  # what `curl -d` sends
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 import http.client
 from pathlib import Path
 
-from tests.conformance.dmr_daemons import fake_daemon, package
+from tests.conformance.dmr_daemons import package
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
-
-__all__ = ["fake_daemon"]
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 

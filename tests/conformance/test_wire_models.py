@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.dmr_daemons import fake_daemon, package
+from tests.conformance.dmr_daemons import package
 from tests.conformance.gotypes import (
     DELETE_RESPONSE,
     DISK_USAGE,
@@ -27,8 +27,6 @@ from tests.conformance.gotypes import (
 )
 from tests.inprocess import InProcessDaemon
 from tests.registry import Registry
-
-__all__ = ["fake_daemon"]
 
 UA = {"User-Agent": "docker-model-cli/v1.2.6"}
 OPENAI_MODEL = {

@@ -21,7 +21,7 @@ import pytest
 
 from modelrunner.engines.llamacpp import LlamaCppEngine
 from modelrunner.engines.vllm import VllmEngine
-from tests.conformance.dmr_daemons import fake_daemon, package
+from tests.conformance.dmr_daemons import package
 from tests.conformance.gotypes import (
     BACKEND_STATUS,
     MODEL_CONFIG_ENTRY,
@@ -33,8 +33,6 @@ from tests.conformance.gotypes import (
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_safetensors_dir
-
-__all__ = ["fake_daemon"]
 
 DMR_CLI = {"Content-Type": "application/json", "User-Agent": "docker-model-cli/v1.2.6"}
 

@@ -8,9 +8,6 @@ from pathlib import Path
 import pytest
 
 from tests.daemon import Daemon, free_port
-from tests.engines import llama_server
-
-__all__ = ["llama_server"]
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "src" / "modelrunner" / "templates" / "gemma3.jinja"
 

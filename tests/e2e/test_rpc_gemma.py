@@ -23,9 +23,6 @@ import pytest
 
 from modelrunner.engines import rpc_workers
 from tests.daemon import Daemon, error_message, free_port
-from tests.engines import llama_server
-
-__all__ = ["llama_server"]
 
 PROMPT = "The capital of France is"
 GREEDY = {"model": "gemma3:270m", "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
@@ -120,12 +117,18 @@ def runner(daemon: Daemon) -> dict[str, Any]:
     return dict(only)
 
 
+def configure(daemon: Daemon, *args: str) -> None:
+    """`args` and what every test runs with (never unloaded; no repacking: the kernels the workers use),
+    in one configure: each is the model's whole configuration, as in DMR."""
+    daemon.cli("configure", "gemma3:270m", "--keep-alive", "-1", *args, "--", "--no-repack")
+
+
 def rss(pid: int) -> int:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_local_only_answer(daemon: Daemon) -> None:
-    daemon.cli("configure", "gemma3:270m", "--keep-alive", "-1", "--", "--no-repack")
+    configure(daemon)
     results["local"] = greedy(daemon)
     local = runner(daemon)
     assert "layout" not in local
@@ -136,11 +139,11 @@ def test_local_only_answer(daemon: Daemon) -> None:
 def test_two_workers_give_the_same_greedy_answer(daemon: Daemon, workers: list[Worker]) -> None:
     idle = [worker.rss() for worker in workers]
     spread = ",".join(worker.endpoint for worker in workers)
-    daemon.cli("configure", "gemma3:270m", "--rpc", spread)
+    configure(daemon, "--rpc", spread)
     assert greedy(daemon) == results["local"]
     loaded = runner(daemon)
     argv = Path(f"/proc/{loaded['pid']}/cmdline").read_bytes().decode().split("\0")
-    assert argv[argv.index("--rpc") + 1] == spread and "--no-repack" in argv  # earlier settings kept
+    assert argv[argv.index("--rpc") + 1] == spread and "--no-repack" in argv
     assert loaded["layout"] == {"rpc_workers": [worker.endpoint for worker in workers]}
     # every layer went to the workers: each holds about half of the blocks (~34 MB of Gemma's 68 MB) ...
     for before, worker in zip(idle, workers, strict=True):
@@ -191,14 +194,14 @@ def test_a_worker_that_does_not_answer_at_load_is_a_503_naming_it(
     daemon: Daemon, workers: list[Worker]
 ) -> None:
     absent = f"127.0.0.1:{free_port()}"
-    daemon.cli("configure", "gemma3:270m", "--rpc", f"{workers[0].endpoint},{absent}")
+    configure(daemon, "--rpc", f"{workers[0].endpoint},{absent}")
     response = daemon.http("POST", "/v1/completions", json=GREEDY)
     assert response.status_code == 503
     message = error_message(response)
     assert absent in message and "model worker" in message
     assert daemon.http("GET", "/engines/ps").json() == []  # nothing half-loaded
-    # turning the workers off brings the local-only model back
-    daemon.cli("configure", "gemma3:270m", "--rpc", "")
+    # a configuration without workers brings the local-only model back
+    configure(daemon)
     assert greedy(daemon) == results["local"]
     assert "layout" not in runner(daemon)
 
@@ -208,7 +211,7 @@ def test_a_worker_capped_below_the_model_fails_the_load_and_survives(
 ) -> None:
     capped = Worker(env, tmp_path / "capped.log", mem_mib=16).start()
     try:
-        daemon.cli("configure", "gemma3:270m", "--rpc", capped.endpoint)
+        configure(daemon, "--rpc", capped.endpoint)
         response = daemon.http("POST", "/v1/completions", json=GREEDY, timeout=300)
         assert response.status_code == 500
         assert "RPC" in error_message(response)
@@ -216,7 +219,7 @@ def test_a_worker_capped_below_the_model_fails_the_load_and_survives(
         assert "Failed to allocate" in capped.log.read_text()
     finally:
         capped.stop()
-        daemon.cli("configure", "gemma3:270m", "--rpc", "")
+        configure(daemon, "--rpc", "")  # "" turns the workers off too
 
 
 def test_bad_rpc_settings_are_refused_and_change_nothing(daemon: Daemon) -> None:

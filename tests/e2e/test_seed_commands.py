@@ -25,11 +25,8 @@ import pytest
 from modelrunner.embedded import MODEL
 from tests.daemon import Daemon, free_port
 from tests.docker_cli import DOCKER, docker, plugin_env
-from tests.engines import llama_server
 from tests.registry import Registry
 from tests.terminal import Terminal
-
-__all__ = ["llama_server"]
 
 QUESTION = "Why is the sky blue? Answer in two sentences."
 # Words an answer about the sky's colour uses; SmolLM2-135M-Instruct's answers name at least one of them.

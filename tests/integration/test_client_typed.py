@@ -8,10 +8,7 @@ import pytest
 from modelrunner import client_errors as ce
 from modelrunner.client import Client
 from modelrunner.client_types import DiskUsage, Model, Runner
-from tests.conformance.dmr_daemons import fake_daemon
 from tests.inprocess import InProcessDaemon
-
-__all__ = ["fake_daemon"]
 
 
 def test_answers_are_typed_and_keep_the_daemons_json(fake_daemon: InProcessDaemon) -> None:

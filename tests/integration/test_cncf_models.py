@@ -29,11 +29,8 @@ from tests.conformance.test_config_cncf import (
     GOLDEN_CNCF_ID,
 )
 from tests.daemon import Daemon, free_port, json_lines, snapshot
-from tests.engines import llama_server
 from tests.models import CHAT_TEMPLATE, write_tiny_gguf
 from tests.registry import Registry
-
-__all__ = ["llama_server"]
 
 
 def start_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Daemon:

@@ -28,12 +28,8 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_
 
 from modelrunner.display import display_name
 from tests.daemon import Daemon, free_port
-from tests.diffusers_env import diffusers_python, tiny_sd_dduf
-from tests.engines import llama_server
 from tests.models import write_tiny_gguf
 from tests.registry import Registry, RegistryProxy
-
-__all__ = ["diffusers_python", "llama_server", "tiny_sd_dduf"]  # session fixtures, used by parameter name
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Without the networking flags Chromium's own background connections are refused by a closed network.

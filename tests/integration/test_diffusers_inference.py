@@ -23,10 +23,7 @@ import pytest
 
 from modelrunner.engines import diffusers
 from tests.daemon import Daemon, engine_log, error_message, free_port, snapshot
-from tests.diffusers_env import diffusers_python, tiny_sd_dduf
 from tests.models import write_dduf_with_compressed_entry, write_dduf_with_entry_name
-
-__all__ = ["diffusers_python", "tiny_sd_dduf"]  # session fixtures, used by parameter name
 
 ROUTE = "/engines/diffusers/v1/images/generations"
 SMALL = {"size": "64x64", "num_inference_steps": 2}

@@ -28,10 +28,7 @@ import openai
 import pytest
 
 from tests.daemon import Daemon, engine_log, free_port
-from tests.engines import llama_server
 from tests.models import write_tiny_gguf
-
-__all__ = ["llama_server"]
 
 MAX_TOKENS = 20000
 HI = [{"role": "user", "content": "hi"}]

@@ -22,9 +22,7 @@ from modelrunner.engines.base import Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.llamacpp import LlamaCppEngine
 from modelrunner.store.store import ModelStore
 from tests.daemon import Daemon, error_message, free_port, json_lines
-from tests.engines import llama_server, packaged_model, tiny_model, unix_client, wait_healthy
-
-__all__ = ["llama_server"]  # a session fixture, used by parameter name: listed so linters see it used
+from tests.engines import packaged_model, tiny_model, unix_client, wait_healthy
 
 
 def status_rows(text: str) -> dict[str, list[str]]:

@@ -15,10 +15,7 @@ import openai
 import pytest
 
 from tests.daemon import Daemon, free_port
-from tests.engines import llama_server
 from tests.models import write_tiny_gguf
-
-__all__ = ["llama_server"]
 
 
 @pytest.fixture

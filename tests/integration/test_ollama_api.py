@@ -11,11 +11,8 @@ import pytest
 
 from tests import golden
 from tests.daemon import Daemon, free_port, json_lines
-from tests.engines import llama_server
 from tests.models import write_tiny_gguf
 from tests.registry import Registry
-
-__all__ = ["llama_server"]
 
 
 @pytest.fixture(scope="module")

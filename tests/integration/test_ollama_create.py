@@ -14,10 +14,7 @@ import pytest
 
 from modelrunner.artifact import mediatypes as mt
 from tests.daemon import Daemon, free_port, snapshot
-from tests.engines import llama_server
 from tests.models import write_tiny_gguf
-
-__all__ = ["llama_server"]
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,7 @@ import pytest
 
 from modelrunner.scheduler.runner import process_stat
 from tests.daemon import Daemon, free_port
-from tests.engines import llama_server
 from tests.models import write_tiny_gguf
-
-__all__ = ["llama_server"]
 
 
 @pytest.fixture

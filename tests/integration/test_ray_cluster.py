@@ -31,9 +31,7 @@ import pytest
 from modelrunner.engines import ray_cluster
 from tests.daemon import Daemon, engine_log, error_message, free_port
 from tests.netns import PrivateNetwork
-from tests.vllm_env import GREEDY_TRANSFORMERS, tiny_vllm_model, venv_python, vllm_venv
-
-__all__ = ["tiny_vllm_model", "vllm_venv"]
+from tests.vllm_env import GREEDY_TRANSFORMERS, venv_python
 
 LOAD = 900.0  # seconds a request may wait for a vLLM start (two workers) on a busy 2-core machine
 PROMPT, N_TOKENS = "the quick brown fox", 6
@@ -117,7 +115,7 @@ def daemon(
     try:
         running.cli("install-runner", "--backend", "vllm", "--gpu", "none")
         running.cli("package", "--safetensors-dir", str(tiny_vllm_model), "tiny-vllm")
-        running.cli("configure", "tiny-vllm", "--keep-alive", "-1", "--", "--dtype", "float32")
+        configure(running)
         yield running
     finally:
         running.stop()
@@ -141,8 +139,10 @@ def wait_idle(daemon: Daemon) -> None:
 
 
 def configure(daemon: Daemon, *args: str) -> None:
+    """`args` and the settings every test runs with (fp32, as transformers computes; never unloaded), in
+    one configure: each is the model's whole configuration, as in DMR."""
     wait_idle(daemon)
-    daemon.cli("configure", "tiny-vllm", *args)
+    daemon.cli("configure", "tiny-vllm", "--keep-alive", "-1", *args, "--", "--dtype", "float32")
     wait_idle(daemon)
 
 
@@ -189,7 +189,7 @@ def test_pipeline_parallel_2_is_placed_across_both_nodes_then_vllm_cpu_refuses_r
     daemon: Daemon, cluster: tuple[str, list[RayNode]]
 ) -> None:
     address, _ = cluster
-    wait_idle(daemon)
+    wait_idle(daemon)  # on the layout test_status_shows_the_ray_cluster configured (pp 2 on the cluster)
     started = len(daemon.http("GET", "/logs", params={"no-engines": "true"}).text)
     response = daemon.http(
         "POST", "/v1/completions", json={"model": "tiny-vllm", "prompt": "hi", "max_tokens": 2}, timeout=LOAD
@@ -215,7 +215,8 @@ def test_pipeline_parallel_2_is_placed_across_both_nodes_then_vllm_cpu_refuses_r
 def test_a_layout_larger_than_the_cluster_is_a_503(
     daemon: Daemon, cluster: tuple[str, list[RayNode]]
 ) -> None:
-    configure(daemon, "--pipeline-parallel-size", "3")
+    address, _ = cluster
+    configure(daemon, "--pipeline-parallel-size", "3", "--ray-address", address)
     response = daemon.http(
         "POST", "/v1/completions", json={"model": "tiny-vllm", "prompt": "hi"}, timeout=LOAD
     )
@@ -240,7 +241,7 @@ def test_a_node_that_left_shows_in_status_and_fails_the_layout(
     daemon: Daemon, cluster: tuple[str, list[RayNode]], vllm_venv: Path
 ) -> None:
     address, nodes = cluster
-    configure(daemon, "--ray-address", address)
+    configure(daemon, "--pipeline-parallel-size", "2", "--ray-address", address)
     nodes[1].stop()
     deadline = time.monotonic() + 120
     while "1 node(s) alive of 2" not in (shown := daemon.cli("status").stdout):

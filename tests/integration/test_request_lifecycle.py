@@ -19,10 +19,7 @@ import httpx
 import pytest
 
 from tests.daemon import Daemon, free_port
-from tests.engines import llama_server
 from tests.models import write_tiny_gguf
-
-__all__ = ["llama_server"]
 
 HI = [{"role": "user", "content": "hi"}]
 

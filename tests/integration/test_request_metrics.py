@@ -18,10 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.daemon import Daemon, free_port
-from tests.engines import llama_server
 from tests.models import write_tiny_gguf
-
-__all__ = ["llama_server"]
 
 HI = [{"role": "user", "content": "hi"}]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -13,10 +13,7 @@ import pytest
 
 from tests import golden
 from tests.daemon import Daemon, error_message, free_port
-from tests.engines import llama_server
 from tests.models import write_tiny_gguf
-
-__all__ = ["llama_server"]
 
 
 @pytest.fixture(scope="module")

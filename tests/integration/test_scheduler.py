@@ -283,7 +283,6 @@ def test_other_methods_on_inference_routes_are_405(start: Start) -> None:
         {"model": "tiny", "vllm": {"hf-overrides": {"bad key": 1}}},
         {"model": "tiny", "mode": "dreaming"},
         {"model": "tiny", "unknown": True},
-        {"model": "absent", "context-size": 10},
         {"model": "tiny", "speculative": {"draft_model": "absent"}},
         {"model": "tiny", "speculative": {"draft_model": 5}},
         {"model": "tiny", "speculative": {"draft_model": "tiny", "num_tokens": 0}},

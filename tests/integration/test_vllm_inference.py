@@ -22,9 +22,7 @@ import pytest
 
 from tests.daemon import Daemon, error_message, free_port
 from tests.models import write_tiny_gguf
-from tests.vllm_env import GREEDY_TRANSFORMERS, tiny_vllm_model, venv_python, vllm_venv
-
-__all__ = ["tiny_vllm_model", "vllm_venv"]
+from tests.vllm_env import GREEDY_TRANSFORMERS, venv_python
 
 LOAD = 600.0  # seconds a request may wait for a vLLM start on a busy 2-core machine
 
@@ -40,10 +38,16 @@ def daemon(
         assert "vllm" in installed.stdout + installed.stderr
         running.cli("package", "--safetensors-dir", str(tiny_vllm_model), "tiny-vllm")
         # fp32 end to end (vLLM on CPU would compute in bf16), and only the engine's own start is measured
-        running.cli("configure", "tiny-vllm", "--keep-alive", "-1", "--", "--dtype", "float32")
+        configure(running)
         yield running
     finally:
         running.stop()
+
+
+def configure(daemon: Daemon, *args: str) -> None:
+    """`args` and what every test runs with (fp32 end to end: vLLM on CPU would compute in bf16; never
+    unloaded), in one configure: each is the model's whole configuration, as in DMR."""
+    daemon.cli("configure", "tiny-vllm", "--keep-alive", "-1", *args, "--", "--dtype", "float32")
 
 
 def engine_runners(daemon: Daemon) -> list[dict[str, Any]]:
@@ -223,21 +227,21 @@ def test_vllm_and_transformers_agree_on_the_first_greedy_tokens(
 def test_configured_hf_overrides_and_context_size_reach_the_engine(daemon: Daemon) -> None:
     long_prompt = "the quick brown fox jumps over a lazy dog " * 40  # ~360 tokens: fits 512, not 256
     assert chat(daemon, messages=[{"role": "user", "content": long_prompt}], max_tokens=2).status_code == 200
-    daemon.cli("configure", "tiny-vllm", "--hf_overrides", '{"max_position_embeddings": 256}')
+    configure(daemon, "--hf_overrides", '{"max_position_embeddings": 256}')
     response = chat(daemon, messages=[{"role": "user", "content": long_prompt}], max_tokens=2)
     assert response.status_code == 400, response.text
     assert "256" in response.text
     [runner] = engine_runners(daemon)
     argv = cmdline(runner["pid"])
     assert json.loads(argv[argv.index("--hf-overrides") + 1]) == {"max_position_embeddings": 256}
-    assert argv[argv.index("--dtype") + 1] == "float32"  # earlier settings are kept
+    assert argv[argv.index("--dtype") + 1] == "float32"
 
-    daemon.cli("configure", "tiny-vllm", "--context-size", "64")
+    configure(daemon, "--context-size", "64")  # the whole configuration: the overrides are gone
     response = chat(daemon, messages=[{"role": "user", "content": "hello " * 80}], max_tokens=2)
     assert response.status_code == 400, response.text
     [runner] = engine_runners(daemon)
     argv = cmdline(runner["pid"])
-    assert argv[argv.index("--max-model-len") + 1] == "64"
+    assert argv[argv.index("--max-model-len") + 1] == "64" and "--hf-overrides" not in argv
     assert chat(daemon, max_tokens=2).status_code == 200
 
 

@@ -166,7 +166,7 @@ class _Engine:
 
 def configure(engine: str, **body: object) -> ModelSettings:
     request = ConfigureRequest.model_validate({"model": "ai/x", **body})
-    return settings_from_request(request, None, _Engine(engine), None, None)  # type: ignore[arg-type]
+    return settings_from_request(request, None, _Engine(engine), None)  # type: ignore[arg-type]
 
 
 def test_configure_keys_for_the_layouts(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ class DmrArgs:
     `names` (declared optional, so that this rule and not argparse judges the count); `failure`, the
     message handleClientError puts before a daemon's error (formatted with the parsed arguments).
     `counted=False` for a command without `Args` (cobra's legacyArgs takes any words; only its flags are
-    checked)."""
+    checked). `cobra` names one of cobra's own validators instead, with its own texts: ("exact", n) for
+    ExactArgs, ("min", n) for MinimumNArgs, ("max", n) for MaximumNArgs."""
 
     def __init__(
         self,
@@ -28,9 +29,10 @@ class DmrArgs:
         at_least: bool = False,
         failure: str | None = None,
         counted: bool = True,
+        cobra: tuple[str, int] | None = None,
     ) -> None:
         self.verb, self.usage, self.names, self.at_least, self.failure = verb, usage, names, at_least, failure
-        self.counted = counted
+        self.counted, self.cobra = counted, cobra
 
     def __eq__(self, other: object) -> bool:  # the same rule whichever parser built it
         return isinstance(other, DmrArgs) and vars(self) == vars(other)
@@ -39,6 +41,8 @@ class DmrArgs:
 
     def count_error(self, prog: str, count: int) -> str | None:
         """DMR's text when `count` words do not fit the rule, with the command path as invoked."""
+        if self.cobra is not None:
+            return _cobra_count_error(*self.cobra, count)
         if not self.counted:
             return None
         wanted = len(self.names) if not self.at_least else 1
@@ -50,6 +54,17 @@ class DmrArgs:
             f"Usage:  {path} {self.usage}\n\n"
             f"See '{path} --help' for more information"
         )
+
+
+def _cobra_count_error(kind: str, n: int, count: int) -> str | None:
+    """The texts of cobra's args.go validators (ExactArgs, MinimumNArgs, MaximumNArgs)."""
+    if kind == "exact" and count != n:
+        return f"accepts {n} arg(s), received {count}"
+    if kind == "min" and count < n:
+        return f"requires at least {n} arg(s), only received {count}"
+    if kind == "max" and count > n:
+        return f"accepts at most {n} arg(s), received {count}"
+    return None
 
 
 def takes(parser: Any, rule: DmrArgs) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from modelrunner.cli.common import UsageError
+from modelrunner.cli.common import DmrArgs, UsageError, takes
 
 
 def cmd_create(args: argparse.Namespace) -> None:
@@ -129,7 +129,10 @@ def add_commands(commands: Any) -> None:
     verbs = context.add_subparsers(title="commands", metavar="COMMAND")
 
     create = verbs.add_parser("create", help="Create a named model runner context.")
-    create.add_argument("name", metavar="NAME")
+    create.add_argument("name", metavar="NAME", nargs="?")
+    takes(
+        create, DmrArgs("context create", "NAME", "name", cobra=("exact", 1))
+    )  # context.go: cobra's own Args
     create.add_argument("--host", help="model runner API base URL (e.g. http://192.168.1.100:12434)")
     create.add_argument("--tls", action="store_true", help="use TLS for this context")
     create.add_argument("--tls-skip-verify", action="store_true", help="skip TLS certificate verification")
@@ -143,18 +146,21 @@ def add_commands(commands: Any) -> None:
     create.set_defaults(handler=cmd_create)
 
     use = verbs.add_parser("use", help='Set the active context ("default": the local model runner).')
-    use.add_argument("name", metavar="NAME")
+    use.add_argument("name", metavar="NAME", nargs="?")
+    takes(use, DmrArgs("context use", "NAME", "name", cobra=("exact", 1)))
     use.set_defaults(handler=cmd_use)
 
     listing = verbs.add_parser("ls", aliases=["list"], help="List contexts.")
     listing.set_defaults(handler=cmd_ls)
 
     rm = verbs.add_parser("rm", aliases=["remove"], help="Remove one or more contexts.")
-    rm.add_argument("names", nargs="+", metavar="NAME")
+    rm.add_argument("names", nargs="*", metavar="NAME")
+    takes(rm, DmrArgs("context rm", "NAME [NAME...]", "names", at_least=True, cobra=("min", 1)))
     rm.set_defaults(handler=cmd_rm)
 
     inspect = verbs.add_parser("inspect", help="Show one or more contexts as JSON.")
-    inspect.add_argument("names", nargs="+", metavar="NAME")
+    inspect.add_argument("names", nargs="*", metavar="NAME")
+    takes(inspect, DmrArgs("context inspect", "NAME [NAME...]", "names", at_least=True, cobra=("min", 1)))
     inspect.set_defaults(handler=cmd_inspect)
 
     context.set_defaults(handler=lambda _: context.print_help())

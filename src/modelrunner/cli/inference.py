@@ -244,8 +244,7 @@ def cmd_configure(args: argparse.Namespace) -> None:
     }
     if speculative:
         request["speculative"] = speculative
-    if len(request) == 1:
-        raise UsageError("nothing to configure: give --context-size, --keep-alive, --think, --mode or flags")
+    # `configure MODEL` alone is sent too, as DMR's configure.go does: it resets the model to its defaults
     daemon.configure(request, args.backend)  # and nothing printed, as DMR's configure.go prints nothing
 
 
@@ -287,7 +286,8 @@ def add_commands(commands: Any) -> None:
     configure = commands.add_parser(
         "configure",
         aliases=["config"],
-        help="Set a model's engine settings (kept across restarts); `configure show [MODEL]` lists them.",
+        help="Set a model's engine settings, all at once: what is left out is back to its default (kept "
+        "across restarts); `configure show [MODEL]` lists them.",
     )
     configure.add_argument("model", help="model name, tag or ID (or `show`); engine flags follow a --")
     configure.add_argument("target", nargs="?", help="with `show`: only this model")

@@ -470,7 +470,7 @@ def add_commands(commands: Any) -> None:
     listing.add_argument(
         "--openaiurl", metavar="URL", help="OpenAI-compatible API endpoint URL to list models from"
     )
-    takes(listing, DmrArgs("ls", "[OPTIONS] [MODEL]", counted=False))
+    takes(listing, DmrArgs("ls", "[OPTIONS] [MODEL]", "model", cobra=("max", 1)))  # list.go: MaximumNArgs(1)
     listing.set_defaults(handler=cmd_list)
 
     inspect = commands.add_parser("inspect", help="Show a model's details as JSON.")

@@ -31,6 +31,7 @@ from modelrunner.engines.base import LaunchSpec, Mode, ModelForEngine
 from modelrunner.errors import ModelRunnerError
 from modelrunner.eventlog import DEFAULT_BACKUPS, event, log_max_bytes
 from modelrunner.scheduler import rundir
+from modelrunner.scheduler.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,8 @@ class Runner:
         self.exit_task: asyncio.Task[None] | None = None  # owned here: watches the engine until it is gone
         self.idle_timer: asyncio.TimerHandle | None = None
         self.load_seconds = 0.0
+        self.settings: ModelSettings | None = None  # the configuration it was started with
+        self.superseded = False  # retired by `configure` with new settings: its waiters load those
         self.exited = asyncio.Event()  # the engine's main process exited
         self.gone = asyncio.Event()  # ... and every other process of its group too: its memory is free
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from modelrunner import eventlog
 from modelrunner.engines.base import Engine, Mode, ModelForEngine
-from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
+from modelrunner.errors import BadRequest, Conflict, ModelNotFound, ModelRunnerError
 from modelrunner.eventlog import event
 from modelrunner.scheduler import rundir
 from modelrunner.scheduler.durations import NEVER, format_keep_alive
@@ -169,6 +169,16 @@ class Scheduler:
         self, engine: Engine, model: ModelForEngine, mode: Mode, keep_alive: float | None = None
     ) -> Runner:
         """A ready runner for (engine, model, mode), loading it if needed; the caller must release it."""
+        while True:
+            runner = await self._acquire_once(engine, model, mode, keep_alive)
+            if runner is not None:
+                return runner
+
+    async def _acquire_once(
+        self, engine: Engine, model: ModelForEngine, mode: Mode, keep_alive: float | None
+    ) -> Runner | None:
+        """acquire(), or None when the load it waited for was replaced by one with new settings
+        (`configure` while loading): the caller asks again and waits for the new one."""
         key = RunnerKey(engine.name, model.id, mode)
         queued = False
         async with self._changed:
@@ -226,6 +236,8 @@ class Scheduler:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # this request was cancelled
+            if runner.superseded:
+                return None
             raise Busy("the model's load was cancelled (the model runner is stopping); retry") from None
         except BaseException:
             await self.release(runner)
@@ -267,7 +279,9 @@ class Scheduler:
         # one engine log per (engine, model, mode): what a crash message quotes is that engine's own output
         log_path = self.logs_dir / f"engine-{engine.name}-{model.id.removeprefix('sha256:')[:12]}-{mode}.log"
         memory = engine.estimate_memory(model, settings)
-        return Runner(key, model, spec, memory, log_path, self.run_dir / "pids", keep_alive)
+        runner = Runner(key, model, spec, memory, log_path, self.run_dir / "pids", keep_alive)
+        runner.settings = stored
+        return runner
 
     def _draft_bundle(self, stored: ModelSettings) -> Path | None:
         if stored.speculative_draft_model is None:
@@ -356,7 +370,11 @@ class Scheduler:
         try:
             loading = runner.load_task
             if loading is not None and not loading.done() and reason != "load_failed":
-                loading.cancel()  # its own clean-up stops the engine it may have spawned
+                # its own clean-up stops the engine it may have spawned; cancelled again until it ends, as
+                # Python 3.11's wait_for swallows a cancellation that meets its call's end (a health poll)
+                while not loading.done():
+                    loading.cancel()
+                    await asyncio.wait({loading}, timeout=1)
                 await asyncio.gather(loading, return_exceptions=True)
             # a frozen engine would not act on SIGTERM: SIGKILL at once
             await runner.stop(grace=0 if reason == "frozen" else STOP_GRACE)
@@ -518,16 +536,38 @@ class Scheduler:
         await asyncio.gather(*stops, return_exceptions=True)
         return len(victims)
 
+    async def configure(self, engine: str, model_id: str, mode: Mode, settings: ModelSettings) -> None:
+        """Store `settings` as the whole configuration of (engine, model, mode), as DMR's setRunnerConfig
+        (pkg/inference/scheduling/loader.go): unchanged settings change nothing, the loaded runner stays;
+        changed ones retire its runner when it is idle, or still loading (the requests waiting for it then
+        load the new configuration), and are refused while it answers requests (DMR's 409)."""
+        key = RunnerKey(engine, model_id, mode)
+        stop: asyncio.Task[Any] | None = None
+        async with self._changed:
+            runner = self.runners.get(key)
+            # what the loaded runner runs with (it may predate the stored settings: Ollama's num_ctx)
+            current = runner.settings if runner is not None else self.settings.get(engine, model_id, mode)
+            if settings != (current or ModelSettings()):
+                if runner is not None and runner.state is RunnerState.READY and runner.in_use:
+                    event(log, "refused", status=409, reason="runner_in_use", model=runner.name)
+                    raise Conflict(
+                        "runner already active: the model is answering requests with its current "
+                        "configuration; configure it again when it is idle"
+                    )
+                if runner is not None:
+                    runner.superseded = True
+                    stop = self._retire(runner, "configure")
+            self.settings.put(engine, model_id, mode, settings)
+            self._changed.notify_all()
+        if stop is not None:
+            await asyncio.gather(stop, return_exceptions=True)
+
     def preload(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         """Run a load that no request waits for (after `configure`) as a task the scheduler owns."""
         self._spawn(coroutine)
 
     def has_runner(self, engine: str, model_id: str, mode: Mode) -> bool:
         return RunnerKey(engine, model_id, mode) in self.runners
-
-    def in_use(self, engine: str, model_id: str, mode: Mode) -> bool:
-        runner = self.runners.get(RunnerKey(engine, model_id, mode))
-        return runner is not None and runner.in_use > 0
 
     def ps(self) -> list[dict[str, Any]]:
         return [

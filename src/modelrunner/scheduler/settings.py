@@ -2,7 +2,8 @@
 
 DMR keeps them in memory only, and its users lose their context size on every restart (its most
 reported bug). Here each model has `configs/<model-hex>.json` next to the models index:
-{"<backend>/<mode>": {...settings...}}, written atomically.
+{"<backend>/<mode>": {...settings...}}, written atomically. Each `configure` replaces the entry as a whole,
+as DMR's does: what a request leaves out is back to its default.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import shlex
 from collections.abc import Callable
@@ -23,14 +24,17 @@ from modelrunner.compat.bodies import json_body
 from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
 from modelrunner.engines.registry import EngineRegistry
-from modelrunner.errors import BadRequest, Conflict, ModelNotFound, PermissionDenied
+from modelrunner.errors import BadRequest, ModelNotFound, PermissionDenied
+from modelrunner.eventlog import event
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings
 from modelrunner.server.admin_serving import AdminServing, UnloadRequest
 from modelrunner.server.lifecycle import Lifecycle, model_for_engine
 from modelrunner.server.localuser import caller_is_daemon_user
-from modelrunner.store.store import ModelStore
+from modelrunner.store.store import ModelStore, StoredModel
+
+log = logging.getLogger(__name__)
 
 _HF_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -76,7 +80,7 @@ def split_raw_flags(raw: str) -> list[str]:
 
 def requested_flags(body: ConfigureRequest) -> list[str] | None:
     """The runtime flags of a request as DMR reads them: the list when it is not empty, else the raw
-    string; None when the request sets no flags at all (the stored ones stay)."""
+    string; None when the request sets no flags at all (the engine's defaults)."""
     if body.runtime_flags:
         return list(body.runtime_flags)
     if body.raw_runtime_flags is not None:
@@ -94,13 +98,11 @@ def configured_keep_alive(value: object) -> float:
 
 
 def settings_from_request(
-    body: ConfigureRequest,
-    flags: list[str] | None,
-    engine: Engine,
-    base: ModelSettings | None,
-    store: ModelStore,
+    body: ConfigureRequest, flags: list[str] | None, engine: Engine, store: ModelStore
 ) -> ModelSettings:
-    settings = base or ModelSettings()
+    """The request's settings as the model's whole configuration: what it leaves out is the default (DMR's
+    ConfigureRunner builds a new BackendConfiguration from each request; nothing is merged)."""
+    settings = ModelSettings()
     if body.context_size is not None:
         if body.context_size == 0 or body.context_size < -1 or body.context_size > 2**31 - 1:
             raise BadRequest(
@@ -238,17 +240,25 @@ def build_admin_router(
         return await serving.unload(body)
 
     async def configure(body: ConfigureRequest, backend: str | None) -> PlainTextResponse:
-        model = store.get(body.model)
-        engine = engines.resolve(backend, model.config.format)
+        try:
+            model: StoredModel | None = store.get(body.model)
+        except ModelNotFound:
+            model = None  # accepted all the same, as DMR's ConfigureRunner does (below)
+        if model is not None:
+            engine = engines.resolve(backend, model.config.format)
+        else:  # its settings are checked against the engine asked for (nothing will run them)
+            engine = engines.find(backend) if backend is not None else engines.resolve(None, "")
         flags = requested_flags(body)
         mode = body.mode or (Mode.EMBEDDING if flags and "--embeddings" in flags else Mode.COMPLETION)
-        if scheduler.in_use(engine.name, model.id, mode):
-            raise Conflict("the model is answering requests; configure it again when it is idle")
-        stored = scheduler.settings.get(engine.name, model.id, mode)
-        settings = settings_from_request(body, flags, engine, stored, store)
-        scheduler.settings.put(engine.name, model.id, mode, settings)
-        await scheduler.unload({model.id}, engine.name, reason="configure")  # reload with the new settings
-        scheduler.preload(_preload(engine, model.id, body.model, mode))
+        settings = settings_from_request(body, flags, engine, store)  # bad settings: a 400 either way
+        if model is None:
+            # DMR (scheduler.go ConfigureRunner) keys the configuration by the name when no model has it,
+            # where no load ever looks (loads key by the model's ID), and its preload finds no model: a 202
+            # that configures nothing. The same here, without keeping what no load would read.
+            event(log, "configure_ignored", reason="model_not_in_store", model=body.model[:200])
+            return PlainTextResponse("", status_code=202)
+        await scheduler.configure(engine.name, model.id, mode, settings)  # 409 while it answers requests
+        scheduler.preload(_preload(engine, model.id, body.model, mode))  # as DMR, which Compose relies on
         return PlainTextResponse("", status_code=202)
 
     async def _preload(engine: Engine, model_id: str, name: str, mode: Mode) -> None:
