@@ -45,6 +45,17 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     ("POST", "/v1/chat/completions", {**CHAT, "keep_alive": "soon"}, 400, "openai"),
     ("POST", "/v1/chat/completions", {**CHAT, "keep_alive": True}, 400, "openai"),
     ("POST", "/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "openai"),
+    # a message without a role (llama-server: a 500 that SDKs retry), an unknown role or a message that is
+    # not an object: OpenAI's 400s
+    ("POST", "/v1/chat/completions", {"model": "tiny", "messages": [{"content": "hi"}]}, 400, "openai"),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "robot", "content": "hi"}]},
+        400,
+        "openai",
+    ),
+    ("POST", "/v1/chat/completions", {"model": "tiny", "messages": ["hi"]}, 400, "openai"),
     ("POST", "/v1/chat/completions", {"model": "tiny"}, 400, "openai"),
     ("POST", "/v1/chat/completions", {"messages": HI}, 400, "openai"),
     ("POST", "/v1/chat/completions", b"{not json", 400, "openai"),

@@ -76,13 +76,30 @@ class Prepared:
     whole: bool  # the answer is read whole: assembled, or an embedding whose error may be reworded
 
 
+# The roles OpenAI's chat API takes (its error for another lists them in this order).
+CHAT_ROLES = ("system", "assistant", "user", "function", "tool", "developer")
+
+
 def check_request(route: Route, doc: dict[str, Any]) -> None:
-    """What engines would answer wrongly: llama-server generates from an empty conversation (OpenAI's API
-    refuses it)."""
+    """What engines would answer wrongly: llama-server generates from an empty conversation, fails a message
+    without a role with a 500 (which SDKs retry) and takes any other role; OpenAI's API refuses all three
+    (its words)."""
     if route.upstream_path == assemble.CHAT:
         messages = doc.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages: must be a non-empty list of messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise BadRequest(f"Invalid type for 'messages[{i}]': expected an object.")
+            role = message.get("role")
+            if role is None:
+                raise BadRequest(f"Missing required parameter: 'messages[{i}].role'.")
+            if role not in CHAT_ROLES:
+                shown = str(role)[:40]
+                supported = ", ".join(f"'{r}'" for r in CHAT_ROLES[:-1]) + f", and '{CHAT_ROLES[-1]}'"
+                raise BadRequest(
+                    f"Invalid value: '{shown}'. Supported values are: {supported}.",
+                )
 
 
 class InferenceHandler:
