@@ -262,6 +262,32 @@ def test_a_stream_that_failed_is_recorded_as_a_streaming_error() -> None:
     assert json.loads(error["details"]) == failed and "response" not in record
 
 
+def test_records_are_written_as_go_marshals_them() -> None:
+    """openai_recorder.go: records and their parts go through json.Marshal, which escapes <, > and & and
+    writes a StreamingError compact, `details` omitted when empty (omitempty); normalizeErrorToJSON wraps a
+    text that is not JSON with Sprintf(`{"error": %s}`) around the marshalled text; assembled answers are
+    maps (keys sorted)."""
+    assert (
+        rec.compact_json({"content": "<b> & </b>"})
+        == b'{"content":"\\u003cb\\u003e \\u0026 \\u003c/b\\u003e"}'
+    )
+    assert rec.streaming_error("boom", "") == f'{{"status_code":{rec.STREAM_ERROR_STATUS},"message":"boom"}}'
+    assert rec.streaming_error("boom", "x", "server_error", 502) == (
+        '{"status_code":502,"message":"boom","type":"server_error","details":"x"}'
+    )
+    assert rec.normalize_error("a <b>") == '{"error": "a \\u003cb\\u003e"}'
+    assert rec.normalize_error('{"x": 1}') == '{"x": 1}'
+    stream = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"<hi>"}}]}\n\n'
+        b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    )
+    response, _ = rec.reassemble("openai", "/v1/chat/completions", "text/event-stream", stream)
+    assert "\\u003chi\\u003e" in response
+    assert response == json.dumps(json.loads(response), sort_keys=True, separators=(",", ":")).replace(
+        "<", "\\u003c"
+    ).replace(">", "\\u003e")
+
+
 def test_a_streamed_anthropic_message_is_recorded_whole() -> None:
     # follows openai_recorder.go convertAnthropicStreamingResponse (and its origin, anthropic/messages)
     events = [

@@ -70,10 +70,10 @@ def recorder_budget() -> int:
 
 
 def compact_json(value: Any) -> bytes:
-    """`value` as the listing writes it: as Starlette's JSONResponse did when the listing was one body. A lone
-    surrogate (a request may carry `"\\ud800"`) is written as its JSON escape, not refused mid-listing."""
-    text = json.dumps(value, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
-    return text.encode("utf-8", "backslashreplace")
+    """`value` as the listing and `requests -f` write it: as Go's json.Marshal does (DMR's recorder), `<`,
+    `>` and `&` escaped too. A lone surrogate (a request may carry `"\\ud800"`) is written as its JSON
+    escape, not refused mid-listing."""
+    return gojson.dumps_text(value).encode("utf-8", "backslashreplace")
 
 
 # -- request bodies ------------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def normalize_error(text: str) -> str:
     try:
         json.loads(text)
     except ValueError:
-        return json.dumps({"error": text})
+        return f'{{"error": {gojson.dumps_text(text)}}}'  # DMR's Sprintf around json.Marshal of the text
     return text
 
 
@@ -187,8 +187,9 @@ def streaming_error(message: str, details: str, kind: str | None = None, status:
     error: dict[str, Any] = {"status_code": status or STREAM_ERROR_STATUS, "message": message}
     if kind:
         error["type"] = kind
-    error["details"] = details
-    return json.dumps(error)
+    if details:  # omitempty
+        error["details"] = details
+    return gojson.dumps_text(error)
 
 
 def _events(raw: bytes) -> list[tuple[str | None, dict[str, Any], str]]:
@@ -235,7 +236,7 @@ def reassemble(api: str, url: str, content_type: str, raw: bytes) -> tuple[str, 
             return "", error
     if api == RESPONSES:
         finals = [doc["response"] for _, doc, _ in events if isinstance(doc.get("response"), dict)]
-        return (json.dumps(finals[-1]), "") if finals else (text, "")
+        return (_go_marshal(finals[-1]), "") if finals else (text, "")
     path = url.rsplit("/v1", 1)[-1]
     kind = assemble.MESSAGES if api == ANTHROPIC else assemble.CHAT
     if path == "/completions":
@@ -244,7 +245,7 @@ def reassemble(api: str, url: str, content_type: str, raw: bytes) -> tuple[str, 
     try:
         for event, doc, _ in events:
             assembler.add(event, doc)
-        return json.dumps(assembler.result()), ""
+        return _go_marshal(assembler.result()), ""
     except assemble.AssemblyError:
         return text, ""  # cut short: the bytes as they were sent
 
@@ -277,7 +278,12 @@ def _ollama(raw: bytes, text: str) -> tuple[str, str]:
         if not message.get("thinking"):
             message.pop("thinking", None)
         merged["message"] = message
-    return json.dumps(merged), ""
+    return _go_marshal(merged), ""
+
+
+def _go_marshal(document: dict[str, Any]) -> str:
+    """An assembled answer as DMR's recorder writes it: json.Marshal of a map (keys sorted, compact)."""
+    return gojson.dumps_text(gojson.as_interface(document))
 
 
 # Keys whose presence in a line of an answer says it may carry token counts.
