@@ -11,7 +11,7 @@ import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from modelrunner.server.front import UVICORN_TESTED, Chunked, FastPath, Sized, UntilClose, framing_of
+from modelrunner.server.front import UVICORN_TESTED, FastPath
 from modelrunner.server.inference import InferenceHandler
 from modelrunner.server.lifecycle import Lifecycle
 from modelrunner.server.security import SecurityPolicy
@@ -83,46 +83,6 @@ def test_with_an_api_key_only_requests_that_carry_it_are_taken() -> None:
     assert keyed.accept(PLAIN + b"\r\nAuthorization: Bearer s3cret") is not None
     assert keyed.accept(PLAIN + b"\r\nx-api-key: s3cret") is not None
     assert keyed.accept(PLAIN + b"\r\nx-api-key: wrong") is None
-
-
-def test_chunked_framing_follows_chunks_split_anywhere() -> None:
-    body = b"5\r\nhello\r\n1a;ext=1\r\n" + b"x" * 24 + b"\n\n\r\n0\r\n\r\n"
-    for cut in range(1, len(body)):
-        framing = Chunked()
-        framing.feed(body[:cut])
-        assert not framing.complete
-        framing.feed(body[cut:])
-        assert framing.complete and framing.tail == b"\n\n"
-
-
-def test_chunked_framing_knows_chunk_boundaries_and_trailers() -> None:
-    framing = Chunked()
-    framing.feed(b"3\r\nab")
-    assert not framing.at_boundary
-    framing.feed(b"c\r\n")
-    assert framing.at_boundary and framing.tail == b"bc"
-    framing.feed(b"0\r\nx-trailer: 1\r\n")
-    assert not framing.complete
-    framing.feed(b"\r\n")
-    assert framing.complete
-
-
-@pytest.mark.parametrize("junk", [b"zz\r\n", b"-5\r\n", b"1" * 5000])
-def test_chunked_framing_refuses_junk(junk: bytes) -> None:
-    with pytest.raises(ValueError):
-        Chunked().feed(junk)
-
-
-def test_framing_is_chosen_from_the_headers() -> None:
-    assert isinstance(framing_of([(b"transfer-encoding", b"chunked")]), Chunked)
-    sized = framing_of([(b"content-length", b"4")])
-    assert isinstance(sized, Sized) and not sized.complete
-    sized.feed(b"abcd")
-    assert sized.complete
-    assert framing_of([(b"content-length", b"0")]).complete
-    assert isinstance(framing_of([]), UntilClose) and framing_of([]).until_close
-    with pytest.raises(ValueError):
-        framing_of([(b"content-length", b"4, 4")])
 
 
 def test_uvicorn_is_a_release_the_front_was_tested_with() -> None:

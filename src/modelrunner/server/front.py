@@ -25,7 +25,6 @@ import asyncio
 import json
 import logging
 import time
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -35,9 +34,9 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from modelrunner import eventlog
-from modelrunner.chunking import MAX_CHUNK_LINE, chunk_size
 from modelrunner.errors import ModelRunnerError
-from modelrunner.http1 import MAX_HEAD, EngineIdle
+from modelrunner.http1 import EngineIdle
+from modelrunner.response_reader import MAX_HEAD, ResponseReader, body_of
 from modelrunner.scheduler.rundir import untrusted_socket
 from modelrunner.server import fdlimit
 from modelrunner.server.errors import error_body
@@ -53,13 +52,13 @@ from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, R
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
 from modelrunner.server.native_relay import End, NativeRelay, Result, native_relay
 from modelrunner.server.proxy import (
-    EVENT_STREAM_HEADERS,
+    client_headers,
     engine_died_body,
     request_bytes,
     retry_full_backlog,
     stream_end_event,
 )
-from modelrunner.server.recorder import RESPONSE_LIMIT, TAIL_KEPT
+from modelrunner.server.recorder import TAIL_KEPT
 from modelrunner.server.security import SecurityPolicy
 from modelrunner.server.upstream import EngineCall, EngineUnreachable, engine_idle_timeout
 
@@ -70,8 +69,6 @@ log = logging.getLogger(__name__)
 
 UVICORN_TESTED = ("0.54.",)  # the uvicorn releases this protocol was tested with (pyproject pins them)
 REFUSED_LINGER = 2.0  # a connection refused for want of descriptors is closed after this at the latest
-# Response headers the engine must not decide: hop-by-hop ones, ours (server, date) and CORS.
-_DROPPED = {b"connection", b"keep-alive", b"access-control-allow-origin", b"server", b"date"}
 _ALNUM = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _SAFE_TARGET = frozenset(_ALNUM + b"-._~/?=&+:,;")
 _TOKEN = frozenset(_ALNUM + b"!#$%&'*+-.^_`|~")  # header names
@@ -420,19 +417,19 @@ class FrontProtocol(asyncio.Protocol):
         """After the engine's answer ended (complete, or its connection closed): end the client's answer, as
         well as it can be ended."""
         assert self.transport is not None
-        framing = upstream.framing
+        reader = upstream.reader
         if self.transport.is_closing():
             return  # the client left
-        if framing is None:
+        if reader.head is None:
             message = exchange.failure(upstream.failure or "no response")
             self._write_json(500, engine_died_body(message))
-        elif framing.until_close:
+        elif reader.until_close:
             self.closing = True  # the only end of such a body is the end of the connection
-        elif not framing.complete:
+        elif not reader.complete:
             message = exchange.failure(upstream.failure or "connection closed")
-            if upstream.event_stream and isinstance(framing, Chunked) and framing.at_boundary:
+            if upstream.event_stream and reader.chunked and reader.at_boundary:
                 # the status is sent: say it in the stream (ending a half-sent event first), then end it
-                event = stream_end_event(framing.tail, message)
+                event = stream_end_event(reader.tail, message)
                 self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(event), event))
             else:
                 self.closing = True  # the body cannot be completed: closing tells the client
@@ -583,8 +580,8 @@ class Upstream(asyncio.Protocol):
         self.client: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
         self.record: Record | None = None
-        self.head = bytearray()
-        self.framing: Framing | None = None  # set once the head has been passed on
+        self.reader = ResponseReader()  # of the answer: its head is passed on once whole
+        self.heard = False  # the engine sent something of its answer
         self.event_stream = False
         self.keep_alive = True  # the engine may take another request on this connection
         self.failure: str | None = None
@@ -603,8 +600,8 @@ class Upstream(asyncio.Protocol):
         self.uses += 1
         self.front, self.client = front, front.transport
         self.exchange, self.record = exchange, exchange.record
-        self.head = bytearray()
-        self.framing = None
+        self.reader = ResponseReader()
+        self.heard = False
         self.event_stream = False
         self.failure = None
         self.sent = 0
@@ -634,16 +631,16 @@ class Upstream(asyncio.Protocol):
     @property
     def vanished(self) -> bool:
         """The engine closed the connection before answering a byte."""
-        return self.framing is None and not self.head and self.failure is None
+        return not self.heard and self.failure is None
 
     @property
     def reusable(self) -> bool:
-        framing = self.framing
+        reader = self.reader
         return (
             self.keep_alive
-            and framing is not None
-            and framing.complete
-            and not framing.until_close
+            and reader.head is not None
+            and reader.complete
+            and not reader.until_close
             and self.failure is None
             and self.transport is not None
             and not self.transport.is_closing()
@@ -667,58 +664,56 @@ class Upstream(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        framing = self.framing
-        if self.client is None or (framing is not None and framing.complete):
+        reader = self.reader
+        if self.client is None or reader.complete:
             # idle, or after its answer: an engine that speaks unasked is not trusted again
             self.keep_alive = False
             self.close()
             return
+        self.heard = True
         head = b""
-        if framing is None:
-            try:
-                parsed = self._read_head(data)
-            except ValueError as exc:
-                self._invalid(exc)
+        start = 0
+        if reader.head is None:
+            spans = reader.feed(data)
+            if reader.head is None:
+                if reader.invalid is not None:
+                    self._invalid(ValueError(reader.invalid))
                 return
-            if parsed is None:
-                return
-            status, headers, framing, data = parsed
-            self.framing = framing
-            assert self.front is not None
-            if self.idle and not framing.complete:
+            head = self._answer_head()
+            start = reader.body_start
+        else:
+            if self.idle_timer is not None:
                 self.last_read = time.monotonic()
-                self.idle_timer = self.front.loop.call_later(self.idle, self._idle_check)
-            head = self.front.answer_head(status, headers)
-            if not data:
-                self.front.write(head)
-                if framing.complete:
-                    self._answered()
-                return
-        if self.idle_timer is not None:
-            self.last_read = time.monotonic()
-        try:
-            framing.feed(data)
-        except ValueError as exc:
-            valid = data[: framing.valid] if isinstance(framing, Chunked) else b""
-            if (head or valid) and self.client is not None:
-                self.client.write(head + valid)  # the whole chunks before the invalid bytes
-                self.sent += len(valid)
-                if self.record is not None:
-                    self.record.tee(valid)
-            self._invalid(exc)
-            return
-        if framing.excess:  # bytes after the answer: not the client's, and the connection is spoilt
+            spans = reader.feed(data)
+        end = len(data) - reader.excess if reader.invalid is None else reader.valid
+        if reader.excess:  # bytes after the answer: not the client's, and the connection is spoilt
             self.keep_alive = False
-            data = data[: len(data) - framing.excess]
-        assert self.client is not None
-        self.client.write(head + data if head else data)  # the head and the first bytes: one write
-        self.sent += len(data)
-        if self.record is not None:
-            self.record.tee(data)  # framed as sent: the recorder unframes it when read
-        if framing.complete:
+        body = data[start:end] if start or end < len(data) else data
+        if head or body:
+            assert self.client is not None
+            self.client.write(head + body if head else body)  # the head and the first bytes: one write
+        self.sent += len(body)
+        if self.record is not None and spans:
+            self.record.tee(body_of(spans, data))  # the data, unframed
+        if reader.invalid is not None:
+            self._invalid(ValueError(reader.invalid))
+        elif reader.complete:
             self._answered()
-        elif isinstance(framing, Chunked) and framing.at_boundary and not self.native_refused:
+        elif reader.chunked and reader.at_boundary and body and not self.native_refused:
             self._hand_to_native()
+
+    def _answer_head(self) -> bytes:
+        """The head of the answer as the client gets it, once the engine's is whole."""
+        assert self.front is not None and self.reader.head is not None
+        engine_head, reader = self.reader.head, self.reader
+        headers, self.event_stream = client_headers(engine_head.headers, reframed=False)  # passed on framed
+        self.keep_alive = engine_head.keep_alive
+        if reader.until_close:
+            self.front.closing = True
+        if self.idle and not reader.complete:
+            self.last_read = time.monotonic()
+            self.idle_timer = self.front.loop.call_later(self.idle, self._idle_check)
+        return self.front.answer_head(engine_head.status, headers)
 
     def _hand_to_native(self) -> None:
         """The rest of a chunked body goes from the engine to the client through the C relay, when the
@@ -735,18 +730,13 @@ class Upstream(asyncio.Protocol):
         if relay is None:  # switched off, or not built: every chunk of this answer here
             self.native_refused = True
             return
-        assert isinstance(self.framing, Chunked)
-        kept = self.record.unframed() if self.record is not None else b""  # the relay keeps data unframed
-        if kept is None:  # over 1 MiB relayed here already (a slow client): the rest too, framed as it was
-            self.native_refused = True
-            return
         try:
             self.native = relay.add(
                 self.client.get_extra_info("socket").fileno(),
                 self.transport.get_extra_info("socket").fileno(),
-                self.framing.tail,
+                self.reader.tail,
                 self.record is not None,
-                RESPONSE_LIMIT - len(kept),
+                self.record.room if self.record is not None else 0,  # it keeps the data, unframed
                 TAIL_KEPT,
                 self.idle,
                 self._native_done,
@@ -755,29 +745,26 @@ class Upstream(asyncio.Protocol):
             log.warning("native relay refused a stream (%s): relayed in Python", exc)
             self.native_refused = True
             return
-        if self.record is not None:
-            self.record.go_unframed(kept)
         self.transport.pause_reading()  # the relay reads the engine's socket from here on
         self._stop_idle_timer()  # the relay keeps the idle limit from here on
 
     def _native_done(self, result: Result) -> None:
         """The C relay ended the body: its account, then the request ends as if relayed here."""
         self.native = None
-        framing = self.framing
-        assert isinstance(framing, Chunked)
-        framing.tail = result.tail
+        reader = self.reader
+        reader.tail = result.tail
         self.sent += result.sent
         if self.record is not None:  # its first_data was set by the bytes relayed here before the hand-off
             self.record.tee(result.recorded)
             self.record.tee(result.recorded_tail)
         if result.end is End.COMPLETE:
-            framing.complete = True
+            reader.complete = True
             self.keep_alive = self.keep_alive and not result.excess
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()  # idle in the pool, it must notice when the engine closes it
             self._answered()
             return
-        framing.broken = not result.at_boundary  # a chunk cut in the middle cannot be completed
+        reader.broken = not result.at_boundary  # a chunk cut in the middle cannot be completed
         if result.end is End.INVALID:
             self._invalid(ValueError(result.invalid))
         elif result.end is End.ENGINE_IDLE:
@@ -794,8 +781,8 @@ class Upstream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.native is not None:
             return  # closed by us while the C relay has the body: its result ends the request
-        if isinstance(self.framing, UntilClose) and exc is None and self.failure is None:
-            self.framing.complete = True
+        if exc is None and self.failure is None:
+            self.reader.feed_eof()  # the end of a body that ends with the connection
         if self.finished is None or self.finished.done():
             self.pool.lost(self)  # idle
         else:
@@ -812,7 +799,7 @@ class Upstream(asyncio.Protocol):
 
     def _invalid(self, exc: ValueError) -> None:
         """Nothing of the invalid read is passed on; the client's answer ends as if the engine had closed
-        there (Chunked.feed left the framing as it was before that read)."""
+        there (the reader left the framing as it was before the invalid bytes)."""
         self.failure = f"the engine sent an invalid response ({exc})"
         assert self.transport is not None
         self.transport.abort()
@@ -823,9 +810,9 @@ class Upstream(asyncio.Protocol):
         engine that closed would, and its runner is released."""
         self.idle_timer = None
         front, transport = self.front, self.transport
-        if front is None or transport is None or self.native is not None or self.framing is None:
+        if front is None or transport is None or self.native is not None or self.reader.head is None:
             return
-        if self.framing.complete or self.failure is not None or transport.is_closing():
+        if self.reader.complete or self.failure is not None or transport.is_closing():
             return
         now = time.monotonic()
         if front.write_paused:
@@ -840,184 +827,6 @@ class Upstream(asyncio.Protocol):
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
-
-    def _read_head(self, data: bytes) -> tuple[int, list[tuple[bytes, bytes]], Framing, bytes] | None:
-        """Collect the engine's head; once whole, return the status and headers the client gets, the body's
-        framing and the body bytes that came with the head."""
-        assert self.front is not None
-        self.head += data
-        end = self.head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.head) > MAX_HEAD:
-                raise ValueError("the response head is too large")
-            return None
-        lines = bytes(self.head[:end]).split(b"\r\n")
-        rest = bytes(self.head[end + 4 :])
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise ValueError("not HTTP")
-        headers = []
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            headers.append((name.strip().lower(), value.strip()))
-        framing = framing_of(headers)
-        connection = next((v.lower() for k, v in headers if k == b"connection"), b"")
-        self.keep_alive = parts[0] == b"HTTP/1.1" and b"close" not in connection
-        kept = [(k, v) for k, v in headers if k not in _DROPPED]
-        self.event_stream = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in kept)
-        if self.event_stream:
-            kept += EVENT_STREAM_HEADERS
-        if framing.until_close:
-            self.front.closing = True
-        if self.record is not None:
-            self.record.framed_by_chunks = isinstance(framing, Chunked)
-        return int(parts[1]), kept, framing, rest
-
-
-class Framing(ABC):
-    """How the engine's response body ends, followed as its bytes pass."""
-
-    until_close = False
-
-    def __init__(self) -> None:
-        self.complete = False
-        self.broken = False  # the body was invalid: it cannot be completed
-        self.excess = 0  # bytes of the last read beyond the body's end
-
-    @abstractmethod
-    def feed(self, data: bytes) -> None:
-        """Account for `data`, the next bytes of the body as they were read."""
-
-
-class Sized(Framing):
-    def __init__(self, length: int) -> None:
-        super().__init__()
-        self.remaining = length
-        self.complete = length == 0
-
-    def feed(self, data: bytes) -> None:
-        self.remaining -= len(data)
-        if self.remaining <= 0:
-            self.complete = True
-            self.excess = -self.remaining
-
-
-class UntilClose(Framing):
-    until_close = True
-
-    def feed(self, data: bytes) -> None:
-        pass
-
-
-class Chunked(Framing):
-    """Chunked transfer encoding, followed without copying the body: where each chunk ends, whether the
-    last one came, and the last two data bytes (to know whether an SSE event was cut). A read that holds
-    whole chunks costs one size-line parse per chunk (chunking.chunk_size, the rule _relay.c follows too);
-    data between size lines is skipped over, its CRLF checked. Of a read found invalid, only the whole
-    chunks before the invalid bytes (its first `valid` bytes) are to be passed on, and the framing is left
-    as it was there, so `at_boundary` says whether what was passed on ends between chunks."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.skip = 0  # bytes before the next size line: the rest of a chunk's data, then its CRLF
-        self.line = b""  # a size or trailer line cut between reads
-        self.trailers = False  # the last chunk came: trailer lines until an empty one
-        self.tail = b"\n\n"
-        self.valid = 0  # of a read found invalid: see above
-        self._boundary = 0, self.tail  # in the read being fed, where the last chunk that ended there ends
-
-    @property
-    def at_boundary(self) -> bool:
-        return not (self.skip or self.line or self.trailers or self.broken)
-
-    def feed(self, data: bytes) -> None:
-        before = self.skip, self.line, self.trailers, self.tail
-        self._boundary = 0, self.tail
-        try:
-            self._feed(data)
-        except ValueError:
-            self.valid, tail = self._boundary
-            if self.valid:
-                self.skip, self.line, self.trailers, self.tail = 0, b"", False, tail
-            else:
-                self.skip, self.line, self.trailers, self.tail = before
-            raise
-
-    def _feed(self, data: bytes) -> None:
-        end = len(data)
-        pos = self.skip
-        if pos:
-            left = pos - 2  # of the chunk's data; its CRLF follows
-            if left > 0:
-                stop = min(left, end)
-                self.tail = data[stop - 2 : stop] if stop >= 2 else self.tail[1:] + data[:1]
-            _check_crlf(data, pos)
-            if pos >= end:
-                self.skip = pos - end
-                return
-            self._boundary = pos, self.tail
-        while pos < end:
-            newline = data.find(b"\n", pos)
-            if newline < 0 or self.line:
-                if newline < 0:
-                    self.line += data[pos:]
-                    pos = end
-                else:
-                    self.line += data[pos:newline]
-                    pos = newline + 1
-                if len(self.line) > MAX_CHUNK_LINE:
-                    raise ValueError("a chunk line is too long")
-                if newline < 0:
-                    break
-                line, self.line = self.line, b""
-            else:
-                if newline - pos > MAX_CHUNK_LINE:
-                    raise ValueError("a chunk line is too long")
-                line = data[pos:newline]
-                pos = newline + 1
-            if not line.endswith(b"\r"):
-                raise ValueError("a chunk line does not end with CRLF")
-            if self.trailers:
-                if line == b"\r":  # the empty line after the trailers ends the body
-                    self.complete = True
-                    self.excess = end - pos
-                    self.skip = 0
-                    return
-                continue
-            size = chunk_size(line[:-1])
-            if size == 0:
-                self.trailers = True
-                continue
-            stop = pos + size
-            if stop <= end:
-                self.tail = data[stop - 2 : stop] if size >= 2 else (self.tail + data[pos:stop])[-2:]
-            else:  # the data goes on in the next read
-                self.tail = (self.tail + data[max(pos, end - 2) : end])[-2:]
-            pos = stop + 2
-            _check_crlf(data, pos)
-            if pos <= end:
-                self._boundary = pos, self.tail
-        self.skip = max(pos - end, 0)
-
-
-def _check_crlf(data: bytes, after: int) -> None:
-    """The CRLF after a chunk's data, which ends at `after` (an offset in `data`, perhaps beyond it): its
-    bytes that are in this read (the others were, or will be, checked with theirs)."""
-    cr, lf, end = after - 2, after - 1, len(data)
-    if (0 <= cr < end and data[cr] != 13) or (0 <= lf < end and data[lf] != 10):
-        raise ValueError("no CRLF after a chunk's data")
-
-
-def framing_of(headers: list[tuple[bytes, bytes]]) -> Framing:
-    values = dict(headers)
-    if b"chunked" in values.get(b"transfer-encoding", b"").lower():
-        return Chunked()
-    if b"content-length" in values:
-        length = values[b"content-length"]
-        if not length.isdigit():
-            raise ValueError("invalid content-length")
-        return Sized(int(length))
-    return UntilClose()
 
 
 def protocol_class(fast: FastPath) -> type[FrontProtocol]:

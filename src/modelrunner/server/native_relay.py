@@ -43,7 +43,7 @@ class Result(NamedTuple):
     excess: bool  # the engine sent bytes after the body's end
     sent: int  # body bytes written to the client
     first_data: float  # time.monotonic() of the first byte written; 0 if none
-    tail: bytes  # the last two data bytes parsed (front.Chunked.tail): all written when at_boundary
+    tail: bytes  # the last two data bytes parsed (ResponseReader.tail): all written when at_boundary
     recorded: bytes  # the first `head_limit` bytes of the body's data (unframed)
     recorded_tail: bytes  # the last `tail_limit` bytes of it after those
     invalid: str | None  # why the framing was invalid
