@@ -108,6 +108,8 @@ class ResponseReader:
 
     def feed(self, data: bytes) -> list[Span]:
         """The spans of `data` that are body data, in order."""
+        if self.chunked and not self.complete and self.invalid is None:  # a stream's every read: first
+            return self._feed_chunked(data, 0)
         if self.invalid is not None:
             return []
         start = 0
@@ -198,16 +200,14 @@ class ResponseReader:
         try:
             self._chunks(data, start, spans)
         except _Invalid as exc:
-            valid, kept = exc.boundary  # where the last chunk that ended in `data` ends; its spans
+            valid, kept, tail = exc.boundary  # where the last chunk that ended in `data` ends: spans, tail
             del spans[kept:]
             if valid:
-                self._skip, self._line, self._trailers = 0, b"", False
-                self.tail = _last_two(data, spans, before[3])
+                self._skip, self._line, self._trailers, self.tail = 0, b"", False, tail
             else:
                 self._skip, self._line, self._trailers, self.tail = before
             self._fail(exc.why, valid or start)
             return spans
-        self.tail = _last_two(data, spans, self.tail)
         self.valid = len(data)
         return spans
 
@@ -217,17 +217,19 @@ class ResponseReader:
         before the invalid bytes ended."""
         end = len(data)
         pos = start
-        boundary = 0, 0
+        boundary = 0, 0, self.tail
         if self._skip:
             left = self._skip - 2  # of the chunk's data; its CRLF follows
             if left > 0:
-                spans.append((pos, min(pos + left, end)))
+                stop = min(pos + left, end)
+                spans.append((pos, stop))
+                self.tail = data[stop - 2 : stop] if stop - pos >= 2 else (self.tail + data[pos:stop])[-2:]
             pos += self._skip
             _check_crlf(data, pos, boundary)
             if pos >= end:
                 self._skip = pos - end
                 return
-            boundary = pos, len(spans)
+            boundary = pos, len(spans), self.tail
         while pos < end:
             newline = data.find(b"\n", pos)
             if newline < 0 or self._line:
@@ -265,22 +267,32 @@ class ResponseReader:
                 self._trailers = True
                 continue
             stop = pos + size
-            spans.append((pos, min(stop, end)))
-            pos = stop + 2
+            if stop + 2 <= end:  # the whole chunk is in this read: the common case, inline
+                spans.append((pos, stop))
+                self.tail = data[stop - 2 : stop] if size >= 2 else (self.tail + data[pos:stop])[-2:]
+                pos = stop + 2
+                if data[stop] != 13 or data[stop + 1] != 10:
+                    raise _Invalid("no CRLF after a chunk's data", boundary)
+                boundary = pos, len(spans), self.tail
+                continue
+            stop = min(stop, end)
+            spans.append((pos, stop))
+            self.tail = data[stop - 2 : stop] if stop - pos >= 2 else (self.tail + data[pos:stop])[-2:]
+            pos += size + 2
             _check_crlf(data, pos, boundary)
             if pos <= end:
-                boundary = pos, len(spans)
+                boundary = pos, len(spans), self.tail
         self._skip = max(pos - end, 0)
 
 
 class _Invalid(Exception):
-    def __init__(self, why: str, boundary: tuple[int, int]) -> None:
+    def __init__(self, why: str, boundary: tuple[int, int, bytes]) -> None:
         super().__init__(why)
         self.why = why
         self.boundary = boundary
 
 
-def _check_crlf(data: bytes, after: int, boundary: tuple[int, int]) -> None:
+def _check_crlf(data: bytes, after: int, boundary: tuple[int, int, bytes]) -> None:
     """The CRLF after a chunk's data, which ends at `after` (an offset in `data`, perhaps beyond it): its
     bytes that are in this read (the others were, or will be, checked with theirs)."""
     cr, lf, end = after - 2, after - 1, len(data)
@@ -297,16 +309,6 @@ def _head_end(buffer: bytearray, start: int) -> int:
     if 0 <= lf < crlf:
         return lf + 2
     return crlf + 3
-
-
-def _last_two(data: bytes, spans: list[Span], tail: bytes) -> bytes:
-    """The last two data bytes, after `spans` of `data` (`tail`: the last two before them)."""
-    out = b""
-    for start, end in reversed(spans):
-        out = data[max(start, end - 2 + len(out)) : end] + out
-        if len(out) >= 2:
-            return out
-    return (tail + out)[-2:]
 
 
 def body_of(spans: list[Span], data: bytes) -> bytes:
