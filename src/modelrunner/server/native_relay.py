@@ -1,6 +1,6 @@
 """The relay's per-chunk loop out of Python: the C thread of modelrunner/_relay.c, seen from the event loop.
 
-The front (server/front.py) reads an engine's answer head and its first bytes itself; from a chunk
+The front (server/engine_pool.py) reads an engine's answer head and its first bytes itself; from a chunk
 boundary on, a chunked body goes to the C thread, which moves each chunk from the engine's socket to the
 client's without waking Python, and reports once, when the body ends. Python then owns both sockets again
 and ends the request as it always does. Where the extension is not built (no C compiler at install), or
