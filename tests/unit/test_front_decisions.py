@@ -14,6 +14,7 @@ from uvicorn.server import ServerState
 from modelrunner.server.front import UVICORN_TESTED, FastPath
 from modelrunner.server.inference import InferenceHandler
 from modelrunner.server.lifecycle import Lifecycle
+from modelrunner.server.proxy import EVENT_STREAM_HEADERS, client_headers
 from modelrunner.server.security import SecurityPolicy
 
 PLAIN = (
@@ -99,3 +100,19 @@ def test_uvicorn_is_a_release_the_front_was_tested_with() -> None:
     assert isinstance(server_state.default_headers, list)
     parameters = list(inspect.signature(HttpToolsProtocol.__init__).parameters)
     assert parameters[:5] == ["self", "config", "server_state", "app_state", "_loop"]
+
+
+def test_the_client_gets_the_engines_headers_less_the_dropped_ones() -> None:
+    engine = [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"transfer-encoding", b"chunked"),
+        (b"connection", b"keep-alive"),
+        (b"server", b"llama.cpp"),
+        (b"date", b"Tue, 01 Dec 2026 00:00:00 GMT"),
+        (b"access-control-allow-origin", b"*"),
+    ]
+    # the front passes the body on as framed: the engine's Transfer-Encoding with it
+    framed, streaming = client_headers(engine, reframed=False)
+    assert streaming and framed == [*engine[:2], *EVENT_STREAM_HEADERS]
+    reframed, _ = client_headers(engine)  # the ASGI relay: uvicorn frames the data anew
+    assert reframed == [engine[0], *EVENT_STREAM_HEADERS]

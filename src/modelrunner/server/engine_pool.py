@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -112,6 +113,29 @@ class EnginePool:
             self._sweep = asyncio.get_running_loop().call_later(MAX_IDLE_SECONDS / 2, self._close_old)
 
 
+@dataclass(eq=False)
+class Relayed:
+    """The answer an Upstream relays: made by begin(), its client let go by end(), kept after for the front
+    to read its account (what was sent, how it ended)."""
+
+    front: Client | None = None  # the client connection it answers, until end()
+    client: asyncio.Transport | None = None  # that connection's transport
+    exchange: Exchange | None = None
+    record: Record | None = None
+    idle: float = 0.0  # the engine's idle limit in the answer's body (0: none): see Upstream._idle_check
+    finished: asyncio.Future[None] | None = None  # done when the answer is complete or the connection ends
+    reader: ResponseReader = field(default_factory=ResponseReader)  # its head is passed on once whole
+    heard: bool = False  # the engine sent something of its answer
+    event_stream: bool = False
+    failure: str | None = None
+    sent: int = 0  # body bytes passed to the client
+    native: int | None = None  # the C relay's stream, while it relays the body (native_relay.py)
+    client_gone: bool = False  # the client closed while the C relay had the body
+    native_refused: bool = False  # the C relay could not take this answer: no more tries
+    last_read: float = 0.0  # time.monotonic() of the body's last bytes
+    idle_timer: asyncio.TimerHandle | None = None
+
+
 class Upstream(asyncio.Protocol):
     """A connection to an engine's socket (kept alive between requests by the EnginePool). While it
     carries a request, the engine's answer goes to the client as it arrives: the head rewritten, the body
@@ -123,74 +147,52 @@ class Upstream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.uses = 0
         self.idle_since = 0.0
-        # the request in progress: set by begin(), cleared by end()
-        self.front: Client | None = None
-        self.client: asyncio.Transport | None = None
-        self.exchange: Exchange | None = None
-        self.record: Record | None = None
-        self.reader = ResponseReader()  # of the answer: its head is passed on once whole
-        self.heard = False  # the engine sent something of its answer
-        self.event_stream = False
         self.keep_alive = True  # the engine may take another request on this connection
-        self.failure: str | None = None
-        self.sent = 0  # body bytes passed to the client
-        self.finished: asyncio.Future[None] | None = None
-        self.native: int | None = None  # the C relay's stream, while it relays the body (native_relay.py)
-        self.client_gone = False  # the client closed while the C relay had the body
-        self.native_refused = False  # the C relay could not take this answer: no more tries
-        self.idle = 0.0  # the engine's idle limit in the answer's body (0: none): see _idle_check
-        self.last_read = 0.0  # time.monotonic() of the body's last bytes
-        self.idle_timer: asyncio.TimerHandle | None = None
+        self.request = Relayed()  # the answer in progress, or the last one (for its account)
 
-    def begin(self, front: Client, exchange: Exchange, request: bytes, idle: float) -> asyncio.Future[None]:
+    def begin(self, front: Client, exchange: Exchange, message: bytes, idle: float) -> asyncio.Future[None]:
         """Send a request; the future is done when its answer is complete or the connection ends. `idle`:
         the engine's idle limit in the answer's body (0: none)."""
         assert self.transport is not None
         self.uses += 1
-        self.front, self.client = front, front.transport
-        self.exchange, self.record = exchange, exchange.record
-        self.reader = ResponseReader()
-        self.heard = False
-        self.event_stream = False
-        self.failure = None
-        self.sent = 0
-        self.client_gone = False
-        self.native_refused = False
-        self.idle = idle
-        finished = self.finished = front.loop.create_future()
+        finished = front.loop.create_future()
+        self.request = Relayed(front, front.transport, exchange, exchange.record, idle, finished)
         front.upstream = self  # for flow control: a client that reads slowly pauses the engine
         if front.write_paused:
             self.transport.pause_reading()
         if self.transport.is_closing():
             finished.set_result(None)
         else:
-            self.transport.write(request)
+            self.transport.write(message)
         return finished
 
     def end(self) -> None:
         """The request is over: the connection answers nobody until the next begin()."""
         self._stop_idle_timer()
-        if self.front is not None and self.front.upstream is self:
-            self.front.upstream = None
-        if self.front is not None and self.front.write_paused and self.transport is not None:
+        request, front = self.request, self.request.front
+        if front is not None and front.upstream is self:
+            front.upstream = None
+        if front is not None and front.write_paused and self.transport is not None:
             self.transport.resume_reading()  # idle, it must notice when the engine closes it
-        self.front = self.client = None
-        self.exchange = self.record = None
+        request.front = request.client = None
+        request.exchange = request.record = None
 
     @property
     def vanished(self) -> bool:
         """The engine closed the connection before answering a byte."""
-        return not self.heard and self.failure is None
+        request = self.request
+        return not request.heard and request.failure is None
 
     @property
     def reusable(self) -> bool:
-        reader = self.reader
+        request = self.request
+        reader = request.reader
         return (
             self.keep_alive
             and reader.head is not None
             and reader.complete
             and not reader.until_close
-            and self.failure is None
+            and request.failure is None
             and self.transport is not None
             and not self.transport.is_closing()
         )
@@ -198,12 +200,13 @@ class Upstream(asyncio.Protocol):
     def client_closed(self) -> None:
         """The client closed its connection while the C relay had the body: the relay's result says whether
         it had written the whole answer by then; the engine is told at once."""
-        self.client_gone = True
+        self.request.client_gone = True
         self.close()
 
     def close(self) -> None:
-        if self.native is not None:
-            NativeRelay.cancel(self.native)  # its result ends the request: the relay may be writing till then
+        request = self.request
+        if request.native is not None:
+            NativeRelay.cancel(request.native)  # its result ends the request: the relay may write till then
         if self.transport is not None:
             self.transport.close()
 
@@ -213,13 +216,14 @@ class Upstream(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        reader = self.reader
-        if self.client is None or reader.complete:
+        request = self.request
+        reader = request.reader
+        if request.client is None or reader.complete:
             # idle, or after its answer: an engine that speaks unasked is not trusted again
             self.keep_alive = False
             self.close()
             return
-        self.heard = True
+        request.heard = True
         head = b""
         start = 0
         if reader.head is None:
@@ -231,81 +235,85 @@ class Upstream(asyncio.Protocol):
             head = self._answer_head()
             start = reader.body_start
         else:
-            if self.idle_timer is not None:
-                self.last_read = time.monotonic()
+            if request.idle_timer is not None:
+                request.last_read = time.monotonic()
             spans = reader.feed(data)
         end = len(data) - reader.excess if reader.invalid is None else reader.valid
         if reader.excess:  # bytes after the answer: not the client's, and the connection is spoilt
             self.keep_alive = False
         body = data[start:end] if start or end < len(data) else data
         if head or body:
-            assert self.client is not None
-            self.client.write(head + body if head else body)  # the head and the first bytes: one write
-        self.sent += len(body)
-        if self.record is not None and spans:
-            self.record.tee(body_of(spans, data))  # the data, unframed
+            assert request.client is not None
+            request.client.write(head + body if head else body)  # the head and the first bytes: one write
+        request.sent += len(body)
+        if request.record is not None and spans:
+            request.record.tee(body_of(spans, data))  # the data, unframed
         if reader.invalid is not None:
             self._invalid(ValueError(reader.invalid))
         elif reader.complete:
             self._answered()
-        elif reader.chunked and reader.at_boundary and body and not self.native_refused:
+        elif reader.chunked and reader.at_boundary and body and not request.native_refused:
             self._hand_to_native()
 
     def _answer_head(self) -> bytes:
         """The head of the answer as the client gets it, once the engine's is whole."""
-        assert self.front is not None and self.reader.head is not None
-        engine_head, reader = self.reader.head, self.reader
-        headers, self.event_stream = client_headers(engine_head.headers, reframed=False)  # passed on framed
+        request = self.request
+        assert request.front is not None and request.reader.head is not None
+        engine_head, reader = request.reader.head, request.reader
+        # the body is passed on as the engine framed it: its Transfer-Encoding stays
+        headers, request.event_stream = client_headers(engine_head.headers, reframed=False)
         self.keep_alive = engine_head.keep_alive
         if reader.until_close:
-            self.front.closing = True
-        if self.idle and not reader.complete:
-            self.last_read = time.monotonic()
-            self.idle_timer = self.front.loop.call_later(self.idle, self._idle_check)
-        return self.front.answer_head(engine_head.status, headers)
+            request.front.closing = True
+        if request.idle and not reader.complete:
+            request.last_read = time.monotonic()
+            request.idle_timer = request.front.loop.call_later(request.idle, self._idle_check)
+        return request.front.answer_head(engine_head.status, headers)
 
     def _hand_to_native(self) -> None:
         """The rest of a chunked body goes from the engine to the client through the C relay, when the
         client has taken all that was written to it (the relay writes to its socket directly)."""
-        assert self.transport is not None and self.client is not None and self.front is not None
+        request = self.request
+        assert self.transport is not None and request.client is not None and request.front is not None
         if (
-            self.front.write_paused
-            or self.client.get_write_buffer_size()
-            or self.client.is_closing()
+            request.front.write_paused
+            or request.client.get_write_buffer_size()
+            or request.client.is_closing()
             or self.transport.is_closing()
         ):
             return  # perhaps at the next chunk boundary
-        relay = native_relay(self.front.loop)
+        relay = native_relay(request.front.loop)
         if relay is None:  # switched off, or not built: every chunk of this answer here
-            self.native_refused = True
+            request.native_refused = True
             return
         try:
-            self.native = relay.add(
-                self.client.get_extra_info("socket").fileno(),
+            request.native = relay.add(
+                request.client.get_extra_info("socket").fileno(),
                 self.transport.get_extra_info("socket").fileno(),
-                self.reader.tail,
-                self.record is not None,
-                self.record.room if self.record is not None else 0,  # it keeps the data, unframed
+                request.reader.tail,
+                request.record is not None,
+                request.record.room if request.record is not None else 0,  # it keeps the data, unframed
                 TAIL_KEPT,
-                self.idle,
+                request.idle,
                 self._native_done,
             )
         except (OSError, MemoryError) as exc:  # out of file descriptors: relayed here, as before
             log.warning("native relay refused a stream (%s): relayed in Python", exc)
-            self.native_refused = True
+            request.native_refused = True
             return
         self.transport.pause_reading()  # the relay reads the engine's socket from here on
         self._stop_idle_timer()  # the relay keeps the idle limit from here on
 
     def _native_done(self, result: Result) -> None:
         """The C relay ended the body: its account, then the request ends as if relayed here."""
-        self.native = None
-        reader = self.reader
+        request = self.request
+        request.native = None
+        reader = request.reader
         reader.tail = result.tail
-        self.sent += result.sent
-        if self.record is not None:  # its first_data was set by the bytes relayed here before the hand-off
-            self.record.tee(result.recorded)
-            self.record.tee(result.recorded_tail)
+        request.sent += result.sent
+        if request.record is not None:  # its first_data was set by the bytes relayed here before the hand-off
+            request.record.tee(result.recorded)
+            request.record.tee(result.recorded_tail)
         if result.end is End.COMPLETE:
             reader.complete = True
             self.keep_alive = self.keep_alive and not result.excess
@@ -317,39 +325,41 @@ class Upstream(asyncio.Protocol):
         if result.end is End.INVALID:
             self._invalid(ValueError(result.invalid))
         elif result.end is End.ENGINE_IDLE:
-            self.failure = str(EngineIdle(self.idle))
-        if result.end is End.CLIENT_GONE or self.client_gone:
-            if self.exchange is not None:
-                self.exchange.client_left()
-            if self.client is not None:
-                self.client.abort()
+            request.failure = str(EngineIdle(request.idle))
+        if result.end is End.CLIENT_GONE or request.client_gone:
+            if request.exchange is not None:
+                request.exchange.client_left()
+            if request.client is not None:
+                request.client.abort()
         self.close()
-        if self.finished is not None and not self.finished.done():
-            self.finished.set_result(None)
+        if request.finished is not None and not request.finished.done():
+            request.finished.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.native is not None:
+        request = self.request
+        if request.native is not None:
             return  # closed by us while the C relay has the body: its result ends the request
-        if exc is None and self.failure is None:
-            self.reader.feed_eof()  # the end of a body that ends with the connection
-        if self.finished is None or self.finished.done():
+        if exc is None and request.failure is None:
+            request.reader.feed_eof()  # the end of a body that ends with the connection
+        if request.finished is None or request.finished.done():
             self.pool.lost(self)  # idle
         else:
-            self.finished.set_result(None)
+            request.finished.set_result(None)
 
     def _answered(self) -> None:
         """The whole answer is written to the client: complete now, even if the client, having read it,
         closes its connection before the relaying task resumes."""
-        assert self.finished is not None
-        if self.exchange is not None:
-            self.exchange.complete = True
-        if not self.finished.done():
-            self.finished.set_result(None)
+        request = self.request
+        assert request.finished is not None
+        if request.exchange is not None:
+            request.exchange.complete = True
+        if not request.finished.done():
+            request.finished.set_result(None)
 
     def _invalid(self, exc: ValueError) -> None:
         """Nothing of the invalid read is passed on; the client's answer ends as if the engine had closed
         there (the reader left the framing as it was before the invalid bytes)."""
-        self.failure = f"the engine sent an invalid response ({exc})"
+        self.request.failure = f"the engine sent an invalid response ({exc})"
         assert self.transport is not None
         self.transport.abort()
 
@@ -357,22 +367,24 @@ class Upstream(asyncio.Protocol):
         """The engine's idle limit in the body of the answer relayed here: an engine that sends nothing
         for that long (while it is read: a client that does not read pauses it) ends the answer, as an
         engine that closed would, and its runner is released."""
-        self.idle_timer = None
-        front, transport = self.front, self.transport
-        if front is None or transport is None or self.native is not None or self.reader.head is None:
+        request = self.request
+        request.idle_timer = None
+        front, transport = request.front, self.transport
+        if front is None or transport is None or request.native is not None or request.reader.head is None:
             return
-        if self.reader.complete or self.failure is not None or transport.is_closing():
+        if request.reader.complete or request.failure is not None or transport.is_closing():
             return
         now = time.monotonic()
         if front.write_paused:
-            self.last_read = now
-        elif now - self.last_read >= self.idle:
-            self.failure = str(EngineIdle(self.idle))
+            request.last_read = now
+        elif now - request.last_read >= request.idle:
+            request.failure = str(EngineIdle(request.idle))
             transport.abort()
             return
-        self.idle_timer = front.loop.call_later(self.last_read + self.idle - now, self._idle_check)
+        request.idle_timer = front.loop.call_later(request.last_read + request.idle - now, self._idle_check)
 
     def _stop_idle_timer(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
+        request = self.request
+        if request.idle_timer is not None:
+            request.idle_timer.cancel()
+            request.idle_timer = None

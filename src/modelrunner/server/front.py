@@ -197,7 +197,7 @@ class FrontProtocol(asyncio.Protocol):
             self.half_close.cancel()
         if self.exchange is None:
             return
-        if self.upstream is not None and self.upstream.native is not None:
+        if self.upstream is not None and self.upstream.request.native is not None:
             self.upstream.client_closed()  # the C relay may have written the whole answer: its result says
         else:
             self.exchange.client_left()  # its engine connection closes: the engine stops generating
@@ -224,9 +224,10 @@ class FrontProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self.upstream is not None and self.upstream.transport is not None and self.upstream.native is None:
-            self.upstream.last_read = time.monotonic()  # not read while paused: not idle either
-            self.upstream.transport.resume_reading()
+        upstream = self.upstream
+        if upstream is not None and upstream.transport is not None and upstream.request.native is None:
+            upstream.request.last_read = time.monotonic()  # not read while paused: not idle either
+            upstream.transport.resume_reading()
 
     def _refuse_full(self) -> None:
         """503 with Retry-After, before reading the request; then the write side is closed, and the
@@ -391,7 +392,7 @@ class FrontProtocol(asyncio.Protocol):
             finally:
                 forget()
                 upstream.end()
-                exchange.bytes_out += upstream.sent
+                exchange.bytes_out += upstream.request.sent
                 if upstream.reusable and self.fast.lifecycle.scheduler.serving(prepared.runner):
                     pool.give_back(upstream)
                 else:
@@ -410,17 +411,17 @@ class FrontProtocol(asyncio.Protocol):
         """After the engine's answer ended (complete, or its connection closed): end the client's answer, as
         well as it can be ended."""
         assert self.transport is not None
-        reader = upstream.reader
+        reader = upstream.request.reader
         if self.transport.is_closing():
             return  # the client left
         if reader.head is None:
-            message = exchange.failure(upstream.failure or "no response")
+            message = exchange.failure(upstream.request.failure or "no response")
             self._write_json(500, engine_died_body(message))
         elif reader.until_close:
             self.closing = True  # the only end of such a body is the end of the connection
         elif not reader.complete:
-            message = exchange.failure(upstream.failure or "connection closed")
-            if upstream.event_stream and reader.chunked and reader.at_boundary:
+            message = exchange.failure(upstream.request.failure or "connection closed")
+            if upstream.request.event_stream and reader.chunked and reader.at_boundary:
                 # the status is sent: say it in the stream (ending a half-sent event first), then end it
                 event = stream_end_event(reader.tail, message)
                 self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(event), event))
