@@ -31,7 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from modelrunner.http1 import MAX_HEAD, body_chunks, read_head  # noqa: E402
+from modelrunner.http1 import Answer  # noqa: E402
+from modelrunner.response_reader import MAX_HEAD  # noqa: E402
 from tests.daemon import Daemon, free_port  # noqa: E402
 from tests.models import write_tiny_gguf  # noqa: E402
 
@@ -73,13 +74,14 @@ async def stream_once(connect: Any, body: bytes, path: str) -> Sample:
     started = time.perf_counter()
     writer.write(request)
     await writer.drain()
-    status, headers = await read_head(reader)
+    answer = Answer(reader)
+    status = (await answer.read_head()).status
     if status != 200:
         raise RuntimeError(f"status {status}")
     first = last = 0.0
     gaps: list[float] = []
     tokens = 0
-    async for chunk in body_chunks(reader, headers):
+    async for chunk in answer.chunks():
         now = time.perf_counter()
         if b'"content":"' in chunk or b'"content": "' in chunk:
             tokens += 1

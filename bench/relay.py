@@ -38,7 +38,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from modelrunner.http1 import MAX_HEAD, body_chunks, read_head  # noqa: E402
+from modelrunner.http1 import Answer  # noqa: E402
+from modelrunner.response_reader import MAX_HEAD  # noqa: E402
 from tests.daemon import Daemon, free_port  # noqa: E402
 from tests.models import write_tiny_gguf  # noqa: E402
 
@@ -110,12 +111,13 @@ async def drive(port: int, path: str, body: bytes, concurrency: int, requests: i
             while left[0] > 0:
                 left[0] -= 1
                 writer.write(head + body)
-                status, headers = await read_head(reader)
+                answer = Answer(reader)
+                status = (await answer.read_head()).status
                 if status != 200:
                     raise RuntimeError(f"{path}: status {status}")
                 expected = 0
                 pending = b""  # an event cut between pieces (a relay may re-chunk the body anywhere)
-                async for piece in body_chunks(reader, headers):
+                async for piece in answer.chunks():
                     events = (pending + piece).split(b"\n\n")
                     pending = events.pop()
                     for event in events:

@@ -1,6 +1,6 @@
 """One table of chunked-encoding size lines (RFC 9112: chunk-size = 1*HEXDIG, extensions after `;`, CRLF),
 valid and invalid, for every chunked reader to be tested against: chunking.chunk_size and the readers that
-use it (front.Chunked, http1's), and the C relay (_relay.c)."""
+use it (response_reader.ResponseReader), and the C relay (_relay.c)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
    server/front.py parses a streamed answer's head itself, then hands the two sockets (dups of them) to
    this module: one thread with its own epoll reads each chunk the engine writes and writes it to the
    client, following the chunked framing only far enough to know where the body ends, as Python's
-   `front.Chunked` does. It never runs Python per chunk. A hand-off does not wake the thread: add()
+   response_reader.py's reader does. It never runs Python per chunk. A hand-off does not wake the thread: add()
    registers the engine's socket in its epoll from Python's thread; it wakes when the engine writes. When a body ends (complete, the engine closed,
    the client left, invalid framing, or Python cancelled it) its result is queued and an eventfd, which
    the event loop watches, is written; Python then takes the results, ends the request as before and owns
@@ -54,7 +54,7 @@ typedef struct stream {
     int engine_watched, client_watched;
     enum end end;
     const char *invalid; /* why the framing was invalid */
-    /* chunked framing, followed as front.Chunked follows it */
+    /* chunked framing, followed as response_reader.ResponseReader follows it */
     enum parse state;
     uint64_t skip; /* DATA: bytes of the chunk's data and its CRLF still to come */
     uint64_t data_left; /* DATA: of which data */

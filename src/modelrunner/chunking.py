@@ -1,5 +1,5 @@
 """The size line of chunked transfer encoding: one rule for every chunked reader of the project (the HTTP
-front's relay, the engine calls, the CLI's client, the recorder) and for _relay.c, which follows it in C.
+reader, response_reader.py, used by the HTTP front, the engine calls and the CLI's client) and for _relay.c.
 No asyncio here: the CLI imports it."""
 
 from __future__ import annotations

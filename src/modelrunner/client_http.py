@@ -1,5 +1,6 @@
 """Just enough HTTP/1.1 for client.py: one request per connection, over TCP, a Unix socket or TLS, and the
-answer read as it arrives (by Content-Length, chunked, or up to the close).
+answer read as it arrives (by Content-Length, chunked, or up to the close) with the one response reader
+(response_reader.py).
 
 The standard library's http.client would do, but importing it loads the email package and ssl, which
 cost more than the rest of `model ls` talking to a local daemon; here ssl is loaded only by the caller
@@ -14,14 +15,12 @@ import socket
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from modelrunner.chunking import chunk_size
+from modelrunner.response_reader import ResponseReader, body_of
 
 if TYPE_CHECKING:
     import ssl
 
 READ_SIZE = 64 * 1024
-MAX_LINE = 64 * 1024  # the longest status, header or chunk-size line accepted
-MAX_HEADERS = 200
 
 
 class ProtocolError(OSError):
@@ -110,64 +109,30 @@ class Response:
 
     def __init__(self, sock: socket.socket, method: str) -> None:
         self._sock = sock
-        self._file = sock.makefile("rb")
+        self._reader = ResponseReader(no_body=method == "HEAD")  # interim (1xx) answers are passed over
         self._pending = b""  # body bytes already taken off the wire, not yet returned
         self._done = False
         try:
-            while True:
-                self.status, self.reason = self._status_line()
-                self._headers = self._header_lines()
-                if not 100 <= self.status < 200:
-                    break  # 100 Continue and other interim answers are skipped, as http.client does
-            coding = (self.getheader("Transfer-Encoding") or "").lower()
-            self._chunked = coding.rsplit(",", 1)[-1].strip() == "chunked"
-            self._chunk_left = 0  # of the current chunk
-            self._chunk_crlf = False  # the CRLF after a chunk's data is still to be read
-            self._left: int | None = None  # body bytes to come, when a Content-Length says so
-            length = self.getheader("Content-Length")
-            if not self._chunked and length is not None and length.strip().isdigit():
-                self._left = int(length)
-            if method == "HEAD" or self.status in (204, 304):
-                self._left, self._chunked = 0, False
-            if self._left == 0:
+            first = b""  # the answer's first bytes, to show if they are not HTTP
+            while (head := self._reader.head) is None:
+                data = self._sock.recv(READ_SIZE)
+                if not data:
+                    where = "in the middle of the answer's headers" if first else "without an answer"
+                    raise ProtocolError(f"the connection was closed {where}")
+                first = first or data
+                spans = self._reader.feed(data)
+                if self._reader.invalid is not None and self._reader.head is None:
+                    raise ProtocolError(f"the answer is not HTTP ({self._reader.invalid}): {first[:80]!r}")
+            self.status, self.reason = head.status, head.reason.decode("latin-1")
+            self._headers = [
+                (name.decode("latin-1"), value.decode("latin-1")) for name, value in head.headers
+            ]
+            self._pending = body_of(spans, data)
+            if self._reader.complete:
                 self._finish()
         except BaseException:
             self.close()
             raise
-
-    def _line(self) -> bytes:
-        line = self._file.readline(MAX_LINE + 1)
-        if len(line) > MAX_LINE:
-            raise ProtocolError("the answer has a line longer than 64 KiB")
-        return line
-
-    def _status_line(self) -> tuple[int, str]:
-        line = self._line()
-        if not line:
-            raise ProtocolError("the connection was closed without an answer")
-        parts = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit() or len(parts[1]) != 3:
-            raise ProtocolError(f"the answer is not HTTP: {line[:80]!r}")
-        return int(parts[1]), parts[2] if len(parts) > 2 else ""
-
-    def _header_lines(self) -> list[tuple[str, str]]:
-        headers: list[tuple[str, str]] = []
-        while True:
-            line = self._line()
-            if not line:
-                raise ProtocolError("the connection was closed in the middle of the answer's headers")
-            if line in (b"\r\n", b"\n"):
-                return headers
-            if len(headers) >= MAX_HEADERS:
-                raise ProtocolError(f"the answer has more than {MAX_HEADERS} headers")
-            text = line.decode("latin-1").rstrip("\r\n")
-            if text[:1] in (" ", "\t") and headers:  # an obsolete folded continuation line
-                name, value = headers[-1]
-                headers[-1] = (name, f"{value} {text.strip()}")
-                continue
-            name, colon, value = text.partition(":")
-            if colon:
-                headers.append((name.strip().lower(), value.strip()))
 
     def getheader(self, name: str, default: str | None = None) -> str | None:
         """A header's value (repeated ones joined with ", ", as http.client joins them), else `default`."""
@@ -177,44 +142,26 @@ class Response:
 
     def _read_some(self, amount: int = READ_SIZE) -> bytes:
         """The next body bytes that have arrived (at most `amount`; waits for one); b"" at the end."""
-        if self._done:
-            return b""
-        if self._chunked:
-            if self._chunk_left == 0:
-                if self._chunk_crlf and self._line() != b"\r\n":
-                    raise ProtocolError("a chunk of the answer is longer than it said")
-                size_line = self._line()
-                try:
-                    if not size_line.endswith(b"\r\n"):
-                        raise ValueError("a chunk line does not end with CRLF")
-                    self._chunk_left = chunk_size(size_line[:-2])
-                except ValueError:
-                    raise ProtocolError(f"the answer has an invalid chunk size: {size_line[:40]!r}") from None
-                if self._chunk_left == 0:
-                    while self._line() not in (b"\r\n", b"\n", b""):
-                        pass  # trailers: nothing here needs them
-                    self._finish()
-                    return b""
-            data = self._file.read1(min(amount, self._chunk_left))
-            if not data:
-                raise ProtocolError("the connection was closed in the middle of the answer")
-            self._chunk_left -= len(data)
-            self._chunk_crlf = self._chunk_left == 0
-            return data
-        if self._left is not None:
-            data = self._file.read1(min(amount, self._left))
-            if not data:
-                raise ProtocolError(
-                    f"the connection was closed {self._left} bytes before the end of the answer"
-                )
-            self._left -= len(data)
-            if self._left == 0:
+        reader = self._reader
+        while not self._done:
+            if reader.invalid is not None:  # after the whole chunks before the invalid bytes
+                raise ProtocolError(f"the answer's body is invalid: {reader.invalid}")
+            if reader.complete:
                 self._finish()
-            return data
-        data = self._file.read1(amount)  # neither length nor chunks: the body ends with the connection
-        if not data:
-            self._finish()
-        return data
+                break
+            data = self._sock.recv(amount)
+            if not data:
+                if reader.feed_eof():  # neither length nor chunks: the body ends with the connection
+                    self._finish()
+                    break
+                if reader.chunked:
+                    raise ProtocolError("the connection was closed in the middle of the answer")
+                raise ProtocolError(
+                    f"the connection was closed {reader.remaining} bytes before the end of the answer"
+                )
+            if out := body_of(reader.feed(data), data):
+                return out
+        return b""
 
     def read(self, amount: int | None = None) -> bytes:
         """The rest of the body, or `amount` bytes of it (fewer only at its end)."""
@@ -261,7 +208,6 @@ class Response:
 
     def close(self) -> None:
         self._done = True
-        self._file.close()
         self._sock.close()
 
     def __enter__(self) -> Response:

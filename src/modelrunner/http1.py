@@ -1,4 +1,5 @@
-"""Just enough HTTP/1.1 to talk to engines on Unix sockets: response heads, bodies as they arrive."""
+"""Just enough HTTP/1.1 to talk to engines on Unix sockets: their answers read as they arrive, with the one
+response reader (response_reader.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
-from modelrunner.chunking import MAX_CHUNK_LINE, chunk_size
+from modelrunner.response_reader import MAX_HEAD, Head, ResponseReader, body_of
 
 READ_SIZE = 64 * 1024
-MAX_HEAD = 64 * 1024
 T = TypeVar("T")
 
 
@@ -36,81 +36,49 @@ async def _within(idle: float | None, read: Awaitable[T]) -> T:
         raise EngineIdle(idle) from None
 
 
-async def read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[bytes, bytes]]]:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError) as exc:
-        raise UpstreamError("the engine closed the connection before answering") from exc
-    lines = head[:-4].split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not parts[1].isdigit():
-        raise UpstreamError("the engine sent an invalid response")
-    headers = []
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        headers.append((name.strip().lower(), value.strip()))
-    return int(parts[1]), headers
+class Answer:
+    """An answer read from an engine's stream with the one response reader (response_reader.py): its
+    head, then its body's data as it arrives, whatever its framing."""
 
+    def __init__(self, stream: asyncio.StreamReader) -> None:
+        self.stream = stream
+        self.reader = ResponseReader()
+        self._first = b""  # body data that came with the head
 
-async def _dechunk(reader: asyncio.StreamReader, idle: float | None) -> AsyncIterator[bytes]:
-    """Decode chunked transfer encoding from whatever has arrived: every complete chunk in one read is
-    passed on together, so a burst of small SSE events costs one hand-over, not one each. Invalid framing
-    is a ValueError, after the whole chunks before it."""
-    buffer = bytearray()
-    while True:
-        out = bytearray()
-        invalid: ValueError | None = None
-        last = False  # the last chunk came
-        try:
-            while (line_end := buffer.find(b"\r\n", 0, MAX_CHUNK_LINE + 2)) >= 0:
-                size = chunk_size(bytes(buffer[:line_end]))
-                if size == 0:  # the last chunk; trailers, if any, are not needed
-                    last = True
-                    break
-                start, end = line_end + 2, line_end + 2 + size
-                if len(buffer) < end + 2:
-                    break
-                if buffer[end : end + 2] != b"\r\n":
-                    raise ValueError("no CRLF after a chunk's data")
-                out += buffer[start:end]
-                del buffer[: end + 2]
-            else:
-                if len(buffer) > MAX_CHUNK_LINE:
-                    raise ValueError("a chunk line is too long")
-        except ValueError as exc:
-            invalid = exc
-        if out:
-            yield bytes(out)
-        if invalid is not None:
-            raise invalid
-        if last:
-            return
-        data = await _within(idle, reader.read(READ_SIZE))
-        if not data:
-            raise UpstreamError("the engine closed the stream mid-response")
-        buffer += data
-
-
-async def body_chunks(
-    reader: asyncio.StreamReader, headers: list[tuple[bytes, bytes]], idle: float | None = None
-) -> AsyncIterator[bytes]:
-    """Yield the response body as it arrives: chunked, sized, or until the engine closes; EngineIdle when
-    nothing comes for `idle` seconds."""
-    values = dict(headers)
-    if b"chunked" in values.get(b"transfer-encoding", b"").lower():
-        async for data in _dechunk(reader, idle):
-            yield data
-    elif b"content-length" in values:
-        remaining = int(values[b"content-length"])
-        while remaining > 0:
-            data = await _within(idle, reader.read(min(READ_SIZE, remaining)))
+    async def read_head(self) -> Head:
+        reader = self.reader
+        while reader.head is None:
+            try:
+                data = await self.stream.read(READ_SIZE)
+            except ConnectionError as exc:
+                raise UpstreamError("the engine closed the connection before answering") from exc
             if not data:
+                raise UpstreamError("the engine closed the connection before answering")
+            spans = reader.feed(data)
+            if reader.invalid is not None and reader.head is None:  # an invalid body: chunks() says so
+                raise UpstreamError("the engine sent an invalid response")
+        self._first = body_of(spans, data)
+        return reader.head
+
+    async def chunks(self, idle: float | None = None) -> AsyncIterator[bytes]:
+        """The body's data as it arrives: what one read holds is passed on together, so a burst of small
+        SSE events costs one hand-over, not one each. Invalid framing is a ValueError, after the whole
+        chunks before it; EngineIdle when nothing comes for `idle` seconds (None: no limit)."""
+        reader = self.reader
+        if self._first:
+            first, self._first = self._first, b""
+            yield first
+        while reader.invalid is None and not reader.complete:
+            data = await _within(idle, self.stream.read(READ_SIZE))
+            if not data:
+                if reader.feed_eof():
+                    return
                 raise UpstreamError("the engine closed the stream mid-response")
-            remaining -= len(data)
-            yield data
-    else:
-        while data := await _within(idle, reader.read(READ_SIZE)):
-            yield data
+            out = body_of(reader.feed(data), data)
+            if out:
+                yield out
+        if reader.invalid is not None:
+            raise ValueError(reader.invalid)
 
 
 async def get(
@@ -124,10 +92,11 @@ async def get(
     try:
         writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
         await writer.drain()
-        status, headers = await asyncio.wait_for(read_head(reader), timeout)
+        answer = Answer(reader)
+        status = (await asyncio.wait_for(answer.read_head(), timeout)).status
         body = bytearray()
         async with asyncio.timeout(timeout):
-            async for chunk in body_chunks(reader, headers):
+            async for chunk in answer.chunks():
                 body += chunk
                 if len(body) > max_body:
                     break

@@ -358,23 +358,6 @@ def test_streams_of_the_other_apis_are_recorded_whole() -> None:
     assert json.loads(responses["response"]) == final["response"]
 
 
-def test_a_body_relayed_in_chunks_is_recorded_unframed() -> None:
-    """The HTTP front keeps the bytes it relays, chunk framing included: they are unframed when read."""
-    recorder = rec.Recorder()
-    ex = exchange(recorder)
-    ex.record = recorder.start(ex.head, ex.kept_request(), "ai/m", "sha256:" + "1" * 64, {})
-    assert ex.record is not None
-    ex.started_answer(200, [(b"content-type", b"text/event-stream")])
-    ex.record.framed_by_chunks = True
-    payload = sse({"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]})
-    framed = b"%x\r\n%b\r\n0\r\n\r\n" % (len(payload), payload)
-    ex.answered(framed[:7], False)
-    ex.answered(framed[7:], True)
-    recorder.finish(ex.record, ex.access())
-    response = recorder.listing(None)[0]["records"][0]["response"]
-    assert json.loads(response)["choices"][0]["message"]["content"] == "ok"
-
-
 def test_records_carry_the_access_lines_timing_and_the_answers_token_counts() -> None:
     """Ours, after DMR's fields: duration_ms and ttfb_ms as the access line has them, prompt_tokens and
     completion_tokens where the answer says them, whichever API it came from."""

@@ -1,4 +1,4 @@
-"""The HTTP front's pool of kept-alive engine connections (server/front.py: EnginePool), with the scripted
+"""The HTTP front's pool of kept-alive engine connections (server/engine_pool.py), with the scripted
 engine on its Unix socket: a connection carries the next request once its answer is complete, and only
 then; a request the engine dropped unanswered on a reused connection goes once more on a new one, a cut
 answer never does; a client that leaves takes its connection with it; an engine that exits leaves no
@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from modelrunner.server import front
-from modelrunner.server.front import EnginePool
+from modelrunner.server import engine_pool
+from modelrunner.server.engine_pool import EnginePool
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
@@ -163,7 +163,7 @@ def test_a_runner_being_stopped_has_its_idle_connections_closed_at_once(
     start: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # llama-server waits for its open connections before it exits: the pool must not hold one until then
-    monkeypatch.setattr(front, "MAX_IDLE_SECONDS", 600.0)  # the pool's own idle timeout plays no part
+    monkeypatch.setattr(engine_pool, "MAX_IDLE_SECONDS", 600.0)  # the pool's own idle timeout plays no part
     daemon = start(FAKE_STOP_DELAY="3")
     assert daemon.http("POST", CHAT, json=BODY).status_code == 200
     daemon.wait_for(lambda: idle(daemon) == 1, "the connection to go back to the pool")

@@ -20,10 +20,10 @@ import pytest
 from modelrunner.server import front, handed_over
 from modelrunner.server.inference import InferenceHandler
 from modelrunner.server.native_relay import NativeRelay
-from modelrunner.server.recorder import unchunk
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
+from tests.response_bodies import unchunked
 
 CHAT = "/engines/v1/chat/completions"
 
@@ -239,7 +239,7 @@ def test_a_client_that_stops_reading_holds_the_engine_back(
             answer += data
     head, _, framed = bytes(answer).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
-    assert contents(unchunk(framed).decode()) == [f"t{i} " + "x" * pad for i in range(chunks)]
+    assert contents(unchunked(framed).decode()) == [f"t{i} " + "x" * pad for i in range(chunks)]
 
 
 def ended_with_error(text: str, reason: str) -> None:
@@ -314,7 +314,7 @@ def test_a_client_that_shuts_its_side_after_asking_for_a_stream_gets_it(
                 sock.shutdown(socket.SHUT_WR)  # a half-close: the answer is still wanted
                 head, framed = read_to_the_end(sock)
             assert head.startswith(b"HTTP/1.1 200") and framed.endswith(b"0\r\n\r\n"), (head, framed[-200:])
-            text = unchunk(framed).decode()
+            text = unchunked(framed).decode()
             if path == CHAT:
                 assert contents(text) == [f"t{i} " for i in range(20)]
             else:
@@ -358,7 +358,7 @@ def test_a_local_client_that_shuts_its_side_after_asking_for_a_whole_answer_gets
                 sock.shutdown(socket.SHUT_WR)  # a half-close: the answer is still wanted
                 head, answer = read_to_the_end(sock)
             assert head.startswith(b"HTTP/1.1 200"), (head, answer[-200:])
-            document = json.loads(unchunk(answer) if b"chunked" in head.lower() else answer)
+            document = json.loads(unchunked(answer) if b"chunked" in head.lower() else answer)
             text = (
                 document["choices"][0]["message"]["content"]
                 if path == CHAT

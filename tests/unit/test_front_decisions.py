@@ -11,9 +11,10 @@ import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from modelrunner.server.front import UVICORN_TESTED, Chunked, FastPath, Sized, UntilClose, framing_of
+from modelrunner.server.front import UVICORN_TESTED, FastPath
 from modelrunner.server.inference import InferenceHandler
 from modelrunner.server.lifecycle import Lifecycle
+from modelrunner.server.proxy import EVENT_STREAM_HEADERS, client_headers
 from modelrunner.server.security import SecurityPolicy
 
 PLAIN = (
@@ -85,46 +86,6 @@ def test_with_an_api_key_only_requests_that_carry_it_are_taken() -> None:
     assert keyed.accept(PLAIN + b"\r\nx-api-key: wrong") is None
 
 
-def test_chunked_framing_follows_chunks_split_anywhere() -> None:
-    body = b"5\r\nhello\r\n1a;ext=1\r\n" + b"x" * 24 + b"\n\n\r\n0\r\n\r\n"
-    for cut in range(1, len(body)):
-        framing = Chunked()
-        framing.feed(body[:cut])
-        assert not framing.complete
-        framing.feed(body[cut:])
-        assert framing.complete and framing.tail == b"\n\n"
-
-
-def test_chunked_framing_knows_chunk_boundaries_and_trailers() -> None:
-    framing = Chunked()
-    framing.feed(b"3\r\nab")
-    assert not framing.at_boundary
-    framing.feed(b"c\r\n")
-    assert framing.at_boundary and framing.tail == b"bc"
-    framing.feed(b"0\r\nx-trailer: 1\r\n")
-    assert not framing.complete
-    framing.feed(b"\r\n")
-    assert framing.complete
-
-
-@pytest.mark.parametrize("junk", [b"zz\r\n", b"-5\r\n", b"1" * 5000])
-def test_chunked_framing_refuses_junk(junk: bytes) -> None:
-    with pytest.raises(ValueError):
-        Chunked().feed(junk)
-
-
-def test_framing_is_chosen_from_the_headers() -> None:
-    assert isinstance(framing_of([(b"transfer-encoding", b"chunked")]), Chunked)
-    sized = framing_of([(b"content-length", b"4")])
-    assert isinstance(sized, Sized) and not sized.complete
-    sized.feed(b"abcd")
-    assert sized.complete
-    assert framing_of([(b"content-length", b"0")]).complete
-    assert isinstance(framing_of([]), UntilClose) and framing_of([]).until_close
-    with pytest.raises(ValueError):
-        framing_of([(b"content-length", b"4, 4")])
-
-
 def test_uvicorn_is_a_release_the_front_was_tested_with() -> None:
     """front.py builds uvicorn's protocol classes itself: an upgrade nobody tested fails here (and the pin
     in pyproject.toml keeps installs to the tested releases)."""
@@ -139,3 +100,19 @@ def test_uvicorn_is_a_release_the_front_was_tested_with() -> None:
     assert isinstance(server_state.default_headers, list)
     parameters = list(inspect.signature(HttpToolsProtocol.__init__).parameters)
     assert parameters[:5] == ["self", "config", "server_state", "app_state", "_loop"]
+
+
+def test_the_client_gets_the_engines_headers_less_the_dropped_ones() -> None:
+    engine = [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"transfer-encoding", b"chunked"),
+        (b"connection", b"keep-alive"),
+        (b"server", b"llama.cpp"),
+        (b"date", b"Tue, 01 Dec 2026 00:00:00 GMT"),
+        (b"access-control-allow-origin", b"*"),
+    ]
+    # the front passes the body on as framed: the engine's Transfer-Encoding with it
+    framed, streaming = client_headers(engine, reframed=False)
+    assert streaming and framed == [*engine[:2], *EVENT_STREAM_HEADERS]
+    reframed, _ = client_headers(engine)  # the ASGI relay: uvicorn frames the data anew
+    assert reframed == [engine[0], *EVENT_STREAM_HEADERS]

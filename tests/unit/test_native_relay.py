@@ -1,7 +1,8 @@
 """The C relay (modelrunner/_relay.c through server/native_relay.py) on socket pairs: it follows chunked
-framing exactly as front.Chunked does, whatever the reads (one table of size lines for both,
-tests/chunk_lines.py), keeps the recorder's head and tail, holds the engine back while the client does not
-read, and ends each stream once: complete, engine closed, invalid, client gone, engine idle or cancelled."""
+framing exactly as the one Python response reader does (modelrunner/response_reader.py, the oracle here),
+whatever the reads (one table of size lines for both, tests/chunk_lines.py), keeps the recorder's head and
+tail, holds the engine back while the client does not read, and ends each stream once: complete, engine
+closed, invalid, client gone, engine idle or cancelled."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from collections.abc import Callable
 import pytest
 
 from modelrunner.chunking import chunk_size
+from modelrunner.response_reader import ResponseReader
 from modelrunner.server import native_relay as native
-from modelrunner.server.front import Chunked
 from modelrunner.server.native_relay import End, Result
 from tests.chunk_lines import SIZE_LINES
+from tests.response_bodies import chunked_reader
 
 
 def test_the_extension_is_built() -> None:
@@ -100,8 +102,9 @@ def relay(
     return result, received
 
 
-def python_framing(data: bytes) -> Chunked:
-    framing = Chunked()
+def python_framing(data: bytes) -> ResponseReader:
+    """The oracle: the one response reader, past a chunked head, fed `data` in one read."""
+    framing = chunked_reader()
     framing.feed(data)
     return framing
 
@@ -170,23 +173,22 @@ def test_invalid_framing_is_not_passed_on(data: bytes, why: str) -> None:
     assert result.at_boundary and result.tail == python_framing(first).tail
 
 
-def python_reads(data: bytes) -> Chunked:
-    """front.Chunked over `data` after one whole chunk: in one read with it, and byte by byte after it, the
+def python_reads(data: bytes) -> ResponseReader:
+    """The reader over `data` after one whole chunk: in one read with it, and byte by byte after it, the
     same verdict; found invalid in the one read, it passes on the whole chunk before and stops between
     chunks."""
     first = chunked([b"data: ok\n\n"])[:-5]
-    together = Chunked()
+    together = chunked_reader()
     bytewise = python_framing(first)
     errors = []
     for framing, reads in (
         (together, [first + data]),
         (bytewise, [data[i : i + 1] for i in range(len(data))]),
     ):
-        try:
-            for read in reads:
-                framing.feed(read)
-        except ValueError as exc:
-            errors.append(str(exc))
+        for read in reads:
+            framing.feed(read)
+        if framing.invalid is not None:
+            errors.append(framing.invalid)
     assert len(errors) in (0, 2) and len(set(errors)) <= 1
     if errors:  # (byte by byte, the bytes of a line before its end were passed on already)
         assert together.valid == len(first) and together.at_boundary

@@ -21,7 +21,7 @@ from modelrunner.scheduler.rundir import UnsafeRuntimeDir, ensure_private_dir
 from modelrunner.scheduler.runner import LoadError, Runner, RunnerKey, end_orphans
 from modelrunner.scheduler.scheduler import Scheduler, SchedulerLimits
 from modelrunner.scheduler.settings import SettingsStore
-from modelrunner.server.front import EnginePool
+from modelrunner.server.engine_pool import EnginePool
 from modelrunner.server.upstream import EngineCall, EngineUnreachable
 from tests.users import OTHER_UID, need_root
 

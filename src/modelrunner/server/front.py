@@ -12,7 +12,8 @@ Each request the front answers is an exchange of the request lifecycle (server/l
 ASGI path: its id in the `X-Request-Id` header, its runner released when it ends, its engine connection
 closed when the client leaves, its access line and its record. Answers that must be read whole (a
 non-streamed llama.cpp generation, assembled from the stream asked for; embeddings, whose errors may be
-reworded) go through the engine call of server/upstream.py; all others are relayed byte for byte.
+reworded) go through the engine call of server/upstream.py; all others are relayed byte for byte, by the
+engine side of the front (server/engine_pool.py: kept-alive engine connections, each relaying one answer).
 
 The protocol is built on uvicorn's (it hands connections over to `HttpToolsProtocol`, with the front's
 rules about stalled requests and half-closes: server/handed_over.py): the uvicorn
@@ -25,21 +26,18 @@ import asyncio
 import json
 import logging
 import time
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from modelrunner import eventlog
-from modelrunner.chunking import MAX_CHUNK_LINE, chunk_size
 from modelrunner.errors import ModelRunnerError
-from modelrunner.http1 import MAX_HEAD, EngineIdle
-from modelrunner.scheduler.rundir import untrusted_socket
+from modelrunner.response_reader import MAX_HEAD
 from modelrunner.server import fdlimit
+from modelrunner.server.engine_pool import EnginePool, Upstream
 from modelrunner.server.errors import error_body
 from modelrunner.server.handed_over import (
     REQUEST_STALL_SECONDS,
@@ -51,34 +49,26 @@ from modelrunner.server.handed_over import (
 )
 from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, Route, error_parts, match_route
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
-from modelrunner.server.native_relay import End, NativeRelay, Result, native_relay
 from modelrunner.server.proxy import (
-    EVENT_STREAM_HEADERS,
     engine_died_body,
     request_bytes,
-    retry_full_backlog,
     stream_end_event,
 )
-from modelrunner.server.recorder import RESPONSE_LIMIT, TAIL_KEPT
 from modelrunner.server.security import SecurityPolicy
 from modelrunner.server.upstream import EngineCall, EngineUnreachable, engine_idle_timeout
 
 if TYPE_CHECKING:
-    from modelrunner.server.recorder import Record
+    pass
 
 log = logging.getLogger(__name__)
 
 UVICORN_TESTED = ("0.54.",)  # the uvicorn releases this protocol was tested with (pyproject pins them)
 REFUSED_LINGER = 2.0  # a connection refused for want of descriptors is closed after this at the latest
-# Response headers the engine must not decide: hop-by-hop ones, ours (server, date) and CORS.
-_DROPPED = {b"connection", b"keep-alive", b"access-control-allow-origin", b"server", b"date"}
 _ALNUM = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _SAFE_TARGET = frozenset(_ALNUM + b"-._~/?=&+:,;")
 _TOKEN = frozenset(_ALNUM + b"!#$%&'*+-.^_`|~")  # header names
 _CONTROL = frozenset(range(32)) - {9} | {127}  # bytes no header value may hold (tab may)
 _PAUSE_AT = 1024 * 1024  # bytes a client may send ahead while its previous request is answered
-MAX_IDLE_SECONDS = 2.0  # an idle engine connection is reused within this, else closed
-MAX_IDLE_PER_SOCKET = 512
 
 
 @dataclass(frozen=True)
@@ -207,7 +197,7 @@ class FrontProtocol(asyncio.Protocol):
             self.half_close.cancel()
         if self.exchange is None:
             return
-        if self.upstream is not None and self.upstream.native is not None:
+        if self.upstream is not None and self.upstream.request.native is not None:
             self.upstream.client_closed()  # the C relay may have written the whole answer: its result says
         else:
             self.exchange.client_left()  # its engine connection closes: the engine stops generating
@@ -234,9 +224,10 @@ class FrontProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self.upstream is not None and self.upstream.transport is not None and self.upstream.native is None:
-            self.upstream.last_read = time.monotonic()  # not read while paused: not idle either
-            self.upstream.transport.resume_reading()
+        upstream = self.upstream
+        if upstream is not None and upstream.transport is not None and upstream.request.native is None:
+            upstream.request.last_read = time.monotonic()  # not read while paused: not idle either
+            upstream.transport.resume_reading()
 
     def _refuse_full(self) -> None:
         """503 with Retry-After, before reading the request; then the write side is closed, and the
@@ -397,11 +388,11 @@ class FrontProtocol(asyncio.Protocol):
                 pool.give_back(upstream)  # it carried nothing
                 raise
             try:
-                await upstream.begin(self, exchange, message)
+                await upstream.begin(self, exchange, message, self.fast.engine_idle)
             finally:
                 forget()
                 upstream.end()
-                exchange.bytes_out += upstream.sent
+                exchange.bytes_out += upstream.request.sent
                 if upstream.reusable and self.fast.lifecycle.scheduler.serving(prepared.runner):
                     pool.give_back(upstream)
                 else:
@@ -420,19 +411,19 @@ class FrontProtocol(asyncio.Protocol):
         """After the engine's answer ended (complete, or its connection closed): end the client's answer, as
         well as it can be ended."""
         assert self.transport is not None
-        framing = upstream.framing
+        reader = upstream.request.reader
         if self.transport.is_closing():
             return  # the client left
-        if framing is None:
-            message = exchange.failure(upstream.failure or "no response")
+        if reader.head is None:
+            message = exchange.failure(upstream.request.failure or "no response")
             self._write_json(500, engine_died_body(message))
-        elif framing.until_close:
+        elif reader.until_close:
             self.closing = True  # the only end of such a body is the end of the connection
-        elif not framing.complete:
-            message = exchange.failure(upstream.failure or "connection closed")
-            if upstream.event_stream and isinstance(framing, Chunked) and framing.at_boundary:
+        elif not reader.complete:
+            message = exchange.failure(upstream.request.failure or "connection closed")
+            if upstream.request.event_stream and reader.chunked and reader.at_boundary:
                 # the status is sent: say it in the stream (ending a half-sent event first), then end it
-                event = stream_end_event(framing.tail, message)
+                event = stream_end_event(reader.tail, message)
                 self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(event), event))
             else:
                 self.closing = True  # the body cannot be completed: closing tells the client
@@ -495,529 +486,6 @@ class FrontProtocol(asyncio.Protocol):
             self.closing = True
             self._write_json(408, stalled_answer())
         self.transport.close()
-
-
-class EnginePool:
-    """Connections to engines' sockets kept alive between requests, as nginx's `keepalive` does: a request
-    takes the connection that went idle last, or opens one. Only a connection whose answer was complete
-    comes back (server/front.py's `Upstream.reusable`): never one whose client left mid-answer, one that
-    failed, or one the engine asked to close; and one idle for MAX_IDLE_SECONDS is closed, well before
-    engines close theirs (llama-server and uvicorn: 5 s)."""
-
-    def __init__(self) -> None:
-        self.idle: dict[str, list[Upstream]] = {}  # per socket, the last to go idle at the end
-        self._sweep: asyncio.TimerHandle | None = None
-
-    def take(self, socket: str) -> Upstream | None:
-        idle = self.idle.get(socket)
-        if idle:
-            upstream = idle.pop()
-            if time.monotonic() - upstream.idle_since < MAX_IDLE_SECONDS:
-                return upstream
-            upstream.close()  # the newest is too old: so are the rest, which the sweep closes
-        return None
-
-    async def connect(self, socket: str) -> Upstream:
-        untrusted = untrusted_socket(Path(socket))
-        if untrusted is not None:  # another user's socket would see (and answer) the prompt
-            eventlog.event(log, "engine_socket_refused", logging.ERROR, reason=untrusted)
-            raise PermissionError(untrusted)
-        loop = asyncio.get_running_loop()
-        _, upstream = await retry_full_backlog(
-            lambda: loop.create_unix_connection(lambda: Upstream(self, socket), socket)
-        )
-        return upstream
-
-    def give_back(self, upstream: Upstream) -> None:
-        idle = self.idle.setdefault(upstream.socket, [])
-        if len(idle) >= MAX_IDLE_PER_SOCKET:
-            upstream.close()
-            return
-        upstream.idle_since = time.monotonic()
-        idle.append(upstream)
-        if self._sweep is None:
-            self._sweep = asyncio.get_running_loop().call_later(MAX_IDLE_SECONDS, self._close_old)
-
-    def close_idle(self, socket: str) -> None:
-        """Close the idle connections to a socket whose engine is being stopped: it may wait for them."""
-        for upstream in self.idle.pop(socket, []):
-            upstream.close()
-
-    def lost(self, upstream: Upstream) -> None:
-        """An idle connection the engine closed (its idle timeout, or it stopped)."""
-        idle = self.idle.get(upstream.socket)
-        if idle is not None and upstream in idle:
-            idle.remove(upstream)
-            if not idle:
-                del self.idle[upstream.socket]
-
-    def _close_old(self) -> None:
-        self._sweep = None
-        oldest = time.monotonic() - MAX_IDLE_SECONDS
-        for socket, idle in list(self.idle.items()):
-            old = 0
-            while old < len(idle) and idle[old].idle_since <= oldest:
-                old += 1
-            for upstream in idle[:old]:
-                upstream.close()
-            del idle[:old]
-            if not idle:
-                del self.idle[socket]
-        if self.idle:
-            self._sweep = asyncio.get_running_loop().call_later(MAX_IDLE_SECONDS / 2, self._close_old)
-
-
-class Upstream(asyncio.Protocol):
-    """A connection to an engine's socket (kept alive between requests by the EnginePool). While it
-    carries a request, the engine's answer goes to the client as it arrives: the head rewritten, the body
-    passed on as read, followed only far enough to know where it ends."""
-
-    def __init__(self, pool: EnginePool, socket: str) -> None:
-        self.pool = pool
-        self.socket = socket
-        self.transport: asyncio.Transport | None = None
-        self.uses = 0
-        self.idle_since = 0.0
-        # the request in progress: set by begin(), cleared by end()
-        self.front: FrontProtocol | None = None
-        self.client: asyncio.Transport | None = None
-        self.exchange: Exchange | None = None
-        self.record: Record | None = None
-        self.head = bytearray()
-        self.framing: Framing | None = None  # set once the head has been passed on
-        self.event_stream = False
-        self.keep_alive = True  # the engine may take another request on this connection
-        self.failure: str | None = None
-        self.sent = 0  # body bytes passed to the client
-        self.finished: asyncio.Future[None] | None = None
-        self.native: int | None = None  # the C relay's stream, while it relays the body (native_relay.py)
-        self.client_gone = False  # the client closed while the C relay had the body
-        self.native_refused = False  # the C relay could not take this answer: no more tries
-        self.idle = 0.0  # the engine's idle limit in the answer's body (0: none): see _idle_check
-        self.last_read = 0.0  # time.monotonic() of the body's last bytes
-        self.idle_timer: asyncio.TimerHandle | None = None
-
-    def begin(self, front: FrontProtocol, exchange: Exchange, request: bytes) -> asyncio.Future[None]:
-        """Send a request; the future is done when its answer is complete or the connection ends."""
-        assert self.transport is not None
-        self.uses += 1
-        self.front, self.client = front, front.transport
-        self.exchange, self.record = exchange, exchange.record
-        self.head = bytearray()
-        self.framing = None
-        self.event_stream = False
-        self.failure = None
-        self.sent = 0
-        self.client_gone = False
-        self.native_refused = False
-        self.idle = front.fast.engine_idle
-        finished = self.finished = front.loop.create_future()
-        front.upstream = self  # for flow control: a client that reads slowly pauses the engine
-        if front.write_paused:
-            self.transport.pause_reading()
-        if self.transport.is_closing():
-            finished.set_result(None)
-        else:
-            self.transport.write(request)
-        return finished
-
-    def end(self) -> None:
-        """The request is over: the connection answers nobody until the next begin()."""
-        self._stop_idle_timer()
-        if self.front is not None and self.front.upstream is self:
-            self.front.upstream = None
-        if self.front is not None and self.front.write_paused and self.transport is not None:
-            self.transport.resume_reading()  # idle, it must notice when the engine closes it
-        self.front = self.client = None
-        self.exchange = self.record = None
-
-    @property
-    def vanished(self) -> bool:
-        """The engine closed the connection before answering a byte."""
-        return self.framing is None and not self.head and self.failure is None
-
-    @property
-    def reusable(self) -> bool:
-        framing = self.framing
-        return (
-            self.keep_alive
-            and framing is not None
-            and framing.complete
-            and not framing.until_close
-            and self.failure is None
-            and self.transport is not None
-            and not self.transport.is_closing()
-        )
-
-    def client_closed(self) -> None:
-        """The client closed its connection while the C relay had the body: the relay's result says whether
-        it had written the whole answer by then; the engine is told at once."""
-        self.client_gone = True
-        self.close()
-
-    def close(self) -> None:
-        if self.native is not None:
-            NativeRelay.cancel(self.native)  # its result ends the request: the relay may be writing till then
-        if self.transport is not None:
-            self.transport.close()
-
-    # asyncio.Protocol
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        framing = self.framing
-        if self.client is None or (framing is not None and framing.complete):
-            # idle, or after its answer: an engine that speaks unasked is not trusted again
-            self.keep_alive = False
-            self.close()
-            return
-        head = b""
-        if framing is None:
-            try:
-                parsed = self._read_head(data)
-            except ValueError as exc:
-                self._invalid(exc)
-                return
-            if parsed is None:
-                return
-            status, headers, framing, data = parsed
-            self.framing = framing
-            assert self.front is not None
-            if self.idle and not framing.complete:
-                self.last_read = time.monotonic()
-                self.idle_timer = self.front.loop.call_later(self.idle, self._idle_check)
-            head = self.front.answer_head(status, headers)
-            if not data:
-                self.front.write(head)
-                if framing.complete:
-                    self._answered()
-                return
-        if self.idle_timer is not None:
-            self.last_read = time.monotonic()
-        try:
-            framing.feed(data)
-        except ValueError as exc:
-            valid = data[: framing.valid] if isinstance(framing, Chunked) else b""
-            if (head or valid) and self.client is not None:
-                self.client.write(head + valid)  # the whole chunks before the invalid bytes
-                self.sent += len(valid)
-                if self.record is not None:
-                    self.record.tee(valid)
-            self._invalid(exc)
-            return
-        if framing.excess:  # bytes after the answer: not the client's, and the connection is spoilt
-            self.keep_alive = False
-            data = data[: len(data) - framing.excess]
-        assert self.client is not None
-        self.client.write(head + data if head else data)  # the head and the first bytes: one write
-        self.sent += len(data)
-        if self.record is not None:
-            self.record.tee(data)  # framed as sent: the recorder unframes it when read
-        if framing.complete:
-            self._answered()
-        elif isinstance(framing, Chunked) and framing.at_boundary and not self.native_refused:
-            self._hand_to_native()
-
-    def _hand_to_native(self) -> None:
-        """The rest of a chunked body goes from the engine to the client through the C relay, when the
-        client has taken all that was written to it (the relay writes to its socket directly)."""
-        assert self.transport is not None and self.client is not None and self.front is not None
-        if (
-            self.front.write_paused
-            or self.client.get_write_buffer_size()
-            or self.client.is_closing()
-            or self.transport.is_closing()
-        ):
-            return  # perhaps at the next chunk boundary
-        relay = native_relay(self.front.loop)
-        if relay is None:  # switched off, or not built: every chunk of this answer here
-            self.native_refused = True
-            return
-        assert isinstance(self.framing, Chunked)
-        kept = self.record.unframed() if self.record is not None else b""  # the relay keeps data unframed
-        if kept is None:  # over 1 MiB relayed here already (a slow client): the rest too, framed as it was
-            self.native_refused = True
-            return
-        try:
-            self.native = relay.add(
-                self.client.get_extra_info("socket").fileno(),
-                self.transport.get_extra_info("socket").fileno(),
-                self.framing.tail,
-                self.record is not None,
-                RESPONSE_LIMIT - len(kept),
-                TAIL_KEPT,
-                self.idle,
-                self._native_done,
-            )
-        except (OSError, MemoryError) as exc:  # out of file descriptors: relayed here, as before
-            log.warning("native relay refused a stream (%s): relayed in Python", exc)
-            self.native_refused = True
-            return
-        if self.record is not None:
-            self.record.go_unframed(kept)
-        self.transport.pause_reading()  # the relay reads the engine's socket from here on
-        self._stop_idle_timer()  # the relay keeps the idle limit from here on
-
-    def _native_done(self, result: Result) -> None:
-        """The C relay ended the body: its account, then the request ends as if relayed here."""
-        self.native = None
-        framing = self.framing
-        assert isinstance(framing, Chunked)
-        framing.tail = result.tail
-        self.sent += result.sent
-        if self.record is not None:  # its first_data was set by the bytes relayed here before the hand-off
-            self.record.tee(result.recorded)
-            self.record.tee(result.recorded_tail)
-        if result.end is End.COMPLETE:
-            framing.complete = True
-            self.keep_alive = self.keep_alive and not result.excess
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()  # idle in the pool, it must notice when the engine closes it
-            self._answered()
-            return
-        framing.broken = not result.at_boundary  # a chunk cut in the middle cannot be completed
-        if result.end is End.INVALID:
-            self._invalid(ValueError(result.invalid))
-        elif result.end is End.ENGINE_IDLE:
-            self.failure = str(EngineIdle(self.idle))
-        if result.end is End.CLIENT_GONE or self.client_gone:
-            if self.exchange is not None:
-                self.exchange.client_left()
-            if self.client is not None:
-                self.client.abort()
-        self.close()
-        if self.finished is not None and not self.finished.done():
-            self.finished.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.native is not None:
-            return  # closed by us while the C relay has the body: its result ends the request
-        if isinstance(self.framing, UntilClose) and exc is None and self.failure is None:
-            self.framing.complete = True
-        if self.finished is None or self.finished.done():
-            self.pool.lost(self)  # idle
-        else:
-            self.finished.set_result(None)
-
-    def _answered(self) -> None:
-        """The whole answer is written to the client: complete now, even if the client, having read it,
-        closes its connection before the relaying task resumes."""
-        assert self.finished is not None
-        if self.exchange is not None:
-            self.exchange.complete = True
-        if not self.finished.done():
-            self.finished.set_result(None)
-
-    def _invalid(self, exc: ValueError) -> None:
-        """Nothing of the invalid read is passed on; the client's answer ends as if the engine had closed
-        there (Chunked.feed left the framing as it was before that read)."""
-        self.failure = f"the engine sent an invalid response ({exc})"
-        assert self.transport is not None
-        self.transport.abort()
-
-    def _idle_check(self) -> None:
-        """The engine's idle limit in the body of the answer relayed here: an engine that sends nothing
-        for that long (while it is read: a client that does not read pauses it) ends the answer, as an
-        engine that closed would, and its runner is released."""
-        self.idle_timer = None
-        front, transport = self.front, self.transport
-        if front is None or transport is None or self.native is not None or self.framing is None:
-            return
-        if self.framing.complete or self.failure is not None or transport.is_closing():
-            return
-        now = time.monotonic()
-        if front.write_paused:
-            self.last_read = now
-        elif now - self.last_read >= self.idle:
-            self.failure = str(EngineIdle(self.idle))
-            transport.abort()
-            return
-        self.idle_timer = front.loop.call_later(self.last_read + self.idle - now, self._idle_check)
-
-    def _stop_idle_timer(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
-
-    def _read_head(self, data: bytes) -> tuple[int, list[tuple[bytes, bytes]], Framing, bytes] | None:
-        """Collect the engine's head; once whole, return the status and headers the client gets, the body's
-        framing and the body bytes that came with the head."""
-        assert self.front is not None
-        self.head += data
-        end = self.head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.head) > MAX_HEAD:
-                raise ValueError("the response head is too large")
-            return None
-        lines = bytes(self.head[:end]).split(b"\r\n")
-        rest = bytes(self.head[end + 4 :])
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise ValueError("not HTTP")
-        headers = []
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            headers.append((name.strip().lower(), value.strip()))
-        framing = framing_of(headers)
-        connection = next((v.lower() for k, v in headers if k == b"connection"), b"")
-        self.keep_alive = parts[0] == b"HTTP/1.1" and b"close" not in connection
-        kept = [(k, v) for k, v in headers if k not in _DROPPED]
-        self.event_stream = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in kept)
-        if self.event_stream:
-            kept += EVENT_STREAM_HEADERS
-        if framing.until_close:
-            self.front.closing = True
-        if self.record is not None:
-            self.record.framed_by_chunks = isinstance(framing, Chunked)
-        return int(parts[1]), kept, framing, rest
-
-
-class Framing(ABC):
-    """How the engine's response body ends, followed as its bytes pass."""
-
-    until_close = False
-
-    def __init__(self) -> None:
-        self.complete = False
-        self.broken = False  # the body was invalid: it cannot be completed
-        self.excess = 0  # bytes of the last read beyond the body's end
-
-    @abstractmethod
-    def feed(self, data: bytes) -> None:
-        """Account for `data`, the next bytes of the body as they were read."""
-
-
-class Sized(Framing):
-    def __init__(self, length: int) -> None:
-        super().__init__()
-        self.remaining = length
-        self.complete = length == 0
-
-    def feed(self, data: bytes) -> None:
-        self.remaining -= len(data)
-        if self.remaining <= 0:
-            self.complete = True
-            self.excess = -self.remaining
-
-
-class UntilClose(Framing):
-    until_close = True
-
-    def feed(self, data: bytes) -> None:
-        pass
-
-
-class Chunked(Framing):
-    """Chunked transfer encoding, followed without copying the body: where each chunk ends, whether the
-    last one came, and the last two data bytes (to know whether an SSE event was cut). A read that holds
-    whole chunks costs one size-line parse per chunk (chunking.chunk_size, the rule _relay.c follows too);
-    data between size lines is skipped over, its CRLF checked. Of a read found invalid, only the whole
-    chunks before the invalid bytes (its first `valid` bytes) are to be passed on, and the framing is left
-    as it was there, so `at_boundary` says whether what was passed on ends between chunks."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.skip = 0  # bytes before the next size line: the rest of a chunk's data, then its CRLF
-        self.line = b""  # a size or trailer line cut between reads
-        self.trailers = False  # the last chunk came: trailer lines until an empty one
-        self.tail = b"\n\n"
-        self.valid = 0  # of a read found invalid: see above
-        self._boundary = 0, self.tail  # in the read being fed, where the last chunk that ended there ends
-
-    @property
-    def at_boundary(self) -> bool:
-        return not (self.skip or self.line or self.trailers or self.broken)
-
-    def feed(self, data: bytes) -> None:
-        before = self.skip, self.line, self.trailers, self.tail
-        self._boundary = 0, self.tail
-        try:
-            self._feed(data)
-        except ValueError:
-            self.valid, tail = self._boundary
-            if self.valid:
-                self.skip, self.line, self.trailers, self.tail = 0, b"", False, tail
-            else:
-                self.skip, self.line, self.trailers, self.tail = before
-            raise
-
-    def _feed(self, data: bytes) -> None:
-        end = len(data)
-        pos = self.skip
-        if pos:
-            left = pos - 2  # of the chunk's data; its CRLF follows
-            if left > 0:
-                stop = min(left, end)
-                self.tail = data[stop - 2 : stop] if stop >= 2 else self.tail[1:] + data[:1]
-            _check_crlf(data, pos)
-            if pos >= end:
-                self.skip = pos - end
-                return
-            self._boundary = pos, self.tail
-        while pos < end:
-            newline = data.find(b"\n", pos)
-            if newline < 0 or self.line:
-                if newline < 0:
-                    self.line += data[pos:]
-                    pos = end
-                else:
-                    self.line += data[pos:newline]
-                    pos = newline + 1
-                if len(self.line) > MAX_CHUNK_LINE:
-                    raise ValueError("a chunk line is too long")
-                if newline < 0:
-                    break
-                line, self.line = self.line, b""
-            else:
-                if newline - pos > MAX_CHUNK_LINE:
-                    raise ValueError("a chunk line is too long")
-                line = data[pos:newline]
-                pos = newline + 1
-            if not line.endswith(b"\r"):
-                raise ValueError("a chunk line does not end with CRLF")
-            if self.trailers:
-                if line == b"\r":  # the empty line after the trailers ends the body
-                    self.complete = True
-                    self.excess = end - pos
-                    self.skip = 0
-                    return
-                continue
-            size = chunk_size(line[:-1])
-            if size == 0:
-                self.trailers = True
-                continue
-            stop = pos + size
-            if stop <= end:
-                self.tail = data[stop - 2 : stop] if size >= 2 else (self.tail + data[pos:stop])[-2:]
-            else:  # the data goes on in the next read
-                self.tail = (self.tail + data[max(pos, end - 2) : end])[-2:]
-            pos = stop + 2
-            _check_crlf(data, pos)
-            if pos <= end:
-                self._boundary = pos, self.tail
-        self.skip = max(pos - end, 0)
-
-
-def _check_crlf(data: bytes, after: int) -> None:
-    """The CRLF after a chunk's data, which ends at `after` (an offset in `data`, perhaps beyond it): its
-    bytes that are in this read (the others were, or will be, checked with theirs)."""
-    cr, lf, end = after - 2, after - 1, len(data)
-    if (0 <= cr < end and data[cr] != 13) or (0 <= lf < end and data[lf] != 10):
-        raise ValueError("no CRLF after a chunk's data")
-
-
-def framing_of(headers: list[tuple[bytes, bytes]]) -> Framing:
-    values = dict(headers)
-    if b"chunked" in values.get(b"transfer-encoding", b"").lower():
-        return Chunked()
-    if b"content-length" in values:
-        length = values[b"content-length"]
-        if not length.isdigit():
-            raise ValueError("invalid content-length")
-        return Sized(int(length))
-    return UntilClose()
 
 
 def protocol_class(fast: FastPath) -> type[FrontProtocol]:

@@ -1,6 +1,6 @@
 """The relay's per-chunk loop out of Python: the C thread of modelrunner/_relay.c, seen from the event loop.
 
-The front (server/front.py) reads an engine's answer head and its first bytes itself; from a chunk
+The front (server/engine_pool.py) reads an engine's answer head and its first bytes itself; from a chunk
 boundary on, a chunked body goes to the C thread, which moves each chunk from the engine's socket to the
 client's without waking Python, and reports once, when the body ends. Python then owns both sockets again
 and ends the request as it always does. Where the extension is not built (no C compiler at install), or
@@ -43,7 +43,7 @@ class Result(NamedTuple):
     excess: bool  # the engine sent bytes after the body's end
     sent: int  # body bytes written to the client
     first_data: float  # time.monotonic() of the first byte written; 0 if none
-    tail: bytes  # the last two data bytes parsed (front.Chunked.tail): all written when at_boundary
+    tail: bytes  # the last two data bytes parsed (ResponseReader.tail): all written when at_boundary
     recorded: bytes  # the first `head_limit` bytes of the body's data (unframed)
     recorded_tail: bytes  # the last `tail_limit` bytes of it after those
     invalid: str | None  # why the framing was invalid

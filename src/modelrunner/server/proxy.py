@@ -12,6 +12,8 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
+from modelrunner.response_reader import is_event_stream
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -20,14 +22,10 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 T = TypeVar("T")
 
 # Hop-by-hop headers, ours (server, date) and CORS headers the engine must not decide (DMR strips them too).
-DROPPED = {
-    b"connection",
-    b"keep-alive",
-    b"transfer-encoding",
-    b"access-control-allow-origin",
-    b"server",
-    b"date",
-}
+DROPPED = frozenset({b"connection", b"keep-alive", b"access-control-allow-origin", b"server", b"date"})
+# The ASGI relay hands uvicorn the body's data, which uvicorn frames again: the engine's Transfer-Encoding
+# goes too. The HTTP front passes the body on as the engine framed it, so it keeps it.
+_DROPPED_REFRAMED = DROPPED | {b"transfer-encoding"}
 _FORWARDED = (b"content-type", b"accept", b"accept-encoding")
 EVENT_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
@@ -61,10 +59,14 @@ def request_bytes(
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-def client_headers(headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
-    """The engine's response headers as the client gets them, and whether the body is an event stream."""
-    out = [(k, v) for k, v in headers if k not in DROPPED]
-    streaming = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in out)
+def client_headers(
+    headers: list[tuple[bytes, bytes]], reframed: bool = True
+) -> tuple[list[tuple[bytes, bytes]], bool]:
+    """The engine's response headers as the client gets them (`reframed`: its body is framed anew), and
+    whether the body is an event stream."""
+    dropped = _DROPPED_REFRAMED if reframed else DROPPED
+    out = [(k, v) for k, v in headers if k not in dropped]
+    streaming = any(k == b"content-type" and is_event_stream(v) for k, v in out)
     if streaming:
         out += EVENT_STREAM_HEADERS
     return out, streaming

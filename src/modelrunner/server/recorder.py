@@ -36,9 +36,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from modelrunner.artifact import gojson
-from modelrunner.chunking import chunk_size
 from modelrunner.compat import assemble
 from modelrunner.errors import ModelNotFound, ModelRunnerError
+from modelrunner.response_reader import is_event_stream
 from modelrunner.scheduler.memory import env_bytes
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
@@ -150,27 +150,6 @@ def _cut_parts(content: Any) -> bool:
 # -- answers ---------------------------------------------------------------------------------------------
 
 
-def unchunk(data: bytes | bytearray) -> bytes:
-    """A body in chunked transfer encoding, decoded as far as it is whole (a recorded copy may be cut)."""
-    out = bytearray()
-    pos = 0
-    while True:
-        line_end = data.find(b"\r\n", pos)
-        if line_end < 0:
-            break
-        try:
-            size = chunk_size(bytes(data[pos:line_end]))
-        except ValueError:
-            break
-        if size == 0:
-            break
-        out += data[line_end + 2 : line_end + 2 + size]
-        pos = line_end + 2 + size + 2
-        if pos > len(data):
-            break
-    return bytes(out)
-
-
 def normalize_error(text: str) -> str:
     """DMR's normalizeErrorToJSON: JSON as it is, anything else as `{"error": "<text>"}`."""
     if not text:
@@ -227,7 +206,7 @@ def reassemble(api: str, url: str, content_type: str, raw: bytes) -> tuple[str, 
     text = raw.decode("utf-8", "replace")
     if api == OLLAMA and "ndjson" in content_type:
         return _ollama(raw, text)
-    if "event-stream" not in content_type and b"data: " not in raw:
+    if not is_event_stream(content_type) and b"data: " not in raw:
         return text, ""
     events = _events(raw)
     for event, doc, payload in events:
@@ -319,9 +298,9 @@ def token_counts(doc: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def answer_usage(raw: bytes | bytearray) -> tuple[int | None, int | None]:
-    """(prompt, completion) tokens of an answer as sent (whole, streamed, or only its end): the last lines
+    """(prompt, completion) tokens of an answer's data (whole, streamed, or only its end): the last lines
     that say them, found from the end (a stream states its counts in its last events; Anthropic's prompt
-    count is in its first). Lines that are not JSON (chunk sizes, `event:` lines) are passed over."""
+    count is in its first). Lines that are not JSON (`event:` lines) are passed over."""
     prompt: int | None = None
     completion: int | None = None
     end = len(raw)
@@ -348,7 +327,7 @@ def answer_usage(raw: bytes | bytearray) -> tuple[int | None, int | None]:
 
 
 class Record:
-    """One request and its answer; the answer's bytes are kept as sent (bounded) and read when shown. Once
+    """One request and its answer; the answer's data is kept (bounded) and read when shown. Once
     finished and shown, only its JSON is kept (`size` counts what it holds)."""
 
     def __init__(
@@ -369,7 +348,6 @@ class Record:
         self.origin = ORIGINS.get(head.api, "") if generation else ""
         self.status_code = 0
         self.content_type = ""
-        self.framed_by_chunks = False  # the front keeps the bytes as it relays them
         self.finished = False
         self.first_data: float | None = None  # monotonic time of the answer's first body byte
         self.timing: dict[str, float | None] = {}  # ours: duration_ms, ttfb_ms (the access line's)
@@ -389,7 +367,7 @@ class Record:
 
     @property
     def streamed(self) -> bool:
-        return "event-stream" in self.content_type or "ndjson" in self.content_type
+        return is_event_stream(self.content_type) or "ndjson" in self.content_type
 
     @property
     def size(self) -> int:
@@ -397,18 +375,13 @@ class Record:
         2 * TAIL_KEPT of the answer's end), or its JSON once shown."""
         return len(self.request) + len(self._response) + len(self._tail) + len(self._shown or b"")
 
-    def unframed(self) -> bytes | None:
-        """What is kept of the answer so far, unframed: for the C relay, which keeps the rest of a chunked
-        answer unframed (switch with `go_unframed`); None when the answer is past RESPONSE_LIMIT already."""
-        return None if self._tail else unchunk(self._response)
-
-    def go_unframed(self, kept: bytes) -> None:
-        self._response = bytearray(kept)
-        self.framed_by_chunks = False
-        if self.owner is not None:
-            self.owner.account(self)
+    @property
+    def room(self) -> int:
+        """How many more bytes of the answer's data are kept whole (beyond them, only its last TAIL_KEPT)."""
+        return max(RESPONSE_LIMIT - len(self._response), 0)
 
     def tee(self, data: bytes) -> None:
+        """The answer's next data, unframed (every relay hands over the body's data, not its framing)."""
         if self.first_data is None:
             self.first_data = time.monotonic()
         room = RESPONSE_LIMIT - len(self._response)
@@ -428,9 +401,6 @@ class Record:
         """The request is over: its timing from the access line, its token counts from its answer."""
         self.finished = True
         self.timing = {"duration_ms": access.duration_ms, "ttfb_ms": access.ttfb_ms}
-        if self.framed_by_chunks:  # unframed once, here: the counts are read from it, and the record shown
-            self._response = bytearray(unchunk(bytes(self._response)))
-            self.framed_by_chunks = False
         if (self.status_code or 408) < 400:
             end = self._tail[-TAIL_KEPT:] if self._tail else self._response  # where a stream says its counts
             self.prompt_tokens, self.completion_tokens = answer_usage(end)
@@ -463,7 +433,7 @@ class Record:
         }
         if self.finished:
             status = self.status_code or 408  # DMR: nothing was answered (the request was cancelled)
-            raw = bytes(self._response)  # unframed by finish()
+            raw = bytes(self._response)
             if status >= 400:
                 response, error = "", normalize_error(raw.decode("utf-8", "replace"))
             else:

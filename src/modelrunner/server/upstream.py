@@ -26,7 +26,8 @@ from modelrunner.compat import assemble
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelRunnerError
 from modelrunner.eventlog import event
-from modelrunner.http1 import MAX_HEAD, UpstreamError, body_chunks, read_head
+from modelrunner.http1 import Answer, UpstreamError
+from modelrunner.response_reader import MAX_HEAD
 from modelrunner.scheduler.rundir import untrusted_socket
 from modelrunner.scheduler.runner import Runner
 from modelrunner.server import lifecycle
@@ -104,7 +105,7 @@ class EngineCall:
         self.headers: list[tuple[bytes, bytes]] = []
         self.assembling: str | None = None  # the path whose unstreamed answer is assembled
         self.idle = engine_idle_timeout() or None
-        self._reader: asyncio.StreamReader | None = None
+        self._answer: Answer | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._forget: Any = None
 
@@ -121,22 +122,24 @@ class EngineCall:
             )
         except OSError as exc:
             raise EngineUnreachable(f"the engine is not reachable: {exc.strerror or exc}") from None
-        self._reader, self._writer = reader, writer
+        self._answer, self._writer = Answer(reader), writer
         self._forget = self.exchange.opened(writer.close)
         try:
             writer.write(request_bytes("POST", path, headers or [], body))
             await writer.drain()
-            self.status, self.headers = await read_head(reader)
+            head = await self._answer.read_head()
+            self.status, self.headers = head.status, head.headers
         except (OSError, UpstreamError) as exc:
             raise ModelRunnerError(self.exchange.failure(exc)) from None
 
     @property
     def event_stream(self) -> bool:
-        return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in self.headers)
+        head = self._answer.reader.head if self._answer is not None else None
+        return head is not None and head.event_stream
 
     def chunks(self) -> AsyncIterator[bytes]:
-        assert self._reader is not None
-        return body_chunks(self._reader, self.headers, self.idle)
+        assert self._answer is not None
+        return self._answer.chunks(self.idle)
 
     async def read(self, limit: int = MAX_JSON_BODY) -> bytes:
         data = bytearray()
