@@ -351,7 +351,7 @@ class FrontProtocol(asyncio.Protocol):
     async def _whole(self, prepared: Prepared, request: Request, exchange: Exchange) -> None:
         """An answer read whole from the engine (server/upstream.py), then written with its length."""
         call = EngineCall(exchange, prepared.runner)
-        call.assembling = prepared.assembling
+        call.assembling, call.shortening = prepared.assembling, prepared.shortening
         try:
             await call.send(request.route.upstream_path, prepared.body, request.headers)
             status, answer = await call.answer()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelrunner.compat import assemble
+from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, MethodNotAllowed, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
@@ -74,6 +75,7 @@ class Prepared:
     body: bytes
     assembling: str | None  # the path whose unstreamed answer is assembled from the stream asked for
     whole: bool  # the answer is read whole: assembled, or an embedding whose error may be reworded
+    shortening: Shortening | None = None  # an embeddings request's `dimensions`, done by the daemon
 
 
 # The roles OpenAI's chat API takes (its error for another lists them in this order).
@@ -118,17 +120,20 @@ class InferenceHandler:
         keep_alive = parse_keep_alive(doc["keep_alive"]) if "keep_alive" in doc else None
         if not preload:
             check_request(route, doc)
+        shortening = Shortening.of(doc) if route.mode is Mode.EMBEDDING else None
         runner = await self.inference.acquire(name, route.mode, keep_alive, route.backend, record=not preload)
         changed = False
         if runner.model.reference != name:
             # Engines such as vLLM answer only to the names they were started with: another name of the
             # same model (a tag, the short form) is sent as the runner's.
             doc, changed = {**doc, "model": runner.model.reference}, True
+        if shortening is not None:
+            doc, changed = shortening.engine_request(doc), True
         assembling = route.upstream_path if assembles(runner.key.engine, route.upstream_path, doc) else None
         if assembling:
             doc, changed = assemble.streamed_request(assembling, doc), True
         whole = assembling is not None or route.mode in (Mode.EMBEDDING, Mode.RERANKING)
-        return Prepared(runner, json.dumps(doc).encode() if changed else body, assembling, whole)
+        return Prepared(runner, json.dumps(doc).encode() if changed else body, assembling, whole, shortening)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         try:
@@ -154,7 +159,7 @@ class InferenceHandler:
     ) -> None:
         exchange = lifecycle.current()
         call = EngineCall(exchange, prepared.runner)
-        call.assembling = prepared.assembling
+        call.assembling, call.shortening = prepared.assembling, prepared.shortening
         started = streaming = False
         tail = b"\n\n"  # the last two bytes sent, to know whether an SSE event was cut
         try:
@@ -212,7 +217,7 @@ def error_parts(exc: ModelRunnerError) -> tuple[int, dict[str, object], list[tup
         headers.append((b"retry-after", str(exc.retry_after).encode()))
     elif isinstance(exc, MethodNotAllowed):
         headers.append((b"allow", b"POST"))
-    return exc.status_code, error_body(exc.status_code, exc.message), headers
+    return exc.status_code, error_body(exc.status_code, exc.message, exc.param), headers
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

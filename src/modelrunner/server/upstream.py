@@ -23,8 +23,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from modelrunner.compat import assemble
+from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
-from modelrunner.errors import ModelRunnerError
+from modelrunner.errors import BadRequest, ModelRunnerError
 from modelrunner.eventlog import event
 from modelrunner.http1 import Answer, UpstreamError
 from modelrunner.response_reader import MAX_HEAD
@@ -78,16 +79,23 @@ def engine_error_message(status: int, body: bytes) -> str:
     return error_message(body) or f"the engine answered with status {status}"
 
 
-def input_too_long(status: int, message: str) -> str | None:
+class InputTooLong(EngineFailed):
     """llama-server refuses an embedding input longer than its physical batch (sized to the context,
-    engines/llamacpp.py) with a 500; it is the client's input that is too long: a 400 saying so."""
+    engines/llamacpp.py) with a 500; it is the client's input that is too long: a 400 saying so, with
+    the limit in tokens for those that truncate (Ollama's `truncate`)."""
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        super().__init__(
+            400,
+            f"the input ({tokens} tokens) is longer than the model's context ({limit} tokens): "
+            "shorten it, or configure a larger context size",
+        )
+        self.limit = limit
+
+
+def input_too_long(status: int, message: str) -> InputTooLong | None:
     match = _TOO_LARGE.search(message) if status == 500 else None
-    if match is None:
-        return None
-    return (
-        f"the input ({match.group(1)} tokens) is longer than the model's context ({match.group(2)} tokens): "
-        "shorten it, or configure a larger context size"
-    )
+    return None if match is None else InputTooLong(int(match.group(1)), int(match.group(2)))
 
 
 def assembles(engine: str, path: str, doc: dict[str, Any]) -> bool:
@@ -104,6 +112,7 @@ class EngineCall:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.assembling: str | None = None  # the path whose unstreamed answer is assembled
+        self.shortening: Shortening | None = None  # what an embeddings request asked of the vectors
         self.idle = engine_idle_timeout() or None
         self._answer: Answer | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -159,14 +168,15 @@ class EngineCall:
     def error(self, status: int, body: bytes) -> EngineFailed:
         message = engine_error_message(status, body)
         if self.runner.key.mode in (Mode.EMBEDDING, Mode.RERANKING):
-            clearer = input_too_long(status, message)
-            if clearer is not None:
-                return EngineFailed(400, clearer)
+            too_long = input_too_long(status, message)
+            if too_long is not None:
+                return too_long
         return EngineFailed(status, message)
 
     async def answer(self) -> tuple[int, bytes]:
         """The whole answer (status, JSON body) as the client gets it: assembled from the engine's stream
-        when the call asked for one, an embedding input that is too long as a 400."""
+        when the call asked for one, an embedding input that is too long as a 400, embeddings shortened
+        as the request asked."""
         if self.assembling is None or self.status != 200 or not self.event_stream:
             body = await self.read()
             if self.status >= 400:
@@ -174,6 +184,8 @@ class EngineCall:
                 if failed.status_code != self.status:
                     answer = error_body(failed.status_code, failed.message)
                     return failed.status_code, json.dumps(answer).encode()
+            elif self.shortening is not None:
+                return self._shortened(self.shortening, body)
             return self.status, body
         assembler = assemble.assembler_for(self.assembling, self.exchange.model or "")
         try:
@@ -187,6 +199,12 @@ class EngineCall:
                 raise ModelRunnerError(self.exchange.failure(exc)) from None
             return exc.status, json.dumps(exc.body).encode()
         return 200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def _shortened(self, shortening: Shortening, body: bytes) -> tuple[int, bytes]:
+        try:
+            return self.status, shortening.answer_bytes(body)
+        except BadRequest as exc:
+            return exc.status_code, json.dumps(error_body(exc.status_code, exc.message, exc.param)).encode()
 
     async def json(self) -> dict[str, Any]:
         status, body = await self.answer()
