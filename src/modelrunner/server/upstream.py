@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from modelrunner.compat import assemble
+from modelrunner.compat import assemble, structured
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelRunnerError
@@ -113,6 +113,7 @@ class EngineCall:
         self.headers: list[tuple[bytes, bytes]] = []
         self.assembling: str | None = None  # the path whose unstreamed answer is assembled
         self.shortening: Shortening | None = None  # what an embeddings request asked of the vectors
+        self.constraint: structured.Constraint | None = None  # the JSON its answer must be (`constrain`)
         self.idle = engine_idle_timeout() or None
         self._answer: Answer | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -141,6 +142,11 @@ class EngineCall:
         except (OSError, UpstreamError) as exc:
             raise ModelRunnerError(self.exchange.failure(exc)) from None
 
+    def constrain(self, constraint: structured.Constraint) -> None:
+        """Check the answer against a requested schema, and say so in the answer's head."""
+        self.constraint = constraint
+        self.exchange.answer_headers.append(constraint.header)
+
     @property
     def event_stream(self) -> bool:
         head = self._answer.reader.head if self._answer is not None else None
@@ -149,6 +155,20 @@ class EngineCall:
     def chunks(self) -> AsyncIterator[bytes]:
         assert self._answer is not None
         return self._answer.chunks(self.idle)
+
+    async def relayed(self) -> AsyncIterator[bytes]:
+        """The answer's bytes for a client that gets them as they come; a constrained stream ends with its
+        `[DONE]` only once its text validates (else ConstraintFailed, for the caller to end it with)."""
+        if self.constraint is None or self.status != 200 or not self.event_stream:
+            async for chunk in self.chunks():
+                yield chunk
+            return
+        check = structured.StreamCheck(self.constraint)
+        async for chunk in self.chunks():
+            out = check.feed(chunk)
+            if out:
+                yield out
+        yield check.end()
 
     async def read(self, limit: int = MAX_JSON_BODY) -> bytes:
         data = bytearray()
@@ -186,7 +206,7 @@ class EngineCall:
                     return failed.status_code, json.dumps(answer).encode()
             elif self.shortening is not None:
                 return self._shortened(self.shortening, body)
-            return self.status, body
+            return self._checked(self.status, body)
         assembler = assemble.assembler_for(self.assembling, self.exchange.model or "")
         try:
             async for chunk in self.chunks():
@@ -198,7 +218,21 @@ class EngineCall:
             if exc.body is None:
                 raise ModelRunnerError(self.exchange.failure(exc)) from None
             return exc.status, json.dumps(exc.body).encode()
-        return 200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        return self._checked(200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode())
+
+    def _checked(self, status: int, body: bytes) -> tuple[int, bytes]:
+        """A successful answer whose JSON is not what the request asked for becomes the error saying so."""
+        if self.constraint is None or status != 200:
+            return status, body
+        try:
+            doc = json.loads(body)
+            self.constraint.check_answer(doc if isinstance(doc, dict) else {})
+        except (ValueError, UnicodeDecodeError):
+            failed = structured.ConstraintFailed("the engine sent an answer that is not JSON")
+            return failed.status_code, json.dumps(error_body(failed.status_code, failed.message)).encode()
+        except structured.ConstraintFailed as exc:
+            return exc.status_code, json.dumps(error_body(exc.status_code, exc.message)).encode()
+        return status, body
 
     def _shortened(self, shortening: Shortening, body: bytes) -> tuple[int, bytes]:
         try:
@@ -225,10 +259,13 @@ class EngineCall:
         report in its API's shape.
         """
         decoder = SSEDecoder()
+        text = structured.StreamText(self.constraint) if self.constraint is not None else None
         try:
             async for chunk in self.chunks():
                 for _, payload in decoder.feed(chunk):
                     if payload == b"[DONE]":
+                        if text is not None:
+                            text.check()
                         return
                     try:
                         doc = json.loads(payload)
@@ -237,9 +274,13 @@ class EngineCall:
                     if isinstance(doc, dict):
                         if "error" in doc and "choices" not in doc:
                             raise ModelRunnerError(engine_error_message(500, payload))
+                        if text is not None:
+                            text.add(doc)
                         yield doc
         except READ_ERRORS as exc:
             raise ModelRunnerError(self.exchange.failure(exc)) from None
+        if text is not None:
+            text.check()
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -263,9 +304,14 @@ async def call_engine(
 ) -> EngineCall:
     """POST `body` to `path` of the model's runner; the answer's head is read and its status checked (an
     error status raises EngineFailed before anything is streamed), its body not yet."""
+    schema = structured.requested_schema(path, body)  # a bad one is refused before a model loads
     started = time.monotonic()
     runner = await inference.acquire(name, mode, keep_alive, backend)
     call = EngineCall(lifecycle.current(), runner, time.monotonic() - started)
+    if schema is not None:
+        constraint = structured.Constraint.for_engine(runner.key.engine, schema)
+        call.constrain(constraint)
+        body = constraint.engine_request(runner.key.engine, path, body)
     if assembles(runner.key.engine, path, body):
         call.assembling = path
         body = assemble.streamed_request(path, body)
