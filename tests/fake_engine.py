@@ -24,6 +24,8 @@ reason `tool_calls`), with FAKE_TOOL_ARGS (default: the last user message as `{"
 request holds FAKE_TOOL_ROUNDS tool results (default 1); then the answer is `found: <each tool result>`.
 FAKE_TOOLS_REJECT=1 answers any request with tools as llama-server does when the chat template cannot take
 them (500, a Jinja exception).
+FAKE_CONTENT is the answer's text (streamed in two halves), whatever the request asked for: an engine that
+ignores a requested JSON schema.
 """
 
 from __future__ import annotations
@@ -168,7 +170,12 @@ class Handler(BaseHTTPRequestHandler):
                 200,
                 {
                     "object": "chat.completion",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": os.environ.get("FAKE_CONTENT", "hi")},
+                        }
+                    ],
                 },
             )
             return
@@ -178,7 +185,9 @@ class Handler(BaseHTTPRequestHandler):
         if os.environ.get("FAKE_CONNECTION_CLOSE"):
             self.send_header("Connection", "close")
         self.end_headers()
-        chunks = int(os.environ.get("FAKE_CHUNKS", "5"))
+        scripted = os.environ.get("FAKE_CONTENT")
+        halves = [scripted[: len(scripted) // 2], scripted[len(scripted) // 2 :]] if scripted else []
+        chunks = len(halves) if halves else int(os.environ.get("FAKE_CHUNKS", "5"))
         crash_after = int(os.environ.get("FAKE_CRASH_AFTER", "-1"))
         stall_after = int(os.environ.get("FAKE_STALL_AFTER", "-1"))
         bad_chunk_after = int(os.environ.get("FAKE_BAD_CHUNK_AFTER", "-1"))
@@ -203,7 +212,7 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                     self.close_connection = True
                     return
-                content = f"t{i} " + "x" * pad
+                content = halves[i] if halves else f"t{i} " + "x" * pad
                 data = json.dumps({**top, "choices": [{"index": 0, "delta": {"content": content}}]})
                 self._chunk(f"data: {data}\n\n".encode())
                 if reused == "cut":

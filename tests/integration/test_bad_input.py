@@ -99,6 +99,26 @@ CASES: list[tuple[str, str, Any, int, str]] = [
         ("POST", "/v1/responses", {"model": "tiny", "input": "hi", "metadata": metadata}, 400, "openai")
         for metadata in METADATA_BEYOND_LIMITS
     ),
+    # structured output whose schema is not one: refused before a model loads, on every API
+    *(
+        ("POST", "/v1/chat/completions", {**CHAT, "response_format": fmt}, 400, "openai")
+        for fmt in ("json", {"type": "json_schema"}, {"type": "json_schema", "json_schema": {"schema": []}})
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {"model": "tiny", "prompt": "hi", "json_schema": {"type": "nope"}},
+        400,
+        "openai",
+    ),
+    ("POST", "/api/chat", {**CHAT, "format": {"type": "nope"}}, 400, "ollama"),
+    (
+        "POST",
+        "/v1/responses",
+        {"model": "tiny", "input": "hi", "text": {"format": {"type": "json_schema", "schema": {"type": 3}}}},
+        400,
+        "openai",
+    ),
     # DMR
     ("POST", "/engines/_configure", raw({"model": "tiny"}, keep_alive="NaN"), 400, "openai"),
     ("POST", "/engines/_configure", {"model": "tiny", "keep_alive": "1e400h"}, 400, "openai"),

@@ -3,10 +3,13 @@ pinned llama.cpp, the tiny GGUF written by tests/models.py, and the official `op
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import json
+import math
 import os
 import signal
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,6 +127,49 @@ def test_embeddings_run_in_their_own_embedding_mode_runner(daemon: Daemon) -> No
     assert len(answer["data"][0]["embedding"]) == 64  # n_embd of the tiny model
     modes = sorted(r["mode"] for r in daemon.http("GET", "/engines/ps").json())
     assert modes == ["completion", "embedding"]
+
+
+def decoded(embedding: list[float] | str) -> list[float]:
+    """An embedding asked for as base64 explicitly: the client leaves it as OpenAI sends it."""
+    if isinstance(embedding, list):
+        return embedding
+    raw = base64.b64decode(embedding)
+    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+
+
+def test_embeddings_dimensions_as_openai_honours_them(daemon: Daemon) -> None:
+    """`dimensions` keeps a vector's first values, normalised again, as floats and as the base64 the
+    official client asks for by default, on every route prefix; below 1 or beyond the model's size it is
+    OpenAI's 400 (`param: dimensions`), and an invalid one loads nothing."""
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model="tiny", input="hello", dimensions=0)
+    assert refused.value.param == "dimensions" and "Expected a value >= 1" in refused.value.message
+    assert daemon.http("GET", "/engines/ps").json() == []
+    [full] = client.embeddings.create(model="tiny", input="hello", encoding_format="float").data
+    assert len(full.embedding) == 64
+    expected = [v / math.sqrt(sum(x * x for x in full.embedding[:8])) for v in full.embedding[:8]]
+    for prefix in ("/v1", "/engines/v1", "/engines/llama.cpp/v1"):
+        on = openai.OpenAI(base_url=daemon.url + prefix, api_key="unused")
+        for encoding in ("base64", "float", None):  # None: the client asks base64 and decodes it
+            answer = on.embeddings.create(
+                model="tiny",
+                input=["hello", "world"],
+                dimensions=8,
+                encoding_format=encoding or openai.NOT_GIVEN,
+            )
+            vectors = [decoded(item.embedding) for item in answer.data]
+            assert [len(v) for v in vectors] == [8, 8], (prefix, encoding)
+            assert vectors[0] == pytest.approx(expected, abs=1e-6), (prefix, encoding)
+            assert answer.usage.prompt_tokens > 0
+    default = client.embeddings.create(model="tiny", input="hello", dimensions=64).data[0].embedding
+    assert default == pytest.approx(full.embedding, abs=1e-6)  # base64 by default, decoded by the client
+    with pytest.raises(openai.BadRequestError) as beyond:
+        client.embeddings.create(model="tiny", input="hello", dimensions=65)
+    assert beyond.value.param == "dimensions" and "Expected a value <= 64" in beyond.value.message
+    assert client.embeddings.create(model="tiny", input="hello").data[0].embedding == pytest.approx(
+        full.embedding
+    )
 
 
 def test_the_official_openai_client_streams_through_engines_v1(daemon: Daemon) -> None:

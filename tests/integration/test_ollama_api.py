@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -96,6 +97,42 @@ def test_embed_and_embeddings(client: ollama.Client) -> None:
     assert answer.prompt_eval_count and answer.prompt_eval_count > 0
     assert len(client.embed(model="tiny", input="hello", dimensions=8).embeddings[0]) == 8
     assert len(client.embeddings(model="tiny", prompt="hello").embedding) == 64
+
+
+def norm(vector: Sequence[float]) -> float:
+    return math.sqrt(sum(v * v for v in vector))
+
+
+def test_embed_normalises_then_shortens_and_normalises_again(client: ollama.Client) -> None:
+    """Ollama's EmbedHandler: each vector L2-normalised; `dimensions` keeps the first values and
+    normalises them again; a `dimensions` beyond the model's size keeps the whole vector."""
+    [full] = client.embed(model="tiny", input="hello").embeddings
+    assert norm(full) == pytest.approx(1.0, abs=1e-5)
+    [short] = client.embed(model="tiny", input="hello", dimensions=8).embeddings
+    assert len(short) == 8 and norm(short) == pytest.approx(1.0, abs=1e-5)
+    assert short == pytest.approx([v / norm(full[:8]) for v in full[:8]], abs=1e-5)
+    assert client.embed(model="tiny", input="hello", dimensions=1000).embeddings[0] == pytest.approx(full)
+
+
+def test_embed_truncates_an_input_beyond_the_context_unless_told_not_to(client: ollama.Client) -> None:
+    """Ollama's default `truncate: true` cuts the input's end to fit the context; `false` is its 400."""
+    too_long = "hello world " * 400  # ~4800 tokens of the tiny vocabulary, the context is 512 or less
+    answer = client.embed(model="tiny", input=[too_long, "hello"])
+    cut, short = answer.embeddings
+    assert len(cut) == 64 and norm(cut) == pytest.approx(1.0, abs=1e-5)
+    assert short == pytest.approx(client.embed(model="tiny", input="hello").embeddings[0])
+    # only the end is lost: a longer text with the same beginning embeds to the same vector
+    longer = client.embed(model="tiny", input=too_long + "a different ending").embeddings[0]
+    assert longer == pytest.approx(cut)
+    assert answer.prompt_eval_count is not None and answer.prompt_eval_count <= 512 + 10
+    for explicitly in (True, None):
+        assert client.embed(model="tiny", input=too_long, truncate=explicitly).embeddings[0] == pytest.approx(
+            cut
+        )
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.embed(model="tiny", input=[too_long, "hello"], truncate=False)
+    assert refused.value.status_code == 400
+    assert refused.value.error == "the input length exceeds the context length"  # Ollama's words
 
 
 def test_empty_prompt_loads_and_keep_alive_zero_unloads(client: ollama.Client, daemon: Daemon) -> None:

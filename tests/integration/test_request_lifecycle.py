@@ -93,7 +93,8 @@ def test_an_assembled_answer_is_the_engines_own(
 
 def test_embeddings_up_to_the_context_and_a_400_beyond(start: Any, tmp_path: Path) -> None:
     """Inputs longer than llama-server's default physical batch (512) are embedded; beyond the context,
-    each API answers a 400 in its own shape (not a 500 that clients retry)."""
+    each API answers a 400 in its own shape (not a 500 that clients retry), Ollama's when told not to
+    truncate."""
     daemon = start()
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf", context_length=2048)
     daemon.cli("package", "--gguf", str(gguf), "tiny")
@@ -105,7 +106,8 @@ def test_embeddings_up_to_the_context_and_a_400_beyond(start: Any, tmp_path: Pat
     refused = daemon.http("POST", "/v1/embeddings", json={"model": "tiny", "input": too_long})
     assert refused.status_code == 400, refused.text
     assert "longer than the model's context" in refused.json()["error"]["message"]
-    ollama = daemon.http("POST", "/api/embed", json={"model": "tiny", "input": too_long})
+    # Ollama's `truncate` is true unless said otherwise (test_ollama_api.py tests the truncation)
+    ollama = daemon.http("POST", "/api/embed", json={"model": "tiny", "input": too_long, "truncate": False})
     assert ollama.status_code == 400 and "context" in ollama.json()["error"]
     assert daemon.http("POST", "/api/embed", json={"model": "tiny", "input": long}).status_code == 200
 

@@ -103,14 +103,15 @@ def test_an_empty_chat_with_keep_alive_0_unloads(store: ModelStore, tiny_model: 
     assert scheduler.unloaded == [({tiny_model}, None)]
 
 
-def test_embed_truncates_to_the_dimensions_asked(
+def test_embed_shortens_to_the_dimensions_asked_and_normalises_again(
     store: ModelStore, tiny_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = [{"index": 1, "embedding": [3.0, 4.0, 5.0]}, {"index": 0, "embedding": [1.0, 2.0, 3.0]}]
     EngineCalls(monkeypatch, ollama_serving, FakeCall(answer={"data": data, "usage": {"prompt_tokens": 2}}))
     body = shapes.EmbedRequest(model="ai/tiny", input=["a", "b"], dimensions=2)
     answer = asyncio.run(serving(store).embed(body))
-    assert (answer["embeddings"], answer["prompt_eval_count"]) == ([[1.0, 2.0], [3.0, 4.0]], 2)
+    assert answer["embeddings"] == [pytest.approx([1 / 5**0.5, 2 / 5**0.5]), pytest.approx([0.6, 0.8])]
+    assert answer["prompt_eval_count"] == 2
 
 
 class _FailedJob:

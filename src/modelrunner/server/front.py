@@ -34,6 +34,7 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from modelrunner import eventlog
+from modelrunner.compat import structured
 from modelrunner.errors import ModelRunnerError
 from modelrunner.response_reader import MAX_HEAD
 from modelrunner.server import fdlimit
@@ -281,6 +282,9 @@ class FrontProtocol(asyncio.Protocol):
         if len(self.buffer) < body_end:
             return  # the rest of the body is on its way
         body = bytes(self.buffer[end + 4 : body_end])
+        if structured.constrained(body):
+            self._hand_over()  # its answer is checked before it ends: the inference handler does that
+            return
         del self.buffer[:body_end]
         self.busy = True
         self.closing = self.closing or request.close
@@ -351,7 +355,7 @@ class FrontProtocol(asyncio.Protocol):
     async def _whole(self, prepared: Prepared, request: Request, exchange: Exchange) -> None:
         """An answer read whole from the engine (server/upstream.py), then written with its length."""
         call = EngineCall(exchange, prepared.runner)
-        call.assembling = prepared.assembling
+        call.assembling, call.shortening = prepared.assembling, prepared.shortening
         try:
             await call.send(request.route.upstream_path, prepared.body, request.headers)
             status, answer = await call.answer()

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from modelrunner.compat import assemble
+from modelrunner.compat import assemble, structured
+from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, MethodNotAllowed, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
@@ -73,7 +74,9 @@ class Prepared:
     runner: Runner
     body: bytes
     assembling: str | None  # the path whose unstreamed answer is assembled from the stream asked for
-    whole: bool  # the answer is read whole: assembled, or an embedding whose error may be reworded
+    whole: bool  # the answer is read whole: assembled, checked, or an embedding whose error may be reworded
+    shortening: Shortening | None = None  # an embeddings request's `dimensions`, done by the daemon
+    constraint: structured.Constraint | None = None  # the JSON its answer must be
 
 
 # The roles OpenAI's chat API takes (its error for another lists them in this order).
@@ -118,17 +121,28 @@ class InferenceHandler:
         keep_alive = parse_keep_alive(doc["keep_alive"]) if "keep_alive" in doc else None
         if not preload:
             check_request(route, doc)
+        shortening = Shortening.of(doc) if route.mode is Mode.EMBEDDING else None
+        schema = None if preload else structured.requested_schema(route.upstream_path, doc)
         runner = await self.inference.acquire(name, route.mode, keep_alive, route.backend, record=not preload)
         changed = False
         if runner.model.reference != name:
             # Engines such as vLLM answer only to the names they were started with: another name of the
             # same model (a tag, the short form) is sent as the runner's.
             doc, changed = {**doc, "model": runner.model.reference}, True
+        if shortening is not None:
+            doc, changed = shortening.engine_request(doc), True
+        constraint = None
+        if schema is not None:
+            constraint = structured.Constraint.for_engine(runner.key.engine, schema)
+            engine_doc = constraint.engine_request(runner.key.engine, route.upstream_path, doc)
+            doc, changed = engine_doc, changed or engine_doc is not doc
         assembling = route.upstream_path if assembles(runner.key.engine, route.upstream_path, doc) else None
         if assembling:
             doc, changed = assemble.streamed_request(assembling, doc), True
         whole = assembling is not None or route.mode in (Mode.EMBEDDING, Mode.RERANKING)
-        return Prepared(runner, json.dumps(doc).encode() if changed else body, assembling, whole)
+        whole = whole or (constraint is not None and not doc.get("stream"))
+        data = json.dumps(doc).encode() if changed else body
+        return Prepared(runner, data, assembling, whole, shortening, constraint)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         try:
@@ -154,7 +168,9 @@ class InferenceHandler:
     ) -> None:
         exchange = lifecycle.current()
         call = EngineCall(exchange, prepared.runner)
-        call.assembling = prepared.assembling
+        call.assembling, call.shortening = prepared.assembling, prepared.shortening
+        if prepared.constraint is not None:
+            call.constrain(prepared.constraint)
         started = streaming = False
         tail = b"\n\n"  # the last two bytes sent, to know whether an SSE event was cut
         try:
@@ -166,7 +182,7 @@ class InferenceHandler:
             out, streaming = client_headers(call.headers)
             await send({"type": "http.response.start", "status": call.status, "headers": out})
             started = True
-            async for chunk in call.chunks():
+            async for chunk in call.relayed():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 tail = chunk[-2:] if len(chunk) >= 2 else tail[-1:] + chunk
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -212,7 +228,7 @@ def error_parts(exc: ModelRunnerError) -> tuple[int, dict[str, object], list[tup
         headers.append((b"retry-after", str(exc.retry_after).encode()))
     elif isinstance(exc, MethodNotAllowed):
         headers.append((b"allow", b"POST"))
-    return exc.status_code, error_body(exc.status_code, exc.message), headers
+    return exc.status_code, error_body(exc.status_code, exc.message, exc.param), headers
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

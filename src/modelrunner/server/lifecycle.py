@@ -103,6 +103,7 @@ class Exchange:
         self.aborted: str | None = None  # why the daemon ended it (shutdown)
         self.receive: Receive | None = None  # the ASGI receive, to notice a client that leaves
         self.runners: list[Runner] = []
+        self.answer_headers: list[tuple[bytes, bytes]] = []  # what the answer's head says about it
         self._closers: dict[int, Callable[[], None]] = {}
         self._next_closer = 0
         self._waiting: asyncio.Task[Any] | None = None
@@ -412,7 +413,11 @@ class LifecycleMiddleware:
 
         async def tracked_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [*message.get("headers", []), (eventlog.REQUEST_ID_HEADER, request_id)]
+                headers = [
+                    *message.get("headers", []),
+                    *exchange.answer_headers,
+                    (eventlog.REQUEST_ID_HEADER, request_id),
+                ]
                 message = {**message, "headers": headers}
                 exchange.started_answer(message["status"], headers)
             elif message["type"] == "http.response.body":

@@ -19,16 +19,18 @@ from typing import Literal
 
 import anyio.to_thread
 
+from modelrunner.compat import embeddings
 from modelrunner.compat import ollama as shapes
 from modelrunner.distribution.jobs import TransferJob, TransferManager
 from modelrunner.engines.base import Mode
-from modelrunner.errors import ModelNotFound, ModelRunnerError
+from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import NEVER, parse_keep_alive
 from modelrunner.scheduler.settings import ModelSettings
+from modelrunner.server import embed_truncation
 from modelrunner.server.distribution_api import wait_started
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.serving import Document, LineStream
-from modelrunner.server.upstream import EngineCall, call_engine
+from modelrunner.server.upstream import EngineCall, InputTooLong, call_engine
 from modelrunner.store.store import StoredModel
 
 OLLAMA_VERSION = "0.1.0"  # what DMR answers
@@ -194,12 +196,27 @@ class OllamaServing:
     # -- embeddings --------------------------------------------------------------------------------
 
     async def embed(self, body: shapes.EmbedRequest) -> Document:
-        name = body.model_name()
-        vectors, usage, started, load_seconds = await self._embeddings_of(
-            name, shapes.embed_inputs(body), body.options, keep_alive_of(body.keep_alive)
-        )
+        """Ollama's EmbedHandler: an input too long for the model loses its end unless `truncate` is false;
+        each vector is L2-normalised, and shortened then normalised again when `dimensions` asks."""
+        name, keep_alive = body.model_name(), keep_alive_of(body.keep_alive)
+        inputs: list[str] | list[list[int]] = shapes.embed_inputs(body)
+        started = time.monotonic()
+        try:
+            vectors, usage, _, load_seconds = await self._embeddings_of(
+                name, inputs, body.options, keep_alive
+            )
+        except InputTooLong as exc:
+            if body.truncate is False:
+                raise BadRequest(embed_truncation.EXCEEDS_CONTEXT) from None
+            inputs = await embed_truncation.fitted(
+                self.ctx, name, shapes.embed_inputs(body), exc.limit, keep_alive
+            )
+            vectors, usage, _, load_seconds = await self._embeddings_of(
+                name, inputs, body.options, keep_alive
+            )
+        vectors = [embeddings.normalised(v) for v in vectors]
         if body.dimensions:
-            vectors = [v[: body.dimensions] for v in vectors]
+            vectors = [embeddings.shortened(v, body.dimensions) for v in vectors]
         timing = shapes.final_fields(usage, None, started, load_seconds)
         return {
             "model": name,
@@ -216,7 +233,11 @@ class OllamaServing:
         return {"embedding": vectors[0] if vectors else []}
 
     async def _embeddings_of(
-        self, name: str, inputs: list[str], options: Document | None, keep_alive: float | None
+        self,
+        name: str,
+        inputs: list[str] | list[list[int]],
+        options: Document | None,
+        keep_alive: float | None,
     ) -> tuple[list[list[float]], Document, float, float]:
         await self.apply_context_size(name, shapes.context_size_option(options), Mode.EMBEDDING)
         started = time.monotonic()

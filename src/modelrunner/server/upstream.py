@@ -22,9 +22,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from modelrunner.compat import assemble
+from modelrunner.compat import assemble, structured
+from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
-from modelrunner.errors import ModelRunnerError
+from modelrunner.errors import BadRequest, ModelRunnerError
 from modelrunner.eventlog import event
 from modelrunner.http1 import Answer, UpstreamError
 from modelrunner.response_reader import MAX_HEAD
@@ -78,16 +79,23 @@ def engine_error_message(status: int, body: bytes) -> str:
     return error_message(body) or f"the engine answered with status {status}"
 
 
-def input_too_long(status: int, message: str) -> str | None:
+class InputTooLong(EngineFailed):
     """llama-server refuses an embedding input longer than its physical batch (sized to the context,
-    engines/llamacpp.py) with a 500; it is the client's input that is too long: a 400 saying so."""
+    engines/llamacpp.py) with a 500; it is the client's input that is too long: a 400 saying so, with
+    the limit in tokens for those that truncate (Ollama's `truncate`)."""
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        super().__init__(
+            400,
+            f"the input ({tokens} tokens) is longer than the model's context ({limit} tokens): "
+            "shorten it, or configure a larger context size",
+        )
+        self.limit = limit
+
+
+def input_too_long(status: int, message: str) -> InputTooLong | None:
     match = _TOO_LARGE.search(message) if status == 500 else None
-    if match is None:
-        return None
-    return (
-        f"the input ({match.group(1)} tokens) is longer than the model's context ({match.group(2)} tokens): "
-        "shorten it, or configure a larger context size"
-    )
+    return None if match is None else InputTooLong(int(match.group(1)), int(match.group(2)))
 
 
 def assembles(engine: str, path: str, doc: dict[str, Any]) -> bool:
@@ -104,6 +112,8 @@ class EngineCall:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.assembling: str | None = None  # the path whose unstreamed answer is assembled
+        self.shortening: Shortening | None = None  # what an embeddings request asked of the vectors
+        self.constraint: structured.Constraint | None = None  # the JSON its answer must be (`constrain`)
         self.idle = engine_idle_timeout() or None
         self._answer: Answer | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -132,6 +142,11 @@ class EngineCall:
         except (OSError, UpstreamError) as exc:
             raise ModelRunnerError(self.exchange.failure(exc)) from None
 
+    def constrain(self, constraint: structured.Constraint) -> None:
+        """Check the answer against a requested schema, and say so in the answer's head."""
+        self.constraint = constraint
+        self.exchange.answer_headers.append(constraint.header)
+
     @property
     def event_stream(self) -> bool:
         head = self._answer.reader.head if self._answer is not None else None
@@ -140,6 +155,20 @@ class EngineCall:
     def chunks(self) -> AsyncIterator[bytes]:
         assert self._answer is not None
         return self._answer.chunks(self.idle)
+
+    async def relayed(self) -> AsyncIterator[bytes]:
+        """The answer's bytes for a client that gets them as they come; a constrained stream ends with its
+        `[DONE]` only once its text validates (else ConstraintFailed, for the caller to end it with)."""
+        if self.constraint is None or self.status != 200 or not self.event_stream:
+            async for chunk in self.chunks():
+                yield chunk
+            return
+        check = structured.StreamCheck(self.constraint)
+        async for chunk in self.chunks():
+            out = check.feed(chunk)
+            if out:
+                yield out
+        yield check.end()
 
     async def read(self, limit: int = MAX_JSON_BODY) -> bytes:
         data = bytearray()
@@ -159,14 +188,15 @@ class EngineCall:
     def error(self, status: int, body: bytes) -> EngineFailed:
         message = engine_error_message(status, body)
         if self.runner.key.mode in (Mode.EMBEDDING, Mode.RERANKING):
-            clearer = input_too_long(status, message)
-            if clearer is not None:
-                return EngineFailed(400, clearer)
+            too_long = input_too_long(status, message)
+            if too_long is not None:
+                return too_long
         return EngineFailed(status, message)
 
     async def answer(self) -> tuple[int, bytes]:
         """The whole answer (status, JSON body) as the client gets it: assembled from the engine's stream
-        when the call asked for one, an embedding input that is too long as a 400."""
+        when the call asked for one, an embedding input that is too long as a 400, embeddings shortened
+        as the request asked."""
         if self.assembling is None or self.status != 200 or not self.event_stream:
             body = await self.read()
             if self.status >= 400:
@@ -174,7 +204,9 @@ class EngineCall:
                 if failed.status_code != self.status:
                     answer = error_body(failed.status_code, failed.message)
                     return failed.status_code, json.dumps(answer).encode()
-            return self.status, body
+            elif self.shortening is not None:
+                return self._shortened(self.shortening, body)
+            return self._checked(self.status, body)
         assembler = assemble.assembler_for(self.assembling, self.exchange.model or "")
         try:
             async for chunk in self.chunks():
@@ -186,7 +218,27 @@ class EngineCall:
             if exc.body is None:
                 raise ModelRunnerError(self.exchange.failure(exc)) from None
             return exc.status, json.dumps(exc.body).encode()
-        return 200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        return self._checked(200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode())
+
+    def _checked(self, status: int, body: bytes) -> tuple[int, bytes]:
+        """A successful answer whose JSON is not what the request asked for becomes the error saying so."""
+        if self.constraint is None or status != 200:
+            return status, body
+        try:
+            doc = json.loads(body)
+            self.constraint.check_answer(doc if isinstance(doc, dict) else {})
+        except (ValueError, UnicodeDecodeError):
+            failed = structured.ConstraintFailed("the engine sent an answer that is not JSON")
+            return failed.status_code, json.dumps(error_body(failed.status_code, failed.message)).encode()
+        except structured.ConstraintFailed as exc:
+            return exc.status_code, json.dumps(error_body(exc.status_code, exc.message)).encode()
+        return status, body
+
+    def _shortened(self, shortening: Shortening, body: bytes) -> tuple[int, bytes]:
+        try:
+            return self.status, shortening.answer_bytes(body)
+        except BadRequest as exc:
+            return exc.status_code, json.dumps(error_body(exc.status_code, exc.message, exc.param)).encode()
 
     async def json(self) -> dict[str, Any]:
         status, body = await self.answer()
@@ -207,10 +259,13 @@ class EngineCall:
         report in its API's shape.
         """
         decoder = SSEDecoder()
+        text = structured.StreamText(self.constraint) if self.constraint is not None else None
         try:
             async for chunk in self.chunks():
                 for _, payload in decoder.feed(chunk):
                     if payload == b"[DONE]":
+                        if text is not None:
+                            text.check()
                         return
                     try:
                         doc = json.loads(payload)
@@ -219,9 +274,13 @@ class EngineCall:
                     if isinstance(doc, dict):
                         if "error" in doc and "choices" not in doc:
                             raise ModelRunnerError(engine_error_message(500, payload))
+                        if text is not None:
+                            text.add(doc)
                         yield doc
         except READ_ERRORS as exc:
             raise ModelRunnerError(self.exchange.failure(exc)) from None
+        if text is not None:
+            text.check()
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -245,9 +304,14 @@ async def call_engine(
 ) -> EngineCall:
     """POST `body` to `path` of the model's runner; the answer's head is read and its status checked (an
     error status raises EngineFailed before anything is streamed), its body not yet."""
+    schema = structured.requested_schema(path, body)  # a bad one is refused before a model loads
     started = time.monotonic()
     runner = await inference.acquire(name, mode, keep_alive, backend)
     call = EngineCall(lifecycle.current(), runner, time.monotonic() - started)
+    if schema is not None:
+        constraint = structured.Constraint.for_engine(runner.key.engine, schema)
+        call.constrain(constraint)
+        body = constraint.engine_request(runner.key.engine, path, body)
     if assembles(runner.key.engine, path, body):
         call.assembling = path
         body = assemble.streamed_request(path, body)

@@ -1,0 +1,197 @@
+"""Structured output is never silently ignored (issue 22 item 5): OpenAI `response_format`, Responses
+`text.format` and Ollama `format` reach llama-server's grammar (the tiny random-weight model obeys it, so
+its answers validate), and an engine that answers other JSON (the fake engine's FAKE_CONTENT) gets the
+client an error in its API's shape, at the end of a stream too."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import ollama
+import openai
+import pytest
+
+from modelrunner.wire import sse_events
+from tests.daemon import Daemon, free_port, json_lines
+from tests.fake_engine import FakeEngine
+from tests.inprocess import InProcessDaemon
+from tests.models import write_tiny_gguf
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+AS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+HI = [{"role": "user", "content": "yes or no?"}]
+HEADER = "x-modelrunner-constraint"
+
+
+def sse_payloads(body: bytes) -> list[str]:
+    return [payload.decode() for _, payload in sse_events(body)]
+
+
+ROOM = 64  # tokens enough for the grammar's whole answer (it then allows only the end)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
+    home = tmp_path_factory.mktemp("structured")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
+        running = Daemon(home / "home", free_port()).start()
+    running.cli("package", "--gguf", str(write_tiny_gguf(home / "tiny.gguf")), "tiny")
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> openai.OpenAI:
+    return openai.OpenAI(base_url=daemon.url + "/engines/v1", api_key="unused", max_retries=0)
+
+
+def test_openai_chat_json_schema_is_enforced(client: openai.OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=HI,
+        max_tokens=ROOM,
+        response_format=AS_SCHEMA,  # type: ignore[arg-type]
+    )
+    assert raw.headers[HEADER] == "enforced"
+    content = raw.parse().choices[0].message.content
+    jsonschema.validate(json.loads(content or ""), SCHEMA)
+
+
+def test_openai_chat_stream_json_schema_is_enforced(client: openai.OpenAI) -> None:
+    with client.chat.completions.with_streaming_response.create(
+        model="tiny",
+        messages=HI,
+        max_tokens=ROOM,
+        stream=True,
+        response_format=AS_SCHEMA,  # type: ignore[arg-type]
+    ) as raw:
+        assert raw.headers[HEADER] == "enforced"
+        text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_completions_reach_llama_servers_grammar_too(client: openai.OpenAI) -> None:
+    raw = client.completions.with_raw_response.create(
+        model="tiny", prompt="yes or no?", max_tokens=ROOM, extra_body={"response_format": AS_SCHEMA}
+    )
+    assert raw.headers[HEADER] == "enforced"
+    jsonschema.validate(json.loads(raw.parse().choices[0].text), SCHEMA)
+
+
+def test_responses_text_format_is_enforced(daemon: Daemon) -> None:
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    text: Any = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA}}
+    raw = client.responses.with_raw_response.create(
+        model="tiny", input="yes or no?", max_output_tokens=ROOM, text=text
+    )
+    assert raw.headers[HEADER] == "enforced"
+    jsonschema.validate(json.loads(raw.parse().output_text), SCHEMA)
+
+
+def test_ollama_format_is_enforced(daemon: Daemon) -> None:
+    client = ollama.Client(host=daemon.url)
+    chat = client.chat(model="tiny", messages=HI, format=SCHEMA, options={"num_predict": ROOM})
+    jsonschema.validate(json.loads(chat.message.content or ""), SCHEMA)
+    # a raw prompt is a plain completion: llama-server takes its grammar as `json_schema`
+    streamed = client.generate(
+        model="tiny", prompt="yes?", raw=True, format=SCHEMA, stream=True, options={"num_predict": ROOM}
+    )
+    jsonschema.validate(json.loads("".join(part.response for part in streamed)), SCHEMA)
+    body = {
+        "model": "tiny",
+        "prompt": "yes?",
+        "format": SCHEMA,
+        "stream": False,
+        "options": {"num_predict": ROOM},
+    }
+    assert daemon.http("POST", "/api/generate", json=body).headers[HEADER] == "enforced"
+
+
+# -- an engine that answers other JSON -----------------------------------------------------------------
+
+WRONG = '{"answer": "maybe"}'
+
+
+@pytest.fixture(scope="module")
+def wrong(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]:
+    home = tmp_path_factory.mktemp("structured-wrong") / "home"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MODEL_RUNNER_HOME", str(home))
+        running = InProcessDaemon(home, {"llama.cpp": FakeEngine(env={"FAKE_CONTENT": WRONG})}).start()
+        gguf = write_tiny_gguf(home.parent / "tiny.gguf")
+        assert (
+            running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)}).status_code
+            == 201
+        )
+        yield running
+        running.stop()
+
+
+def assert_says_it(message: str) -> None:
+    assert "does not match the requested JSON schema" in message and "'maybe' is not one of" in message, (
+        message
+    )
+
+
+def test_openai_chat_that_does_not_validate_is_an_error(wrong: InProcessDaemon) -> None:
+    client = openai.OpenAI(base_url=wrong.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="tiny", messages=HI, response_format=AS_SCHEMA)  # type: ignore[arg-type]
+    assert caught.value.status_code == 502 and caught.value.response.headers[HEADER] == "enforced"
+    assert_says_it(caught.value.message)
+
+
+def test_openai_stream_that_does_not_validate_ends_with_the_error(wrong: InProcessDaemon) -> None:
+    body = {"model": "tiny", "messages": HI, "stream": True, "response_format": AS_SCHEMA}
+    response = wrong.http("POST", "/v1/chat/completions", json=body)
+    assert response.status_code == 200 and response.headers[HEADER] == "enforced"
+    payloads = sse_payloads(response.content)
+    assert "[DONE]" not in payloads  # the stream is not ended as if its answer were good
+    text = "".join(
+        c["choices"][0]["delta"].get("content", "") for c in map(json.loads, payloads[:-1]) if c["choices"]
+    )
+    assert text == WRONG
+    assert_says_it(json.dumps(json.loads(payloads[-1])))
+
+
+def test_responses_that_does_not_validate_is_an_error(wrong: InProcessDaemon) -> None:
+    text = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA}}
+    response = wrong.http("POST", "/v1/responses", json={"model": "tiny", "input": "hi", "text": text})
+    assert response.status_code == 502 and response.headers[HEADER] == "enforced"
+    assert_says_it(response.json()["error"]["message"])
+    streamed = wrong.http(
+        "POST", "/v1/responses", json={"model": "tiny", "input": "hi", "text": text, "stream": True}
+    )
+    last = json.loads(sse_payloads(streamed.content)[-1])
+    assert last["type"] == "response.failed"
+    assert_says_it(last["response"]["error"]["message"])
+
+
+def test_ollama_that_does_not_validate_is_an_error(wrong: InProcessDaemon) -> None:
+    body = {"model": "tiny", "messages": HI, "format": SCHEMA, "stream": False}
+    response = wrong.http("POST", "/api/chat", json=body)
+    assert response.status_code == 502 and response.headers[HEADER] == "enforced"
+    assert_says_it(response.json()["error"])
+    lines = json_lines(wrong.http("POST", "/api/chat", json={**body, "stream": True}).text)
+    assert_says_it(lines[-1]["error"])
+    with pytest.raises(ollama.ResponseError) as caught:
+        ollama.Client(host=wrong.url).chat(model="tiny", messages=HI, format=SCHEMA, stream=False)
+    assert caught.value.status_code == 502
+    assert_says_it(caught.value.error)
+
+
+def test_a_runner_is_left_for_the_next_request(wrong: InProcessDaemon) -> None:
+    """Each failed check released its runner: a plain request is answered as ever."""
+    response = wrong.http("POST", "/v1/chat/completions", json={"model": "tiny", "messages": HI})
+    assert response.status_code == 200 and HEADER not in response.headers
+    assert response.json()["choices"][0]["message"]["content"] == WRONG
