@@ -28,7 +28,11 @@ N_FF = 128
 HEAD_DIM = N_EMBD // N_HEAD
 RMS_EPS = 1e-5
 
+# Renders `tools` (as llama-server's /props then says: chat_template_caps.supports_tools), so that requests
+# with tools reach the engine; server/capabilities.py refuses them for a template that does not.
 CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}<|im_end|>\n"
+    "{% endif %}"
     "{% for message in messages %}"
     "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}"

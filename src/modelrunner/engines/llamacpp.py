@@ -72,6 +72,18 @@ def model_ggufs(bundle: Path) -> list[Path]:
     return find_gguf_shards(candidates[0])
 
 
+def projector_file(bundle: Path) -> Path | None:
+    """The multimodal projector (`--mmproj`): without one llama-server takes no image."""
+    mmproj = bundle / "model" / "model.mmproj"
+    return mmproj if mmproj.is_file() else None
+
+
+def template_file(bundle: Path) -> Path | None:
+    """The bundle's chat template (`--chat-template-file`), which replaces the GGUF's own."""
+    template = bundle / "model" / "template.jinja"
+    return template if template.is_file() else None
+
+
 def _declares_pooling(bundle: Path) -> bool:
     """Whether the GGUF metadata (kept in the bundle's config.json) names a pooling type."""
     try:
@@ -102,13 +114,12 @@ def command_line(
     if model.format not in LlamaCppEngine.formats:
         raise BadRequest(f"llama.cpp needs a GGUF model, and {model.reference} is {model.format}")
     validate_runtime_flags(settings.runtime_flags)
-    folder = model.bundle / "model"
     argv = [str(server), *base_args(), "--model", str(model_ggufs(model.bundle)[0]), "--host", str(socket)]
     # Answers name the model as it was asked for, not by the bundle's file path.
     argv += ["--alias", model.reference]
     if mode is Mode.COMPLETION:
-        template = folder / "template.jinja"
-        if template.is_file():
+        template = template_file(model.bundle)
+        if template is not None:
             argv += ["--chat-template-file", str(template)]
     elif mode is Mode.EMBEDDING:
         argv += ["--embeddings"]
@@ -127,8 +138,8 @@ def command_line(
     if mode is not Mode.COMPLETION and batch and not any(f in settings.runtime_flags for f in _BATCH_FLAGS):
         argv += ["--batch-size", str(batch), "--ubatch-size", str(batch)]
     argv += list(settings.runtime_flags)
-    mmproj = folder / "model.mmproj"
-    argv += ["--mmproj", str(mmproj)] if mmproj.is_file() else ["--jinja"]
+    mmproj = projector_file(model.bundle)
+    argv += ["--mmproj", str(mmproj)] if mmproj is not None else ["--jinja"]
     if settings.draft_bundle is not None:  # speculative decoding with a draft model (DMR's flags)
         argv += ["--model-draft", str(model_ggufs(settings.draft_bundle)[0])]
         if "--spec-type" not in settings.runtime_flags:

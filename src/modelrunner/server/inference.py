@@ -21,7 +21,7 @@ from modelrunner.errors import BadRequest, MethodNotAllowed, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy
-from modelrunner.server import lifecycle
+from modelrunner.server import capabilities, lifecycle
 from modelrunner.server.errors import error_body
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.proxy import (
@@ -119,11 +119,15 @@ class InferenceHandler:
         if not isinstance(doc, dict) or not isinstance(name, str) or not name.strip():
             raise BadRequest("the request has no model field")
         keep_alive = parse_keep_alive(doc["keep_alive"]) if "keep_alive" in doc else None
+        needs = capabilities.NOTHING
         if not preload:
             check_request(route, doc)
+            needs = capabilities.needs_of(route.upstream_path, doc)
         shortening = Shortening.of(doc) if route.mode is Mode.EMBEDDING else None
         schema = None if preload else structured.requested_schema(route.upstream_path, doc)
-        runner = await self.inference.acquire(name, route.mode, keep_alive, route.backend, record=not preload)
+        runner = await self.inference.acquire(
+            name, route.mode, keep_alive, route.backend, record=not preload, needs=needs
+        )
         changed = False
         if runner.model.reference != name:
             # Engines such as vLLM answer only to the names they were started with: another name of the

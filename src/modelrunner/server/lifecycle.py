@@ -31,6 +31,7 @@ from modelrunner.engines.base import Engine, Mode, ModelForEngine
 from modelrunner.errors import ModelRunnerError
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy, Scheduler
+from modelrunner.server import capabilities
 from modelrunner.server.access import Access, RequestHead
 from modelrunner.server.errors import api_family
 from modelrunner.server.proxy import App, Message, Receive, Scope, Send
@@ -366,12 +367,15 @@ class Inference:
         keep_alive: float | None = None,
         backend: str | None = None,
         record: bool = True,
+        needs: capabilities.Needs = capabilities.NOTHING,
     ) -> Runner:
         """A ready runner for the model called `name`, held by the current exchange until it finishes
-        (or `release`); the exchange is recorded unless `record` is false (loads without inference)."""
+        (or `release`); the exchange is recorded unless `record` is false (loads without inference).
+        A request that `needs` what the model cannot do is refused first (server/capabilities.py)."""
         exchange = current()
         model = self.store.get(name)
         engine = self.engine_for(model, backend)
+        capabilities.check(name, engine.name, model.config, self.store.bundle_of(model), needs)
         exchange.model = exchange.model or name
         runner = self.scheduler.reuse(engine.name, model.id, mode, keep_alive)
         if runner is None:

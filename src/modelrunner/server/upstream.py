@@ -31,7 +31,7 @@ from modelrunner.http1 import Answer, UpstreamError
 from modelrunner.response_reader import MAX_HEAD
 from modelrunner.scheduler.rundir import untrusted_socket
 from modelrunner.scheduler.runner import Runner
-from modelrunner.server import lifecycle
+from modelrunner.server import capabilities, lifecycle
 from modelrunner.server.errors import error_body
 from modelrunner.server.lifecycle import Exchange, Inference
 from modelrunner.server.proxy import request_bytes, retry_full_backlog
@@ -306,7 +306,7 @@ async def call_engine(
     error status raises EngineFailed before anything is streamed), its body not yet."""
     schema = structured.requested_schema(path, body)  # a bad one is refused before a model loads
     started = time.monotonic()
-    runner = await inference.acquire(name, mode, keep_alive, backend)
+    runner = await inference.acquire(name, mode, keep_alive, backend, needs=capabilities.needs_of(path, body))
     call = EngineCall(lifecycle.current(), runner, time.monotonic() - started)
     if schema is not None:
         constraint = structured.Constraint.for_engine(runner.key.engine, schema)

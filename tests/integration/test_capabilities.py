@@ -1,0 +1,135 @@
+"""A request needing what its model cannot do is a 400 in each API's own shape, through the official clients
+(no retries: a 400 is final), and no engine is started for it: an image for a model without a multimodal
+projector, tools for the shipped gemma3.jinja (which cannot render them). Real daemon, llama-server, tiny
+GGUF."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import ollama
+import openai
+import pytest
+
+from tests.daemon import Daemon, free_port
+from tests.models import write_tiny_gguf
+
+GEMMA_TEMPLATE = Path(__file__).resolve().parents[2] / "src" / "modelrunner" / "templates" / "gemma3.jinja"
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
+FUNCTION = {
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
+    """`tiny`: the tiny GGUF, whose template renders tools; `plain`: the same with the shipped gemma3.jinja.
+    Neither has a projector."""
+    home = tmp_path_factory.mktemp("capabilities")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
+        running = Daemon(home / "home", free_port()).start()
+    gguf = str(write_tiny_gguf(home / "tiny.gguf"))
+    running.cli("package", "--gguf", gguf, "tiny")
+    running.cli("package", "--gguf", gguf, "--chat-template", str(GEMMA_TEMPLATE), "plain")
+    yield running
+    running.stop()
+
+
+def openai_client(daemon: Daemon) -> openai.OpenAI:
+    return openai.OpenAI(base_url=daemon.url + "/engines/v1", api_key="unused", max_retries=0)
+
+
+def anthropic_client(daemon: Daemon) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=daemon.url + "/anthropic", api_key="unused", max_retries=0)
+
+
+def no_runner_of(daemon: Daemon, model: str) -> bool:
+    return all(r["model_name"] != model for r in daemon.http("GET", "/engines/ps").json())
+
+
+def refused_everywhere(daemon: Daemon, model: str, images: bool, tools: bool) -> list[str]:
+    """The error message each API answered (each call must fail with its SDK's 400 error)."""
+    chat_content: Any = "what is this?"
+    blocks: Any = "what is this?"
+    items: Any = "what is this?"
+    if images:
+        chat_content = [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+        ]
+        blocks = [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]
+        items = [
+            {
+                "role": "user",
+                "content": [{"type": "input_image", "image_url": f"data:image/png;base64,{PNG}"}],
+            }
+        ]
+    chat_tools: Any = [{"type": "function", "function": FUNCTION}] if tools else openai.NOT_GIVEN
+    messages: list[str] = []
+
+    with pytest.raises(openai.BadRequestError) as chat:
+        openai_client(daemon).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": chat_content}], tools=chat_tools, max_tokens=2
+        )
+    messages.append(chat.value.body["message"])  # type: ignore[index]
+
+    with pytest.raises(openai.BadRequestError) as responses:
+        openai_client(daemon).responses.create(
+            model=model,
+            input=items,
+            tools=[{"type": "function", **FUNCTION}] if tools else openai.NOT_GIVEN,
+            max_output_tokens=2,
+        )
+    messages.append(responses.value.body["message"])  # type: ignore[index]
+
+    with pytest.raises(anthropic.BadRequestError) as messages_api:
+        anthropic_client(daemon).messages.create(
+            model=model,
+            max_tokens=2,
+            messages=[{"role": "user", "content": blocks}],
+            tools=[{"name": FUNCTION["name"], "input_schema": FUNCTION["parameters"]}]  # type: ignore[list-item]
+            if tools
+            else anthropic.NOT_GIVEN,
+        )
+    assert messages_api.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    messages.append(messages_api.value.body["error"]["message"])  # type: ignore[index]
+
+    with pytest.raises(ollama.ResponseError) as ollama_chat:
+        ollama.Client(host=daemon.url).chat(
+            model=model,
+            messages=[{"role": "user", "content": "what is this?", "images": [PNG] if images else None}],
+            tools=[{"type": "function", "function": FUNCTION}] if tools else None,
+            options={"num_predict": 2},
+        )
+    assert ollama_chat.value.status_code == 400
+    messages.append(ollama_chat.value.error)
+    return messages
+
+
+@pytest.mark.parametrize("model", ["plain", "tiny"])
+def test_an_image_without_a_projector_is_a_400_on_every_api(daemon: Daemon, model: str) -> None:
+    for message in refused_everywhere(daemon, model, images=True, tools=False):
+        assert message.startswith(f"{model} does not support vision")
+    assert no_runner_of(daemon, model)  # refused before any engine was asked
+
+
+def test_tools_for_a_template_that_cannot_render_them_are_a_400_on_every_api(daemon: Daemon) -> None:
+    for message in refused_everywhere(daemon, "plain", images=False, tools=True):
+        assert message.startswith("plain does not support tools")
+    assert no_runner_of(daemon, "plain")
+
+
+def test_tools_reach_a_template_that_renders_them(daemon: Daemon) -> None:
+    answer = openai_client(daemon).chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "weather in Paris?"}],
+        tools=[{"type": "function", "function": FUNCTION}],  # type: ignore[list-item]
+        max_tokens=2,
+    )
+    assert answer.choices[0].finish_reason in ("length", "stop", "tool_calls")
