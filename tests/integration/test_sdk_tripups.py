@@ -1,0 +1,66 @@
+"""What the official SDKs tripped on (issue 22, item 6), each through the SDK itself against an in-process
+daemon whose engine is the scripted fake (tests/fake_engine.py): a dying engine, a slow one, one whose
+requests are read back from its event file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.fake_engine import FakeEngine
+from tests.inprocess import InProcessDaemon
+from tests.models import write_tiny_gguf
+
+Start = Callable[..., InProcessDaemon]
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def events(tmp_path: Path) -> Path:
+    return tmp_path / "events.jsonl"
+
+
+@pytest.fixture
+def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: Path) -> Iterator[Start]:
+    """A daemon with the fake engine scripted by `env`, the HTTP front on or off, and models packaged."""
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+    running: list[InProcessDaemon] = []
+
+    def starter(env: dict[str, str] | None = None, front: bool = True, models: int = 1) -> InProcessDaemon:
+        engine = FakeEngine(env={"FAKE_EVENTS": str(events), **(env or {})})
+        daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}, front).start()
+        running.append(daemon)
+        for seed, name in enumerate(["tiny", "other", "third"][:models]):
+            gguf = write_tiny_gguf(tmp_path / f"{name}.gguf", seed=seed)
+            packaged = daemon.http("POST", "/models/package", json={"target": name, "gguf": str(gguf)})
+            assert packaged.status_code == 201, packaged.text
+        return daemon
+
+    yield starter
+    for daemon in running:
+        daemon.stop()
+
+
+def engine_events(path: Path, name: str) -> list[dict[str, Any]]:
+    return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == name]
+
+
+# -- a cut OpenAI stream ends with OpenAI's error event, which the SDK raises ----------------------------
+
+
+@pytest.mark.parametrize("front", [True, False])
+def test_a_stream_cut_by_a_dead_engine_raises_the_openai_sdks_api_error(start: Start, front: bool) -> None:
+    daemon = start(env={"FAKE_CRASH_AFTER": "2"}, front=front)
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    chunks: list[Any] = []
+    with pytest.raises(openai.APIError, match="the engine stopped while answering") as raised:
+        chunks.extend(client.chat.completions.create(model="tiny", messages=HI, stream=True))  # type: ignore[arg-type]
+    assert [c.choices[0].delta.content for c in chunks] == ["t0 ", "t1 "]  # what came before the end
+    assert isinstance(raised.value.body, dict) and raised.value.body["type"] == "server_error"
+    with pytest.raises(openai.APIError, match="the engine stopped while answering"):
+        list(client.completions.create(model="tiny", prompt="once", stream=True))
