@@ -9,11 +9,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import httpx
+import ollama
 import openai
 import pytest
 
 from tests.fake_engine import FakeEngine
-from tests.inprocess import InProcessDaemon
+from tests.inprocess import InProcessDaemon, access_lines
 from tests.models import write_tiny_gguf
 
 Start = Callable[..., InProcessDaemon]
@@ -64,3 +67,40 @@ def test_a_stream_cut_by_a_dead_engine_raises_the_openai_sdks_api_error(start: S
     assert isinstance(raised.value.body, dict) and raised.value.body["type"] == "server_error"
     with pytest.raises(openai.APIError, match="the engine stopped while answering"):
         list(client.completions.create(model="tiny", prompt="once", stream=True))
+
+
+# -- a client that leaves an unstreamed request: a 499 on every API -----------------------------------
+
+
+def test_a_client_that_leaves_an_unstreamed_request_is_a_499_on_every_api(start: Start) -> None:
+    daemon = start(env={"FAKE_CHUNKS": "400", "FAKE_CHUNK_DELAY": "0.05"})  # 20 s of answer
+    leave = 1.0  # seconds the client waits: then it leaves
+    requests: dict[str, Callable[[], object]] = {
+        "anthropic": lambda: anthropic.Anthropic(
+            base_url=daemon.url + "/anthropic", api_key="x", max_retries=0, timeout=leave
+        ).messages.create(model="tiny", max_tokens=1000, messages=HI),  # type: ignore[arg-type]
+        "ollama": lambda: ollama.Client(host=daemon.url, timeout=leave).chat(model="tiny", messages=HI),
+        "responses": lambda: openai.OpenAI(
+            base_url=daemon.url + "/v1", api_key="x", max_retries=0, timeout=leave
+        ).responses.create(model="tiny", input="hi"),
+        "openai": lambda: openai.OpenAI(
+            base_url=daemon.url + "/v1", api_key="x", max_retries=0, timeout=leave
+        ).chat.completions.create(model="tiny", messages=HI),  # type: ignore[arg-type]
+    }
+    with access_lines() as lines:
+        for api, request in requests.items():
+            with pytest.raises((httpx.TimeoutException, openai.APITimeoutError, anthropic.APITimeoutError)):
+                request()
+
+            def logged(api: str = api) -> bool:
+                return any(f"api={api}" in line and "event=request" in line for line in lines.lines)
+
+            daemon.wait_for(logged, f"the {api} request's access line")
+        for api in requests:
+            [line] = [line for line in lines.lines if f"api={api}" in line and "event=request" in line]
+            assert "status=499" in line and "outcome=client_left" in line, line
+    metrics = daemon.http("GET", "/metrics").text
+    for api in requests:
+        assert f'modelrunner_requests_total{{api="{api}",model="tiny",status_class="4xx"}} 1.0' in metrics
+    assert "5xx" not in metrics
+    daemon.wait_for(lambda: not any(r["in_use"] for r in daemon.ps()), "the runner released")

@@ -130,7 +130,7 @@ class EngineCall:
             head = await self._answer.read_head()
             self.status, self.headers = head.status, head.headers
         except (OSError, UpstreamError) as exc:
-            raise ModelRunnerError(self.exchange.failure(exc)) from None
+            raise self.exchange.cut(exc) from None
 
     @property
     def event_stream(self) -> bool:
@@ -149,7 +149,7 @@ class EngineCall:
                 if len(data) > limit:
                     raise ModelRunnerError("the engine's answer is too large")
         except READ_ERRORS as exc:
-            raise ModelRunnerError(self.exchange.failure(exc)) from None
+            raise self.exchange.cut(exc) from None
         return bytes(data)
 
     async def raise_for_status(self) -> None:
@@ -181,10 +181,10 @@ class EngineCall:
                 assembler.feed(chunk)
             doc = assembler.result()
         except READ_ERRORS as exc:
-            raise ModelRunnerError(self.exchange.failure(exc)) from None
+            raise self.exchange.cut(exc) from None
         except assemble.AssemblyError as exc:
             if exc.body is None:
-                raise ModelRunnerError(self.exchange.failure(exc)) from None
+                raise self.exchange.cut(exc) from None
             return exc.status, json.dumps(exc.body).encode()
         return 200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -221,7 +221,7 @@ class EngineCall:
                             raise ModelRunnerError(engine_error_message(500, payload))
                         yield doc
         except READ_ERRORS as exc:
-            raise ModelRunnerError(self.exchange.failure(exc)) from None
+            raise self.exchange.cut(exc) from None
 
     async def close(self) -> None:
         if self._writer is not None:
