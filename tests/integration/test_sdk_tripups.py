@@ -104,3 +104,32 @@ def test_a_client_that_leaves_an_unstreamed_request_is_a_499_on_every_api(start:
         assert f'modelrunner_requests_total{{api="{api}",model="tiny",status_class="4xx"}} 1.0' in metrics
     assert "5xx" not in metrics
     daemon.wait_for(lambda: not any(r["in_use"] for r in daemon.ps()), "the runner released")
+
+
+# -- Anthropic's model list ----------------------------------------------------------------------------
+
+
+def test_the_anthropic_sdk_lists_and_retrieves_models_in_anthropics_shape(start: Start) -> None:
+    daemon = start(models=3)
+    client = anthropic.Anthropic(base_url=daemon.url + "/anthropic", api_key="x", max_retries=0)
+    page = client.models.list(limit=2)
+    assert len(page.data) == 2 and page.has_more and page.last_id == page.data[-1].id
+    listed = list(client.models.list(limit=2))  # the SDK pages on with after_id
+    assert sorted(m.id for m in listed) == sorted(
+        m["id"] for m in daemon.http("GET", "/v1/models").json()["data"]
+    )
+    assert {m.type for m in listed} == {"model"}
+    assert {m.display_name for m in listed} == {"tiny", "other", "third"}
+    one = client.models.retrieve(listed[0].id)
+    assert one.id == listed[0].id and one.created_at == listed[0].created_at
+    raw = daemon.http("GET", "/anthropic/v1/models").json()
+    assert set(raw) == {"data", "has_more", "first_id", "last_id"} and raw["has_more"] is False
+    assert set(raw["data"][0]) == {"type", "id", "display_name", "created_at"}
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.models.retrieve("absent")
+    assert missing.value.body == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": missing.value.body["error"]["message"]},  # type: ignore[index]
+    }
+    with pytest.raises(anthropic.BadRequestError):
+        client.models.list(after_id="absent")
