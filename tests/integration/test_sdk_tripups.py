@@ -133,3 +133,17 @@ def test_the_anthropic_sdk_lists_and_retrieves_models_in_anthropics_shape(start:
     }
     with pytest.raises(anthropic.BadRequestError):
         client.models.list(after_id="absent")
+
+
+# -- Ollama's ps ---------------------------------------------------------------------------------------
+
+
+def test_ollama_ps_lists_a_model_with_a_chat_and_an_embedding_runner_once(start: Start) -> None:
+    daemon = start()
+    client = ollama.Client(host=daemon.url)
+    client.chat(model="tiny", messages=HI)
+    client.embed(model="tiny", input="hi")
+    runners = daemon.ps()
+    assert sorted(r["mode"] for r in runners) == ["completion", "embedding"]
+    [model] = client.ps().models
+    assert model.model == "tiny:latest" and model.size == sum(r["memory_estimate"] for r in runners)
