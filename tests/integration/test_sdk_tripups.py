@@ -147,3 +147,35 @@ def test_ollama_ps_lists_a_model_with_a_chat_and_an_embedding_runner_once(start:
     assert sorted(r["mode"] for r in runners) == ["completion", "embedding"]
     [model] = client.ps().models
     assert model.model == "tiny:latest" and model.size == sum(r["memory_estimate"] for r in runners)
+
+
+# -- Responses: LangChain's empty assistant message before its function calls -----------------------------
+
+
+def test_an_empty_assistant_message_before_a_function_call_is_not_a_turn(start: Start, events: Path) -> None:
+    daemon = start()
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    tools: Any = [{"type": "function", "name": "weather", "parameters": {"type": "object"}}]
+    conversation: Any = [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": ""},  # as LangChain sends a turn that only called tools
+        {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ]
+    client.responses.create(model="tiny", input=conversation, tools=tools)
+    [chat] = engine_events(events, "chat")
+    assert chat["body"]["messages"] == [
+        {"role": "user", "content": "weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
