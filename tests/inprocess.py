@@ -4,15 +4,18 @@ port, the scheduler, engine processes, the store."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import uvicorn
 
+from modelrunner import eventlog
 from modelrunner.engines.base import Engine
 from modelrunner.server.app import Daemon, build_daemon
 from modelrunner.server.daemon import daemon_server, uvicorn_config
@@ -73,3 +76,30 @@ class InProcessDaemon:
                 return
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for: {what}")
+
+
+class AccessLines(logging.Handler):
+    """Formats each record where it is written: the request id is a context variable of that task."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(eventlog.LogfmtFormatter())
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@contextlib.contextmanager
+def access_lines() -> Iterator[AccessLines]:
+    """The access log's lines while the block runs, at INFO whatever the level was."""
+    lines = AccessLines()
+    access = logging.getLogger("modelrunner.access")
+    access.addHandler(lines)
+    level = access.level
+    access.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        access.removeHandler(lines)
+        access.setLevel(level)

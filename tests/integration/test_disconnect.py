@@ -94,6 +94,7 @@ def leaves(
     """Run `request` in a thread; once the engine generates, `leave()` makes the client go (without it,
     the client's own timeout does); then the engine must stop generating and the runner be released."""
     errors: list[BaseException] = []
+    seen = len(access_lines(daemon))
 
     def run() -> None:
         try:
@@ -126,8 +127,18 @@ def leaves(
         lambda: not any(r["in_use"] for r in daemon.http("GET", "/engines/ps").json()),
         f"{case}: the runner to be released",
     )
+    # counted as the client's leaving, never as an engine failure: a 499 unless the answer had started
+    wait(lambda: len(access_lines(daemon)) > seen, f"{case}: its access line")
+    [line] = access_lines(daemon)[seen:]
+    assert "outcome=client_left" in line and f"status={200 if 'streamed' in case else 499}" in line, line
     # the slot's cache grows by one token per token decoded: what it held when the client left, and after
     MEASURED[case] = (decoded(state), max(0, cached - int(state["n_prompt_tokens"])))
+
+
+def access_lines(daemon: Daemon) -> list[str]:
+    """The daemon's access lines of the requests a case made (the test's own `/engines/ps` left out)."""
+    log = (daemon.home / "logs" / "daemon.log").read_text().splitlines()
+    return [line for line in log if "event=request" in line and "path=/engines/ps" not in line]
 
 
 class Gate:
@@ -288,9 +299,5 @@ def test_a_client_that_leaves_while_its_model_loads_leaves_the_queue(daemon: Dae
         "no runner in use",
     )
     wait(lambda: "model=other" in (daemon.home / "logs" / "daemon.log").read_text(), "its access line")
-    [line] = [
-        line
-        for line in (daemon.home / "logs" / "daemon.log").read_text().splitlines()
-        if "event=request" in line and "model=other" in line
-    ]
+    [line] = [line for line in access_lines(daemon) if "model=other" in line]
     assert "outcome=client_left" in line and "status=499" in line, line

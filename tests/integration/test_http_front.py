@@ -243,11 +243,11 @@ def test_a_client_that_stops_reading_holds_the_engine_back(
 
 
 def ended_with_error(text: str, reason: str) -> None:
-    """A stream the daemon ended for its engine: the chunks sent, then DMR's error event (the stream's end,
-    properly framed: httpx read it whole)."""
+    """A stream the daemon ended for its engine: the chunks sent, then OpenAI's stream error event (the
+    stream's end, properly framed: httpx read it whole)."""
     events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
-    error = json.loads(events[-1])
-    assert error["type"] == "error" and reason in error["message"], error
+    error = json.loads(events[-1])["error"]
+    assert error["type"] == "server_error" and reason in error["message"], error
     assert all(json.loads(e)["object"] == "chat.completion.chunk" for e in events[:-1]) and len(events) > 1
 
 

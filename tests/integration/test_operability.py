@@ -169,8 +169,8 @@ def test_a_frozen_llama_server_fails_the_stream_and_is_restarted(
             pid = engine_pid(daemon)
             os.kill(pid, signal.SIGSTOP)  # as a deadlock would: no answer, no exit
             rest = data_lines(lines)
-        error = json.loads(rest[-1])
-        assert error["type"] == "error" and "engine stopped" in error["message"]
+        error = json.loads(rest[-1])["error"]
+        assert error["type"] == "server_error" and "engine stopped" in error["message"]
         assert not alive(pid)
         [freeze] = [e for e in log_events(daemon, "--no-engines") if e["event"] == "freeze"]
         assert freeze["pid"] == str(pid) and freeze["model"] == "tiny" and freeze["process_state"] == "T"

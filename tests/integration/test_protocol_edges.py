@@ -4,9 +4,7 @@ closes), slow request bodies, request ids and access lines, and the switch that 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -15,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from modelrunner import eventlog
 from modelrunner.server.inference import InferenceHandler
 from tests.fake_engine import FakeEngine
-from tests.inprocess import InProcessDaemon
+from tests.inprocess import InProcessDaemon, access_lines
 from tests.models import write_tiny_gguf
 
 HI = [{"role": "user", "content": "hi"}]
@@ -162,33 +159,6 @@ def test_every_answer_carries_a_request_id(daemon: InProcessDaemon, path: str) -
     assert given.headers["x-request-id"] == "trace-42"
     odd = daemon.http("GET", "/models", headers={"x-request-id": "bad id\\with spaces"})
     assert odd.headers["x-request-id"] != "bad id\\with spaces"
-
-
-class _Lines(logging.Handler):
-    """Formats each record where it is written: the request id is a context variable of that task."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setFormatter(eventlog.LogfmtFormatter())
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-
-@contextlib.contextmanager
-def access_lines() -> Iterator[_Lines]:
-    """The access log's lines while the block runs, at INFO whatever the level was."""
-    lines = _Lines()
-    access = logging.getLogger("modelrunner.access")
-    access.addHandler(lines)
-    level = access.level
-    access.setLevel(logging.INFO)
-    try:
-        yield lines
-    finally:
-        access.removeHandler(lines)
-        access.setLevel(level)
 
 
 def test_one_access_line_per_request_with_the_request_id(daemon: InProcessDaemon) -> None:

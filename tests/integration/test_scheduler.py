@@ -178,8 +178,8 @@ def test_engine_crash_mid_stream_then_reload(start: Start, tmp_path: Path, event
     with httpx.stream("POST", daemon.url + "/v1/chat/completions", json=body, timeout=30) as response:
         assert response.status_code == 200
         lines = [line for line in response.iter_lines() if line.startswith("data: ")]
-    error = json.loads(lines[-1][6:])
-    assert error["type"] == "error" and "engine stopped" in error["message"]
+    error = json.loads(lines[-1][6:])["error"]
+    assert error["type"] == "server_error" and "engine stopped" in error["message"]
     # every stream of this engine crashes: a load without inference shows the runner comes back
     assert chat(daemon, "tiny", headers={"X-Preload-Only": "true"}).status_code == 200
     assert len(read_events(events, "started")) == 2
@@ -451,8 +451,8 @@ def test_a_frozen_engine_fails_its_requests_and_is_restarted(
         [runner] = daemon.ps()
         os.kill(runner["pid"], signal.SIGSTOP)  # frozen mid-stream: it answers nothing any more
         rest = [line for line in lines if line.startswith("data: ")]
-    error = json.loads(rest[-1][6:])
-    assert error["type"] == "error" and "engine stopped" in error["message"]  # the crash path
+    error = json.loads(rest[-1][6:])["error"]
+    assert error["type"] == "server_error" and "engine stopped" in error["message"]  # the crash path
     assert not alive(runner["pid"])
     freeze = [r for r in caplog.records if r.msg == "freeze"]
     assert freeze and freeze[0].fields["pid"] == runner["pid"] and freeze[0].fields["process_state"] == "T"

@@ -87,6 +87,33 @@ WITHOUT_START = [
 ]
 
 
+def test_the_model_list_pages_as_anthropics_newest_first() -> None:
+    models = [shapes.model_object(f"docker.io/ai/m{i}:latest", 1000 + i) for i in range(5)]
+    assert models[0] == {
+        "type": "model",
+        "id": "docker.io/ai/m0:latest",
+        "display_name": "m0",
+        "created_at": "1970-01-01T00:16:40Z",
+    }
+    ids = [f"docker.io/ai/m{i}:latest" for i in (4, 3, 2, 1, 0)]
+    first = shapes.model_page(models, 2, None, None)
+    assert [m["id"] for m in first["data"]] == ids[:2] and first["has_more"]
+    assert (first["first_id"], first["last_id"]) == (ids[0], ids[1])
+    last = shapes.model_page(models, 2, ids[3], None)
+    assert [m["id"] for m in last["data"]] == ids[4:] and not last["has_more"]
+    before = shapes.model_page(models, 2, None, ids[3])
+    assert [m["id"] for m in before["data"]] == ids[1:3] and before["has_more"]
+    assert not shapes.model_page(models, 5, None, ids[3])["has_more"]
+    assert shapes.model_page([], 20, None, None) == {
+        "data": [],
+        "has_more": False,
+        "first_id": None,
+        "last_id": None,
+    }
+    with pytest.raises(BadRequest, match="after_id"):
+        shapes.model_page(models, 2, "absent", None)
+
+
 def test_a_stream_without_message_start_gets_one() -> None:
     events = relayed(WITHOUT_START)
     assert [e["type"] for e in events][:2] == ["message_start", "content_block_start"]

@@ -55,6 +55,25 @@ def test_input_items_and_chat_messages() -> None:
         shapes.input_items([{"type": "item_reference", "id": "x"}])
 
 
+def test_an_assistant_message_and_its_function_calls_are_one_turn() -> None:
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    for said, content in (("", None), ([], None), ("let me look", "let me look")):
+        messages = shapes.chat_messages(
+            shapes.input_items(
+                [{"role": "user", "content": "q"}, {"role": "assistant", "content": said}, call]
+            )
+        )
+        assert messages[1:] == [
+            {
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            }
+        ]
+
+
 def test_chat_body() -> None:
     request = shapes.check_request(
         {

@@ -14,6 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.compat.bodies import validated
+from modelrunner.compat.ollama import timestamp_text
+from modelrunner.display import display_name
+from modelrunner.errors import BadRequest
 
 # HTTP status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors).
 _ERROR_TYPES = {
@@ -58,6 +61,40 @@ def message_start_event(model: str) -> bytes:
     """A `message_start` event for a stream that lacks one (`new_message`)."""
     data = json.dumps({"type": "message_start", "message": new_message(model)})
     return b"event: message_start\ndata: " + data.encode() + b"\n\n"
+
+
+def model_object(model_id: str, created: int) -> dict[str, Any]:
+    """A model as Anthropic's Models API shows it (`created` in unix seconds)."""
+    return {
+        "type": "model",
+        "id": model_id,
+        "display_name": display_name(model_id),
+        "created_at": timestamp_text(created),
+    }
+
+
+def model_page(
+    models: list[dict[str, Any]], limit: int, after_id: str | None, before_id: str | None
+) -> dict[str, Any]:
+    """One page of Anthropic's model list (newest first, as Anthropic lists them): at most `limit` models
+    after `after_id` or before `before_id`, with the cursors its SDKs page with."""
+    ordered = sorted(models, key=lambda m: m["created_at"], reverse=True)
+    ids = [m["id"] for m in ordered]
+    for name, cursor in (("after_id", after_id), ("before_id", before_id)):
+        if cursor is not None and cursor not in ids:
+            raise BadRequest(f"{name}: no model {cursor[:200]!r}")
+    if before_id is not None:
+        end = ids.index(before_id)
+        page, more = ordered[max(0, end - limit) : end], end > limit
+    else:
+        start = ids.index(after_id) + 1 if after_id is not None else 0
+        page, more = ordered[start : start + limit], start + limit < len(ordered)
+    return {
+        "data": page,
+        "has_more": more,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+    }
 
 
 class ContentBlock(BaseModel):

@@ -164,7 +164,9 @@ def _chat_content(parts: list[Any]) -> str | list[dict[str, Any]]:
 
 
 def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Input or output items as chat messages; consecutive function calls become one assistant turn."""
+    """Input or output items as chat messages; an assistant message and the function calls after it
+    become one assistant turn, as `output_items` splits one (LangChain sends an empty message before its
+    calls: no empty turn of its own)."""
     messages: list[dict[str, Any]] = []
     for item in items:
         kind = item.get("type")
@@ -181,8 +183,9 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 },
             }
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)
+            if last is not None and last["role"] == "assistant":
+                last["content"] = last["content"] or None
+                last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":

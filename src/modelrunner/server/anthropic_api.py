@@ -10,6 +10,9 @@ error shape everywhere (server/errors.py shapes errors by path): for an unknown 
 not_found_error), a malformed body (400 invalid_request_error, `max_tokens` included: Anthropic requires
 it), an engine error status, and an engine that dies mid-stream (an `error` event). A non-streamed request
 is asked for as a stream and assembled (server/upstream.py), so that a client that leaves stops it.
+
+`/anthropic/v1/models[/{id}]` lists the store's models in Anthropic's shape (its SDK's `models.list()`
+pages with `has_more` and `last_id`); the IDs are those of the OpenAI list, usable as `model`.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 
+from modelrunner.compat import anthropic as shapes
 from modelrunner.compat.bodies import parse_json_object
 from modelrunner.server.anthropic_serving import AnthropicServing
 from modelrunner.server.lifecycle import Inference
+from modelrunner.server.openai_api import openai_id
 from modelrunner.server.serving import respond
+from modelrunner.store.store import StoredModel
 
 
 def build_anthropic_router(ctx: Inference) -> APIRouter:
@@ -54,7 +60,23 @@ def build_anthropic_router(ctx: Inference) -> APIRouter:
     router.add_api_route(
         "/engines/{backend}/v1/messages/count_tokens", count_tokens_backend, methods=["POST"]
     )
+
+    @router.get("/anthropic/v1/models")
+    def list_models(
+        limit: int = Query(20, ge=1, le=1000), after_id: str | None = None, before_id: str | None = None
+    ) -> dict[str, Any]:
+        models = [_model(m) for m in ctx.store.list_models()]
+        return shapes.model_page(models, limit, after_id, before_id)
+
+    @router.get("/anthropic/v1/models/{model_id:path}")
+    def get_model(model_id: str) -> dict[str, Any]:
+        return _model(ctx.store.get(model_id))
+
     return router
+
+
+def _model(model: StoredModel) -> dict[str, Any]:
+    return shapes.model_object(openai_id(model), model.config.created)
 
 
 def _endpoint(

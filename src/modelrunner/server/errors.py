@@ -44,7 +44,9 @@ _TYPES = {
     503: "service_unavailable",
     507: "insufficient_storage",
 }
-_ANTHROPIC = re.compile(r"(?:/anthropic|/engines(?:/[^/]+)?)?/v1/messages(?:/count_tokens)?")
+_ANTHROPIC = re.compile(
+    r"(?:/anthropic|/engines(?:/[^/]+)?)?/v1/messages(?:/count_tokens)?|/anthropic/v1/models(?:/.*)?"
+)
 _RESPONSES = re.compile(r"(?:/engines(?:/[^/]+)?(?:/v1)?|/v1)?/responses(?:/.*)?")
 _OPENAI = re.compile(
     r"(?:/engines(?:/[^/]+)?)?/(?:v1/(?:chat/completions|completions|embeddings|rerank|score|images/"

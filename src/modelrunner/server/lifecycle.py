@@ -220,6 +220,13 @@ class Exchange:
         """What to tell a client whose answer was cut: our reason, or what the engine did."""
         return self.aborted or f"the engine stopped while answering: {detail}"
 
+    def cut(self, detail: object) -> ModelRunnerError:
+        """The error of an engine call cut short: a client that left closed it (a 499, as the OpenAI
+        relays count it, not an engine failure), else `failure`'s 500."""
+        if self.client_gone and not self.aborted:
+            return ClientGone("the client closed the connection")
+        return ModelRunnerError(self.failure(detail))
+
     def watch(self) -> None:
         """On the ASGI path, notice a client that leaves while the answer is prepared (the front's
         protocol is told by its transport instead)."""

@@ -69,7 +69,10 @@ class OllamaServing:
         }
 
     def ps(self) -> Document:
-        out = []
+        """The models in memory, once each as Ollama lists them: a model with a chat and an embedding
+        runner is one entry, their sizes added, in memory until the last of them expires."""
+        out: dict[str, Document] = {}
+        until: dict[str, float] = {}
         now = time.time()
         for runner in self.ctx.scheduler.ps():
             if runner["mode"] not in (Mode.COMPLETION.value, Mode.EMBEDDING.value):
@@ -79,20 +82,22 @@ class OllamaServing:
             except ModelNotFound:
                 continue
             keep = parse_keep_alive(runner["keep_alive"])
-            if keep == NEVER:
-                expires = _FOREVER
-            else:
-                expires = shapes.timestamp_text((now if runner["in_use"] else runner["last_used"]) + keep)
-            out.append(
-                shapes.tags_entry(model, shapes.ollama_name(runner["model_name"]))
-                | {
-                    "expires_at": expires,
-                    "size": runner["memory_estimate"],
-                    "size_vram": 0,
-                    "context_length": model.config.context_size,
-                }
-            )
-        return {"models": out}
+            expires = (now if runner["in_use"] else runner["last_used"]) + keep  # NEVER stays NEVER
+            if model.id in out:
+                out[model.id]["size"] += runner["memory_estimate"]
+                until[model.id] = max(until[model.id], expires)
+                continue
+            until[model.id] = expires
+            out[model.id] = shapes.tags_entry(model, shapes.ollama_name(runner["model_name"])) | {
+                "expires_at": "",
+                "size": runner["memory_estimate"],
+                "size_vram": 0,
+                "context_length": model.config.context_size,
+            }
+        for model_id, entry in out.items():
+            expires = until[model_id]
+            entry["expires_at"] = _FOREVER if expires == NEVER else shapes.timestamp_text(expires)
+        return {"models": list(out.values())}
 
     def show(self, body: shapes.PullRequest) -> Document:
         return shapes.show_response(self.lookup(body.model_name()))

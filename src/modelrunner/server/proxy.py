@@ -31,17 +31,22 @@ EVENT_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", 
 
 
 def engine_died_body(message: str) -> bytes:
-    """DMR's JSON for a runner that died during a request."""
+    """DMR's JSON for a runner that died before its answer started (the 500 of scheduling/runner.go's
+    proxy ErrorHandler, OpenAIErrorResponse): a whole body, which the SDKs read for its `message`."""
     return json.dumps(
         {"type": "error", "code": None, "message": message, "param": None, "sequence_number": 1}
     ).encode()
 
 
 def stream_end_event(tail: bytes, message: str) -> bytes:
-    """The event that ends a cut OpenAI stream: a half-sent event is closed first (`tail` = the stream's
-    last two bytes), then DMR's error."""
+    """The event that ends a cut OpenAI stream (chat or completions: the only streams these relays cut): a
+    half-sent event is closed first (`tail` = the stream's last two bytes), then OpenAI's stream error,
+    `{"error": {...}}`, which the OpenAI SDKs raise as an APIError. DMR writes no event there (its proxy
+    only cuts the body), and its `{"type": "error"}` object is a Responses event: an SDK reading chat
+    chunks takes it for a chunk without `choices`."""
     boundary = b"" if tail == b"\n\n" else b"\n\n"
-    return boundary + b"data: " + engine_died_body(message) + b"\n\n"
+    error = {"message": message, "type": "server_error", "code": None, "param": None}
+    return boundary + b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
 
 def request_bytes(

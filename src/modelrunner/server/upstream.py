@@ -140,7 +140,7 @@ class EngineCall:
             head = await self._answer.read_head()
             self.status, self.headers = head.status, head.headers
         except (OSError, UpstreamError) as exc:
-            raise ModelRunnerError(self.exchange.failure(exc)) from None
+            raise self.exchange.cut(exc) from None
 
     def constrain(self, constraint: structured.Constraint) -> None:
         """Check the answer against a requested schema, and say so in the answer's head."""
@@ -178,7 +178,7 @@ class EngineCall:
                 if len(data) > limit:
                     raise ModelRunnerError("the engine's answer is too large")
         except READ_ERRORS as exc:
-            raise ModelRunnerError(self.exchange.failure(exc)) from None
+            raise self.exchange.cut(exc) from None
         return bytes(data)
 
     async def raise_for_status(self) -> None:
@@ -213,10 +213,10 @@ class EngineCall:
                 assembler.feed(chunk)
             doc = assembler.result()
         except READ_ERRORS as exc:
-            raise ModelRunnerError(self.exchange.failure(exc)) from None
+            raise self.exchange.cut(exc) from None
         except assemble.AssemblyError as exc:
             if exc.body is None:
-                raise ModelRunnerError(self.exchange.failure(exc)) from None
+                raise self.exchange.cut(exc) from None
             return exc.status, json.dumps(exc.body).encode()
         return self._checked(200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode())
 
@@ -278,7 +278,7 @@ class EngineCall:
                             text.add(doc)
                         yield doc
         except READ_ERRORS as exc:
-            raise ModelRunnerError(self.exchange.failure(exc)) from None
+            raise self.exchange.cut(exc) from None
         if text is not None:
             text.check()
 
