@@ -22,6 +22,7 @@ Tool calling (a request with `tools`; its body is logged as a `chat` event): FAK
 the model calls, as llama-server streams a call (id and name first, the arguments in two fragments, finish
 reason `tool_calls`), with FAKE_TOOL_ARGS (default: the last user message as `{"query": ...}`), until the
 request holds FAKE_TOOL_ROUNDS tool results (default 1); then the answer is `found: <each tool result>`.
+FAKE_TEXT scripts the answer's text (streamed in pieces of a few characters), e.g. a call written as text.
 FAKE_TOOLS_REJECT=1 answers any request with tools as llama-server does when the chat template cannot take
 them (500, a Jinja exception).
 """
@@ -168,7 +169,12 @@ class Handler(BaseHTTPRequestHandler):
                 200,
                 {
                     "object": "chat.completion",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": os.environ.get("FAKE_TEXT", "hi")},
+                        }
+                    ],
                 },
             )
             return
@@ -178,7 +184,9 @@ class Handler(BaseHTTPRequestHandler):
         if os.environ.get("FAKE_CONNECTION_CLOSE"):
             self.send_header("Connection", "close")
         self.end_headers()
-        chunks = int(os.environ.get("FAKE_CHUNKS", "5"))
+        text = os.environ.get("FAKE_TEXT")
+        pieces = [text[i : i + 7] for i in range(0, len(text), 7)] if text else []
+        chunks = len(pieces) if text else int(os.environ.get("FAKE_CHUNKS", "5"))
         crash_after = int(os.environ.get("FAKE_CRASH_AFTER", "-1"))
         stall_after = int(os.environ.get("FAKE_STALL_AFTER", "-1"))
         bad_chunk_after = int(os.environ.get("FAKE_BAD_CHUNK_AFTER", "-1"))
@@ -203,7 +211,7 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                     self.close_connection = True
                     return
-                content = f"t{i} " + "x" * pad
+                content = pieces[i] if text else f"t{i} " + "x" * pad
                 data = json.dumps({**top, "choices": [{"index": 0, "delta": {"content": content}}]})
                 self._chunk(f"data: {data}\n\n".encode())
                 if reused == "cut":

@@ -351,7 +351,7 @@ class FrontProtocol(asyncio.Protocol):
     async def _whole(self, prepared: Prepared, request: Request, exchange: Exchange) -> None:
         """An answer read whole from the engine (server/upstream.py), then written with its length."""
         call = EngineCall(exchange, prepared.runner)
-        call.assembling = prepared.assembling
+        call.assembling, call.tools = prepared.assembling, prepared.tools
         try:
             await call.send(request.route.upstream_path, prepared.body, request.headers)
             status, answer = await call.answer()
@@ -447,6 +447,7 @@ class FrontProtocol(asyncio.Protocol):
         lines += [name + b": " + value for name, value in self.server_state.default_headers]
         lines += [name + b": " + value for name, value in headers]
         if self.exchange is not None:
+            lines += [name + b": " + value for name, value in self.exchange.answer_headers]
             lines.append(eventlog.REQUEST_ID_HEADER + b": " + self.exchange.id.encode())
             self.exchange.started_answer(status, headers)
         if self.closing:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from modelrunner.compat import assemble
+from modelrunner.compat import assemble, tool_rescue
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, MethodNotAllowed, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
@@ -74,6 +74,7 @@ class Prepared:
     body: bytes
     assembling: str | None  # the path whose unstreamed answer is assembled from the stream asked for
     whole: bool  # the answer is read whole: assembled, or an embedding whose error may be reworded
+    tools: tool_rescue.Tools | None = None  # an unstreamed answer's calls written as text are rescued
 
 
 # The roles OpenAI's chat API takes (its error for another lists them in this order).
@@ -124,11 +125,12 @@ class InferenceHandler:
             # Engines such as vLLM answer only to the names they were started with: another name of the
             # same model (a tag, the short form) is sent as the runner's.
             doc, changed = {**doc, "model": runner.model.reference}, True
+        tools = None if doc.get("stream") else tool_rescue.declared(route.upstream_path, doc)
         assembling = route.upstream_path if assembles(runner.key.engine, route.upstream_path, doc) else None
         if assembling:
             doc, changed = assemble.streamed_request(assembling, doc), True
-        whole = assembling is not None or route.mode in (Mode.EMBEDDING, Mode.RERANKING)
-        return Prepared(runner, json.dumps(doc).encode() if changed else body, assembling, whole)
+        whole = assembling is not None or tools is not None or route.mode in (Mode.EMBEDDING, Mode.RERANKING)
+        return Prepared(runner, json.dumps(doc).encode() if changed else body, assembling, whole, tools)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         try:
@@ -154,7 +156,7 @@ class InferenceHandler:
     ) -> None:
         exchange = lifecycle.current()
         call = EngineCall(exchange, prepared.runner)
-        call.assembling = prepared.assembling
+        call.assembling, call.tools = prepared.assembling, prepared.tools
         started = streaming = False
         tail = b"\n\n"  # the last two bytes sent, to know whether an SSE event was cut
         try:

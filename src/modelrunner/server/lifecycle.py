@@ -27,6 +27,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from modelrunner import eventlog
+from modelrunner.compat import tool_rescue
 from modelrunner.engines.base import Engine, Mode, ModelForEngine
 from modelrunner.errors import ModelRunnerError
 from modelrunner.scheduler.runner import Runner
@@ -103,6 +104,7 @@ class Exchange:
         self.aborted: str | None = None  # why the daemon ended it (shutdown)
         self.receive: Receive | None = None  # the ASGI receive, to notice a client that leaves
         self.runners: list[Runner] = []
+        self.answer_headers: list[tuple[bytes, bytes]] = []  # ours, added to the answer's head
         self._closers: dict[int, Callable[[], None]] = {}
         self._next_closer = 0
         self._waiting: asyncio.Task[Any] | None = None
@@ -233,6 +235,12 @@ class Exchange:
                 return
 
     # -- the answer ------------------------------------------------------------------------------------
+
+    def tool_calls_rescued(self, count: int) -> None:
+        """The answer carries `count` tool calls the engine wrote as text (compat/tool_rescue.py)."""
+        if (tool_rescue.HEADER, b"1") not in self.answer_headers:
+            self.answer_headers.append((tool_rescue.HEADER, b"1"))
+        self.lifecycle.metrics.rescued(self.api, self.model, count)
 
     def started_answer(self, status: int, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
         self.status = status
@@ -412,7 +420,11 @@ class LifecycleMiddleware:
 
         async def tracked_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [*message.get("headers", []), (eventlog.REQUEST_ID_HEADER, request_id)]
+                headers = [
+                    *message.get("headers", []),
+                    *exchange.answer_headers,
+                    (eventlog.REQUEST_ID_HEADER, request_id),
+                ]
                 message = {**message, "headers": headers}
                 exchange.started_answer(message["status"], headers)
             elif message["type"] == "http.response.body":

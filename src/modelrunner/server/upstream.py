@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from modelrunner.compat import assemble
+from modelrunner.compat import assemble, tool_rescue
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelRunnerError
 from modelrunner.eventlog import event
@@ -104,6 +104,8 @@ class EngineCall:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.assembling: str | None = None  # the path whose unstreamed answer is assembled
+        self.tools: tool_rescue.Tools | None = None  # declared: calls written as text are rescued
+        self.path = ""
         self.idle = engine_idle_timeout() or None
         self._answer: Answer | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -111,6 +113,7 @@ class EngineCall:
 
     async def send(self, path: str, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         """Send the request and read the answer's head."""
+        self.path = path
         socket = str(self.runner.socket)
         untrusted = untrusted_socket(self.runner.socket)
         if untrusted is not None:  # another user's socket would see (and answer) the prompt
@@ -174,7 +177,7 @@ class EngineCall:
                 if failed.status_code != self.status:
                     answer = error_body(failed.status_code, failed.message)
                     return failed.status_code, json.dumps(answer).encode()
-            return self.status, body
+            return self.status, self._rescued_body(body) if self.status == 200 else body
         assembler = assemble.assembler_for(self.assembling, self.exchange.model or "")
         try:
             async for chunk in self.chunks():
@@ -186,7 +189,32 @@ class EngineCall:
             if exc.body is None:
                 raise ModelRunnerError(self.exchange.failure(exc)) from None
             return exc.status, json.dumps(exc.body).encode()
+        self._rescue(doc)
         return 200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def _rescue(self, doc: dict[str, Any]) -> bool:
+        """Tool calls the engine wrote as text, made calls in the answer (compat/tool_rescue.py)."""
+        if self.tools is None:
+            return False
+        if self.path == assemble.MESSAGES:
+            count = tool_rescue.rescue_message(doc, self.tools)
+        else:
+            count = tool_rescue.rescue_chat(doc, self.tools)
+        if count:
+            self.exchange.tool_calls_rescued(count)
+        return count > 0
+
+    def _rescued_body(self, body: bytes) -> bytes:
+        """An unassembled answer, with its rescued calls."""
+        if self.tools is None:
+            return body
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return body
+        if not isinstance(doc, dict) or not self._rescue(doc):
+            return body
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
     async def json(self) -> dict[str, Any]:
         status, body = await self.answer()
@@ -248,6 +276,7 @@ async def call_engine(
     started = time.monotonic()
     runner = await inference.acquire(name, mode, keep_alive, backend)
     call = EngineCall(lifecycle.current(), runner, time.monotonic() - started)
+    call.tools = tool_rescue.declared(path, body)
     if assembles(runner.key.engine, path, body):
         call.assembling = path
         body = assemble.streamed_request(path, body)
