@@ -134,3 +134,28 @@ def test_a_bare_json_call_is_an_ollama_tool_call(start: Callable[[str], InProces
     (call,) = answer.message.tool_calls or []
     assert (call.function.name, dict(call.function.arguments)) == ("get_weather", {"city": "Paris"})
     assert rescued(daemon, "ollama") == 1
+
+
+def test_streamed_ollama_and_responses_answers_get_the_calls_and_only_the_prose(
+    start: Callable[[str], InProcessDaemon],
+) -> None:
+    daemon = start(HERMES)  # streamed in pieces of 7 characters, `<tool_call>` cut in two
+    parts = list(ollama.Client(host=daemon.url).chat(model="tiny", messages=HI, tools=TOOLS, stream=True))
+    assert "".join(part.message.content or "" for part in parts) == "Checking."
+    calls = [call for part in parts for call in part.message.tool_calls or []]
+    assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 2})
+    ]
+    assert rescued(daemon, "ollama") == 1
+
+    tool: Any = {"type": "function", "name": "get_weather", "parameters": WEATHER}
+    events = list(client(daemon).responses.create(model="tiny", input="weather?", tools=[tool], stream=True))
+    deltas = "".join(getattr(e, "delta", "") for e in events if e.type == "response.output_text.delta")
+    assert deltas == "Checking."
+    done = events[-1]
+    assert done.type == "response.completed"
+    calls = [item for item in done.response.output if item.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 2})
+    ]
+    assert rescued(daemon, "responses") == 1

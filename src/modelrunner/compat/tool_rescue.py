@@ -313,3 +313,60 @@ def rescue_message(doc: dict[str, Any], tools: Tools) -> int:
     doc["content"] = blocks
     doc["stop_reason"] = "tool_use"
     return len(found.calls)
+
+
+class ChatStreamRescue:
+    """An OpenAI chat stream's chunks (parsed), with calls written as text sent as `tool_calls` deltas:
+    `feed` each chunk and send the chunks it returns. Only the first choice of a one-choice stream is
+    rescued; a stream whose engine sends calls of its own passes as it is. `rescued` counts the calls."""
+
+    def __init__(self, tools: Tools) -> None:
+        self.holdback = Holdback(tools)
+        self.rescued = 0
+
+    def feed(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
+        choices = doc.get("choices")
+        if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+            return [doc]
+        choice = choices[0]
+        given = choice.get("delta")
+        delta: dict[str, Any] = given if isinstance(given, dict) else {}
+        if delta.get("tool_calls") or int(choice.get("index") or 0) != 0:
+            self.holdback.passing = True  # the engine parsed its calls itself (or this is not one choice)
+        content = delta.get("content")
+        if isinstance(content, str) and not self.holdback.passing:
+            delta = {**delta, "content": self.holdback.feed(content)}
+        out = [{**doc, "choices": [{**choice, "delta": delta}]}]
+        if not choice.get("finish_reason"):
+            return out if delta.get("content") or set(delta) - {"content"} else []
+        return self._finish(out[0], choice, delta)
+
+    def _finish(
+        self, doc: dict[str, Any], choice: dict[str, Any], delta: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """The last chunk of the choice: what was held goes out, as calls or as the text it was."""
+        held, found = self.holdback.end()
+        if found is None:
+            if not held:
+                return [doc]
+            return [
+                {
+                    **doc,
+                    "choices": [
+                        {**choice, "delta": {**delta, "content": (delta.get("content") or "") + held}}
+                    ],
+                }
+            ]
+        calls = [
+            {
+                "index": i,
+                "id": new_call_id("call_"),
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
+            }
+            for i, call in enumerate(found.calls)
+        ]
+        self.rescued += len(calls)
+        text = (delta.get("content") or "") + found.text
+        rescued_delta = {**delta, "content": text or None, "tool_calls": calls}
+        return [{**doc, "choices": [{**choice, "delta": rescued_delta, "finish_reason": "tool_calls"}]}]

@@ -235,6 +235,9 @@ class EngineCall:
         report in its API's shape.
         """
         decoder = SSEDecoder()
+        rescue = None  # calls written as text, made calls (compat/tool_rescue.py)
+        if self.tools is not None and self.path == assemble.CHAT:
+            rescue = tool_rescue.ChatStreamRescue(self.tools)
         try:
             async for chunk in self.chunks():
                 for _, payload in decoder.feed(chunk):
@@ -247,7 +250,14 @@ class EngineCall:
                     if isinstance(doc, dict):
                         if "error" in doc and "choices" not in doc:
                             raise ModelRunnerError(engine_error_message(500, payload))
-                        yield doc
+                        if rescue is None:
+                            yield doc
+                            continue
+                        for out in rescue.feed(doc):
+                            yield out
+                        if rescue.rescued:
+                            self.exchange.tool_calls_rescued(rescue.rescued)
+                            rescue.rescued = 0
         except READ_ERRORS as exc:
             raise ModelRunnerError(self.exchange.failure(exc)) from None
 

@@ -11,6 +11,7 @@ import pytest
 from modelrunner.compat.assemble import CHAT, COMPLETIONS, MESSAGES
 from modelrunner.compat.tool_rescue import (
     Call,
+    ChatStreamRescue,
     Holdback,
     Rescued,
     Tools,
@@ -190,3 +191,41 @@ def test_a_held_text_that_is_not_a_call_comes_back_at_the_end() -> None:
     sent, rest, found = _stream(["see <tool_call>", '{"name": "now", "arguments": {"x": ['])
     assert sent == ["see ", ""] and found is None
     assert rest == '<tool_call>{"name": "now", "arguments": {"x": ['
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"id": "c", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def test_a_chat_stream_gets_its_calls_as_tool_call_deltas() -> None:
+    rescue = ChatStreamRescue(TOOLS)
+    text = 'Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</tool_call>'
+    pieces = [text[i : i + 5] for i in range(0, len(text), 5)]
+    out = [chunk for piece in pieces for chunk in rescue.feed(_chunk({"content": piece}))]
+    out += rescue.feed(_chunk({}, "stop"))
+    sent = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in out)
+    assert sent == "Sure. "
+    last = out[-1]["choices"][0]
+    assert last["finish_reason"] == "tool_calls"
+    (call,) = last["delta"]["tool_calls"]
+    assert call["index"] == 0 and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "days": 2}
+    assert rescue.rescued == 1
+
+
+def test_a_chat_stream_whose_held_text_is_no_call_gets_it_back_before_its_end() -> None:
+    rescue = ChatStreamRescue(TOOLS)
+    assert rescue.feed(_chunk({"content": "a <tool_call>"})) == [_chunk({"content": "a "})]
+    assert rescue.feed(_chunk({"content": "{"})) == []
+    assert rescue.feed(_chunk({}, "length")) == [_chunk({"content": "<tool_call>{"}, "length")]
+    assert rescue.rescued == 0
+
+
+def test_a_chat_stream_with_the_engine_s_own_calls_passes_as_it_is() -> None:
+    rescue = ChatStreamRescue(TOOLS)
+    native = _chunk({"tool_calls": [{"index": 0, "function": {"name": "now", "arguments": "{}"}}]})
+    assert rescue.feed(native) == [native]
+    text = _chunk({"content": '<tool_call>{"name": "now", "arguments": {}}</tool_call>'}, "tool_calls")
+    assert rescue.feed(text) == [text]
+    usage = {"choices": [], "usage": {"prompt_tokens": 1}}
+    assert rescue.feed(usage) == [usage]
