@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import ollama
 import openai
 import pytest
@@ -159,3 +160,18 @@ def test_streamed_ollama_and_responses_answers_get_the_calls_and_only_the_prose(
         ("get_weather", {"city": "Paris", "days": 2})
     ]
     assert rescued(daemon, "responses") == 1
+
+
+def test_a_call_in_the_text_is_an_anthropic_tool_use(start: Callable[[str], InProcessDaemon]) -> None:
+    daemon = start(HERMES)
+    messages = anthropic.Anthropic(base_url=daemon.url, api_key="unused", max_retries=0).messages
+    tool: Any = {"name": "get_weather", "input_schema": WEATHER}
+    raw = messages.with_raw_response.create(model="tiny", max_tokens=50, messages=HI, tools=[tool])
+    assert raw.headers.get(HEADER) == "1"
+    message = raw.parse()
+    assert message.stop_reason == "tool_use"
+    text, use = message.content
+    assert text.type == "text" and text.text == "Checking."
+    assert use.type == "tool_use" and use.id.startswith("toolu_")
+    assert (use.name, use.input) == ("get_weather", {"city": "Paris", "days": 2})
+    assert rescued(daemon, "anthropic") == 1
