@@ -175,3 +175,25 @@ def test_a_call_in_the_text_is_an_anthropic_tool_use(start: Callable[[str], InPr
     assert use.type == "tool_use" and use.id.startswith("toolu_")
     assert (use.name, use.input) == ("get_weather", {"city": "Paris", "days": 2})
     assert rescued(daemon, "anthropic") == 1
+
+
+def test_a_streamed_chat_answer_gets_tool_call_deltas_and_only_the_prose(
+    start: Callable[[str], InProcessDaemon],
+) -> None:
+    daemon = start(HERMES)  # streamed in pieces of 7 characters, `<tool_call>` cut in two
+    stream = client(daemon).chat.completions.create(model="tiny", messages=HI, tools=TOOLS, stream=True)
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Checking."
+    calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+    assert [(c.function and c.function.name, c.function and c.function.arguments) for c in calls] == [
+        ("get_weather", json.dumps({"city": "Paris", "days": 2}))
+    ]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert rescued(daemon, "openai") == 1
+    # a call of a tool the request did not declare streams as the text it is, whole
+    other: Any = [{"type": "function", "function": {"name": "other", "parameters": WEATHER}}]
+    stream = client(daemon).chat.completions.create(model="tiny", messages=HI, tools=other, stream=True)
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == HERMES
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert rescued(daemon, "openai") == 1

@@ -47,7 +47,15 @@ from modelrunner.server.handed_over import (
     stalled_answer,
     watch_half_close,
 )
-from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, Route, error_parts, match_route
+from modelrunner.server.inference import (
+    MAX_BODY,
+    InferenceHandler,
+    Prepared,
+    Route,
+    error_parts,
+    match_route,
+    rescues_stream,
+)
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
 from modelrunner.server.proxy import (
     engine_died_body,
@@ -281,6 +289,9 @@ class FrontProtocol(asyncio.Protocol):
         if len(self.buffer) < body_end:
             return  # the rest of the body is on its way
         body = bytes(self.buffer[end + 4 : body_end])
+        if rescues_stream(request.route, body):
+            self._hand_over()  # uvicorn reads the request again from the buffer
+            return
         del self.buffer[:body_end]
         self.busy = True
         self.closing = self.closing or request.close

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +75,7 @@ class Prepared:
     body: bytes
     assembling: str | None  # the path whose unstreamed answer is assembled from the stream asked for
     whole: bool  # the answer is read whole: assembled, or an embedding whose error may be reworded
-    tools: tool_rescue.Tools | None = None  # an unstreamed answer's calls written as text are rescued
+    tools: tool_rescue.Tools | None = None  # calls written as text are rescued (compat/tool_rescue.py)
 
 
 # The roles OpenAI's chat API takes (its error for another lists them in this order).
@@ -125,11 +126,15 @@ class InferenceHandler:
             # Engines such as vLLM answer only to the names they were started with: another name of the
             # same model (a tag, the short form) is sent as the runner's.
             doc, changed = {**doc, "model": runner.model.reference}, True
-        tools = None if doc.get("stream") else tool_rescue.declared(route.upstream_path, doc)
+        tools, streamed = tool_rescue.declared(route.upstream_path, doc), bool(doc.get("stream"))
         assembling = route.upstream_path if assembles(runner.key.engine, route.upstream_path, doc) else None
         if assembling:
             doc, changed = assemble.streamed_request(assembling, doc), True
-        whole = assembling is not None or tools is not None or route.mode in (Mode.EMBEDDING, Mode.RERANKING)
+        whole = (
+            assembling is not None
+            or (tools is not None and not streamed)
+            or route.mode in (Mode.EMBEDDING, Mode.RERANKING)
+        )
         return Prepared(runner, json.dumps(doc).encode() if changed else body, assembling, whole, tools)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
@@ -168,6 +173,11 @@ class InferenceHandler:
             out, streaming = client_headers(call.headers)
             await send({"type": "http.response.start", "status": call.status, "headers": out})
             started = True
+            if streaming and prepared.tools is not None:
+                async for event in rescued_events(call):
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
             async for chunk in call.chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 tail = chunk[-2:] if len(chunk) >= 2 else tail[-1:] + chunk
@@ -193,6 +203,31 @@ class InferenceHandler:
                 raise  # a cut body that is not a stream: only closing the connection says so
         finally:
             await call.close()
+
+
+def rescues_stream(route: Route, body: bytes) -> bool:
+    """A streamed chat request that declares tools: its chunks are rewritten where calls were written as
+    text (compat/tool_rescue.py), which the HTTP front's byte relay cannot do. Only a body that names
+    `tools` is parsed here (one that escapes the word is relayed as it is)."""
+    if route.upstream_path != assemble.CHAT or b'"tools"' not in body:
+        return False
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return (
+        isinstance(doc, dict)
+        and bool(doc.get("stream"))
+        and tool_rescue.declared(assemble.CHAT, doc) is not None
+    )
+
+
+async def rescued_events(call: EngineCall) -> AsyncIterator[bytes]:
+    """A chat stream's events written anew from its chunks, as llama-server writes them (compact JSON),
+    after EngineCall.events made its calls written as text calls."""
+    async for doc in call.events():
+        yield b"data: " + json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 async def read_body(receive: Receive) -> bytes:
