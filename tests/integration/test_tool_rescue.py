@@ -197,3 +197,18 @@ def test_a_streamed_chat_answer_gets_tool_call_deltas_and_only_the_prose(
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == HERMES
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert rescued(daemon, "openai") == 1
+
+
+def test_a_streamed_anthropic_answer_gets_a_tool_use_block(start: Callable[[str], InProcessDaemon]) -> None:
+    daemon = start(HERMES)
+    messages = anthropic.Anthropic(base_url=daemon.url, api_key="unused", max_retries=0).messages
+    tool: Any = {"name": "get_weather", "input_schema": WEATHER}
+    with messages.stream(model="tiny", max_tokens=50, messages=HI, tools=[tool]) as stream:
+        texts = [event.text for event in stream if event.type == "text"]
+        message = stream.get_final_message()
+    assert "".join(texts) == "Checking."
+    assert message.stop_reason == "tool_use"
+    text, use = message.content
+    assert text.type == "text" and text.text == "Checking."
+    assert use.type == "tool_use" and (use.name, use.input) == ("get_weather", {"city": "Paris", "days": 2})
+    assert rescued(daemon, "anthropic") == 1

@@ -13,6 +13,7 @@ from modelrunner.compat.tool_rescue import (
     Call,
     ChatStreamRescue,
     Holdback,
+    MessageStreamRescue,
     Rescued,
     Tools,
     declared,
@@ -229,3 +230,67 @@ def test_a_chat_stream_with_the_engine_s_own_calls_passes_as_it_is() -> None:
     assert rescue.feed(text) == [text]
     usage = {"choices": [], "usage": {"prompt_tokens": 1}}
     assert rescue.feed(usage) == [usage]
+
+
+def _events(text: str, *after: dict[str, Any]) -> list[dict[str, Any]]:
+    pieces = [text[i : i + 5] for i in range(0, len(text), 5)]
+    return [
+        {"type": "message_start", "message": {"content": []}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        *(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}
+            for p in pieces
+        ),
+        {"type": "content_block_stop", "index": 0},
+        *after,
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}},
+        {"type": "message_stop"},
+    ]
+
+
+def _fed(rescue: MessageStreamRescue, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [out for event in events for out in rescue.feed(event)]
+
+
+def test_a_message_stream_gets_tool_use_blocks_after_its_prose() -> None:
+    rescue = MessageStreamRescue(TOOLS)
+    later = {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}
+    text = 'Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</tool_call>'
+    out = _fed(rescue, _events(text, later))
+    kinds = [(e["type"], e.get("index")) for e in out]
+    assert kinds == [
+        ("message_start", None),
+        ("content_block_start", 0),
+        ("content_block_delta", 0),
+        ("content_block_delta", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+        ("content_block_delta", 1),
+        ("content_block_stop", 1),
+        ("content_block_start", 2),  # the engine's next block moved up
+        ("message_delta", None),
+        ("message_stop", None),
+    ]
+    texts = [e["delta"]["text"] for e in out if e["type"] == "content_block_delta" and e["index"] == 0]
+    assert "".join(texts) == "Sure. "
+    use = out[5]["content_block"]
+    assert (use["type"], use["name"], use["input"]) == ("tool_use", "get_weather", {})
+    assert json.loads(out[6]["delta"]["partial_json"]) == {"city": "Paris", "days": 2}
+    assert out[-2]["delta"]["stop_reason"] == "tool_use"
+    assert rescue.rescued == 1
+
+
+def test_a_message_stream_that_is_only_a_call_has_no_text_block() -> None:
+    rescue = MessageStreamRescue(TOOLS)
+    out = _fed(rescue, _events('<tool_call>{"name": "now", "arguments": {}}</tool_call>'))
+    blocks = [e["content_block"]["type"] for e in out if e["type"] == "content_block_start"]
+    assert blocks == ["tool_use"] and out[1]["index"] == 0
+
+
+def test_a_message_stream_whose_text_is_no_call_is_unchanged_but_for_its_pieces() -> None:
+    rescue = MessageStreamRescue(TOOLS)
+    text = '<tool_call>{"name": "delete_all", "arguments": {}}</tool_call>'
+    out = _fed(rescue, _events(text))
+    assert "".join(e["delta"]["text"] for e in out if e["type"] == "content_block_delta") == text
+    assert [e["type"] for e in out].count("content_block_start") == 1
+    assert out[-2]["delta"]["stop_reason"] == "end_turn" and rescue.rescued == 0

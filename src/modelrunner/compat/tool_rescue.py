@@ -370,3 +370,89 @@ class ChatStreamRescue:
         text = (delta.get("content") or "") + found.text
         rescued_delta = {**delta, "content": text or None, "tool_calls": calls}
         return [{**doc, "choices": [{**choice, "delta": rescued_delta, "finish_reason": "tool_calls"}]}]
+
+
+class MessageStreamRescue:
+    """An Anthropic message stream's events (parsed), with calls written as text sent as `tool_use` blocks
+    (`input_json_delta`, then `stop_reason: tool_use`): `feed` each event and send the events it returns.
+    The first text block is held back as `Holdback` says (its start too, until it has text to send); the
+    engine's later blocks move up by the blocks added. A stream with `tool_use` blocks of the engine's own
+    passes as it is. `rescued` counts the calls."""
+
+    def __init__(self, tools: Tools) -> None:
+        self.holdback = Holdback(tools)
+        self.rescued = 0
+        self.index: int | None = None  # the text block held back
+        self.start: dict[str, Any] | None = None  # its `content_block_start`, until it is sent
+        self.shift = 0
+        self.called = False  # calls replaced the held text: the stop reason says so
+
+    def feed(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
+        kind, index = doc.get("type"), doc.get("index")
+        if self.holdback.passing:
+            return [self._shifted(doc)]
+        if kind == "content_block_start":
+            block = doc.get("content_block")
+            block_type = block.get("type") if isinstance(block, dict) else None
+            if block_type == "text" and self.index is None and isinstance(index, int):
+                self.index, self.start = index, doc
+                return []
+            if block_type == "tool_use":
+                self.holdback.passing = True
+            return [doc]
+        if index == self.index and index is not None:
+            delta = doc.get("delta")
+            if (
+                kind == "content_block_delta"
+                and isinstance(delta, dict)
+                and delta.get("type") == "text_delta"
+            ):
+                return self._text(self.holdback.feed(str(delta.get("text") or "")))
+            if kind == "content_block_stop":
+                return self._close(doc, index)
+        return [doc]
+
+    def _shifted(self, doc: dict[str, Any]) -> dict[str, Any]:
+        index = doc.get("index")
+        if self.shift and self.index is not None and isinstance(index, int) and index > self.index:
+            return {**doc, "index": index + self.shift}
+        if doc.get("type") == "message_delta" and self.called:
+            delta = doc.get("delta")
+            return {**doc, "delta": {**(delta if isinstance(delta, dict) else {}), "stop_reason": "tool_use"}}
+        return doc
+
+    def _text(self, text: str) -> list[dict[str, Any]]:
+        if not text:
+            return []
+        out = [self.start] if self.start is not None else []
+        self.start = None
+        delta = {"type": "text_delta", "text": text}
+        return [*out, {"type": "content_block_delta", "index": self.index, "delta": delta}]
+
+    def _close(self, stop: dict[str, Any], index: int) -> list[dict[str, Any]]:
+        """The held text block ends: what it held goes out as calls, or as its text."""
+        held, found = self.holdback.end()
+        self.holdback.passing = True  # later blocks are the engine's, as they come
+        if found is None:
+            out = self._text(held)
+            return [*out, *([self.start] if self.start is not None else []), stop]
+        out = self._text(found.text)
+        if self.start is None:  # the text block was sent: close it; the calls come after it
+            out.append(stop)
+            index += 1
+        for call in found.calls:
+            block = {"type": "tool_use", "id": new_call_id("toolu_"), "name": call.name, "input": {}}
+            partial = {
+                "type": "input_json_delta",
+                "partial_json": json.dumps(call.arguments, ensure_ascii=False),
+            }
+            out += [
+                {"type": "content_block_start", "index": index, "content_block": block},
+                {"type": "content_block_delta", "index": index, "delta": partial},
+                {"type": "content_block_stop", "index": index},
+            ]
+            index += 1
+        assert self.index is not None
+        self.shift = index - (self.index + 1)
+        self.rescued, self.called = len(found.calls), True
+        return out
