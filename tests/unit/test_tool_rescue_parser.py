@@ -294,3 +294,10 @@ def test_a_message_stream_whose_text_is_no_call_is_unchanged_but_for_its_pieces(
     assert "".join(e["delta"]["text"] for e in out if e["type"] == "content_block_delta") == text
     assert [e["type"] for e in out].count("content_block_start") == 1
     assert out[-2]["delta"]["stop_reason"] == "end_turn" and rescue.rescued == 0
+
+
+def test_a_chat_stream_that_ends_without_a_finish_reason_gets_its_held_text_back() -> None:
+    rescue = ChatStreamRescue(TOOLS)
+    assert rescue.feed(_chunk({"content": "a <tool_call>{"})) == [_chunk({"content": "a "})]
+    assert rescue.end() == [_chunk({"content": "<tool_call>{"})]
+    assert rescue.end() == []

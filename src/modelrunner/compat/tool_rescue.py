@@ -323,12 +323,21 @@ class ChatStreamRescue:
     def __init__(self, tools: Tools) -> None:
         self.holdback = Holdback(tools)
         self.rescued = 0
+        self.last: dict[str, Any] = {}  # the last chunk of the choice, the shape of one that ends it
+
+    def end(self) -> list[dict[str, Any]]:
+        """A stream that ended without a finish reason: what it held goes out as the text it was."""
+        held, _ = self.holdback.end() if not self.holdback.passing else ("", None)
+        if not held:
+            return []
+        choice = {"index": 0, "delta": {"content": held}, "finish_reason": None}
+        return [{**self.last, "choices": [choice]}]
 
     def feed(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
         choices = doc.get("choices")
         if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
             return [doc]
-        choice = choices[0]
+        choice, self.last = choices[0], doc
         given = choice.get("delta")
         delta: dict[str, Any] = given if isinstance(given, dict) else {}
         if delta.get("tool_calls") or int(choice.get("index") or 0) != 0:
@@ -346,6 +355,7 @@ class ChatStreamRescue:
     ) -> list[dict[str, Any]]:
         """The last chunk of the choice: what was held goes out, as calls or as the text it was."""
         held, found = self.holdback.end()
+        self.holdback.passing = True  # the choice is done
         if found is None:
             if not held:
                 return [doc]

@@ -242,6 +242,8 @@ class EngineCall:
             async for chunk in self.chunks():
                 for _, payload in decoder.feed(chunk):
                     if payload == b"[DONE]":
+                        for out in rescue.end() if rescue is not None else []:
+                            yield out
                         return
                     try:
                         doc = json.loads(payload)
@@ -258,6 +260,8 @@ class EngineCall:
                         if rescue.rescued:
                             self.exchange.tool_calls_rescued(rescue.rescued)
                             rescue.rescued = 0
+            for out in rescue.end() if rescue is not None else []:
+                yield out
         except READ_ERRORS as exc:
             raise ModelRunnerError(self.exchange.failure(exc)) from None
 
