@@ -22,10 +22,10 @@ Tool calling (a request with `tools`; its body is logged as a `chat` event): FAK
 the model calls, as llama-server streams a call (id and name first, the arguments in two fragments, finish
 reason `tool_calls`), with FAKE_TOOL_ARGS (default: the last user message as `{"query": ...}`), until the
 request holds FAKE_TOOL_ROUNDS tool results (default 1); then the answer is `found: <each tool result>`.
+FAKE_TEXT scripts the answer's text (streamed in pieces of a few characters), e.g. a call written as text;
+`/v1/messages` answers it as an Anthropic message, streamed as llama-server streams one.
 FAKE_TOOLS_REJECT=1 answers any request with tools as llama-server does when the chat template cannot take
 them (500, a Jinja exception).
-FAKE_CONTENT is the answer's text (streamed in two halves), whatever the request asked for: an engine that
-ignores a requested JSON schema.
 """
 
 from __future__ import annotations
@@ -162,6 +162,9 @@ class Handler(BaseHTTPRequestHandler):
                 message = "Value is not callable: null at row 1, column 9 (Jinja Exception)"
                 self._json(500, {"error": {"code": 500, "message": message, "type": "server_error"}})
                 return
+        if self.path == "/v1/messages":
+            self._message(request, os.environ.get("FAKE_TEXT", "hi"))
+            return
         if os.environ.get("FAKE_TOOL_CALL") and request.get("stream"):
             self._tool_stream(request)
             return
@@ -173,7 +176,7 @@ class Handler(BaseHTTPRequestHandler):
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": os.environ.get("FAKE_CONTENT", "hi")},
+                            "message": {"role": "assistant", "content": os.environ.get("FAKE_TEXT", "hi")},
                         }
                     ],
                 },
@@ -185,9 +188,9 @@ class Handler(BaseHTTPRequestHandler):
         if os.environ.get("FAKE_CONNECTION_CLOSE"):
             self.send_header("Connection", "close")
         self.end_headers()
-        scripted = os.environ.get("FAKE_CONTENT")
-        halves = [scripted[: len(scripted) // 2], scripted[len(scripted) // 2 :]] if scripted else []
-        chunks = len(halves) if halves else int(os.environ.get("FAKE_CHUNKS", "5"))
+        text = os.environ.get("FAKE_TEXT")
+        pieces = [text[i : i + 7] for i in range(0, len(text), 7)] if text else []
+        chunks = len(pieces) if text else int(os.environ.get("FAKE_CHUNKS", "5"))
         crash_after = int(os.environ.get("FAKE_CRASH_AFTER", "-1"))
         stall_after = int(os.environ.get("FAKE_STALL_AFTER", "-1"))
         bad_chunk_after = int(os.environ.get("FAKE_BAD_CHUNK_AFTER", "-1"))
@@ -212,7 +215,7 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                     self.close_connection = True
                     return
-                content = halves[i] if halves else f"t{i} " + "x" * pad
+                content = pieces[i] if text else f"t{i} " + "x" * pad
                 data = json.dumps({**top, "choices": [{"index": 0, "delta": {"content": content}}]})
                 self._chunk(f"data: {data}\n\n".encode())
                 if reused == "cut":
@@ -271,6 +274,40 @@ class Handler(BaseHTTPRequestHandler):
             choice = {"index": 0, "delta": delta, "finish_reason": None if delta else finish}
             self._chunk(f"data: {json.dumps({**top, 'choices': [choice]})}\n\n".encode())
         self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
+
+    def _message(self, request: dict[str, Any], text: str) -> None:
+        message = {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": request.get("model"),
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 3, "output_tokens": 5},
+        }
+        if not request.get("stream"):
+            self._json(200, message)
+            return
+        pieces = [text[i : i + 7] for i in range(0, len(text), 7)]
+        events: list[dict[str, Any]] = [
+            {"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            *(
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}
+                for p in pieces
+            ),
+            {"type": "content_block_stop", "index": 0},
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 5}},
+            {"type": "message_stop"},
+        ]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in events:
+            self._chunk(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
         self._chunk(b"")
 
     def _chunk(self, data: bytes) -> None:

@@ -28,6 +28,7 @@ class FakeCall:
         self._raw = raw  # the answer as the engine sent it, status included
         self._fail = fail  # raised after the events, as an engine that dies mid-stream
         self.load_seconds = 0.0
+        self.tools: dict[str, Any] | None = None  # none declared: nothing rescued (compat/tool_rescue.py)
         self.closed = False
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Structured output is never silently ignored (issue 22 item 5): OpenAI `response_format`, Responses
 `text.format` and Ollama `format` reach llama-server's grammar (the tiny random-weight model obeys it, so
-its answers validate), and an engine that answers other JSON (the fake engine's FAKE_CONTENT) gets the
+its answers validate), and an engine that answers other JSON (the fake engine's FAKE_TEXT) gets the
 client an error in its API's shape, at the end of a stream too."""
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def wrong(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]
     home = tmp_path_factory.mktemp("structured-wrong") / "home"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MODEL_RUNNER_HOME", str(home))
-        running = InProcessDaemon(home, {"llama.cpp": FakeEngine(env={"FAKE_CONTENT": WRONG})}).start()
+        running = InProcessDaemon(home, {"llama.cpp": FakeEngine(env={"FAKE_TEXT": WRONG})}).start()
         gguf = write_tiny_gguf(home.parent / "tiny.gguf")
         assert (
             running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)}).status_code

@@ -11,12 +11,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from modelrunner.compat import anthropic as shapes
+from modelrunner.compat.tool_rescue import MessageStreamRescue
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelNotFound
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.serving import EventStream, RawAnswer
 from modelrunner.server.upstream import READ_ERRORS, EngineCall, call_engine
+from modelrunner.wire import SSEDecoder
 
 _MESSAGE_START = b"event: message_start"
 
@@ -38,6 +40,8 @@ class AnthropicServing:
         path = "/v1/messages/count_tokens" if count_tokens else "/v1/messages"
         call = await call_engine(self.ctx, checked.model, path, doc, Mode.COMPLETION, keep_alive, backend)
         if doc.get("stream") and not count_tokens:
+            if call.tools is not None:
+                return EventStream(rescued_events(call, checked.model))
             return EventStream(relay_events(call, checked.model))
         try:
             status, body = await call.answer()
@@ -70,5 +74,37 @@ async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
         event = shapes.error_body(500, call.exchange.failure(exc))
         boundary = b"" if tail == b"\n\n" else b"\n\n"  # end a half-sent event first
         yield boundary + b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+    finally:
+        await call.close()
+
+
+async def rescued_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
+    """The engine's event stream, for a request that declares tools: each event parsed and written anew,
+    after calls written as text were made `tool_use` blocks (compat/tool_rescue.py), with the same two
+    repairs as `relay_events` (an opening `message_start`, an `error` event for an engine that dies)."""
+    decoder, rescue, opened = SSEDecoder(), MessageStreamRescue(call.tools or {}), False
+    try:
+        async for chunk in call.chunks():
+            for _, payload in decoder.feed(chunk):
+                try:
+                    doc = json.loads(payload)
+                except (ValueError, UnicodeDecodeError):
+                    continue
+                if not isinstance(doc, dict):
+                    continue
+                if not opened and doc.get("type") != "message_start":
+                    yield shapes.message_start_event(model)
+                opened = True
+                for out in rescue.feed(doc):
+                    yield b"event: %s\ndata: %s\n\n" % (
+                        str(out.get("type")).encode(),
+                        json.dumps(out).encode(),
+                    )
+                if rescue.rescued:
+                    call.exchange.tool_calls_rescued(rescue.rescued)
+                    rescue.rescued = 0
+    except READ_ERRORS as exc:
+        event = shapes.error_body(500, call.exchange.failure(exc))
+        yield b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
     finally:
         await call.close()

@@ -48,7 +48,15 @@ from modelrunner.server.handed_over import (
     stalled_answer,
     watch_half_close,
 )
-from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, Route, error_parts, match_route
+from modelrunner.server.inference import (
+    MAX_BODY,
+    InferenceHandler,
+    Prepared,
+    Route,
+    error_parts,
+    match_route,
+    rescues_stream,
+)
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
 from modelrunner.server.proxy import (
     engine_died_body,
@@ -282,8 +290,10 @@ class FrontProtocol(asyncio.Protocol):
         if len(self.buffer) < body_end:
             return  # the rest of the body is on its way
         body = bytes(self.buffer[end + 4 : body_end])
-        if structured.constrained(body):
-            self._hand_over()  # its answer is checked before it ends: the inference handler does that
+        if structured.constrained(body) or rescues_stream(request.route, body):
+            # its answer is checked, or its calls rescued, before it ends: the inference handler does that
+            # (uvicorn reads the request again from the buffer)
+            self._hand_over()
             return
         del self.buffer[:body_end]
         self.busy = True
@@ -356,6 +366,7 @@ class FrontProtocol(asyncio.Protocol):
         """An answer read whole from the engine (server/upstream.py), then written with its length."""
         call = EngineCall(exchange, prepared.runner)
         call.assembling, call.shortening = prepared.assembling, prepared.shortening
+        call.tools = prepared.tools
         try:
             await call.send(request.route.upstream_path, prepared.body, request.headers)
             status, answer = await call.answer()
@@ -451,6 +462,7 @@ class FrontProtocol(asyncio.Protocol):
         lines += [name + b": " + value for name, value in self.server_state.default_headers]
         lines += [name + b": " + value for name, value in headers]
         if self.exchange is not None:
+            lines += [name + b": " + value for name, value in self.exchange.answer_headers]
             lines.append(eventlog.REQUEST_ID_HEADER + b": " + self.exchange.id.encode())
             self.exchange.started_answer(status, headers)
         if self.closing:

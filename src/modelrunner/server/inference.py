@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from modelrunner.compat import assemble, structured
+from modelrunner.compat import assemble, structured, tool_rescue
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, MethodNotAllowed, ModelRunnerError
@@ -77,6 +78,7 @@ class Prepared:
     whole: bool  # the answer is read whole: assembled, checked, or an embedding whose error may be reworded
     shortening: Shortening | None = None  # an embeddings request's `dimensions`, done by the daemon
     constraint: structured.Constraint | None = None  # the JSON its answer must be
+    tools: tool_rescue.Tools | None = None  # calls written as text are rescued (compat/tool_rescue.py)
 
 
 # The roles OpenAI's chat API takes (its error for another lists them in this order).
@@ -140,13 +142,18 @@ class InferenceHandler:
             constraint = structured.Constraint.for_engine(runner.key.engine, schema)
             engine_doc = constraint.engine_request(runner.key.engine, route.upstream_path, doc)
             doc, changed = engine_doc, changed or engine_doc is not doc
+        tools, streamed = tool_rescue.declared(route.upstream_path, doc), bool(doc.get("stream"))
         assembling = route.upstream_path if assembles(runner.key.engine, route.upstream_path, doc) else None
         if assembling:
             doc, changed = assemble.streamed_request(assembling, doc), True
-        whole = assembling is not None or route.mode in (Mode.EMBEDDING, Mode.RERANKING)
-        whole = whole or (constraint is not None and not doc.get("stream"))
+        whole = (
+            assembling is not None
+            or (tools is not None and not streamed)
+            or (constraint is not None and not streamed)
+            or route.mode in (Mode.EMBEDDING, Mode.RERANKING)
+        )
         data = json.dumps(doc).encode() if changed else body
-        return Prepared(runner, data, assembling, whole, shortening, constraint)
+        return Prepared(runner, data, assembling, whole, shortening, constraint, tools)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         try:
@@ -173,6 +180,7 @@ class InferenceHandler:
         exchange = lifecycle.current()
         call = EngineCall(exchange, prepared.runner)
         call.assembling, call.shortening = prepared.assembling, prepared.shortening
+        call.tools = prepared.tools
         if prepared.constraint is not None:
             call.constrain(prepared.constraint)
         started = streaming = False
@@ -186,6 +194,11 @@ class InferenceHandler:
             out, streaming = client_headers(call.headers)
             await send({"type": "http.response.start", "status": call.status, "headers": out})
             started = True
+            if streaming and prepared.tools is not None:
+                async for event in rescued_events(call):
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
             async for chunk in call.relayed():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 tail = chunk[-2:] if len(chunk) >= 2 else tail[-1:] + chunk
@@ -211,6 +224,31 @@ class InferenceHandler:
                 raise  # a cut body that is not a stream: only closing the connection says so
         finally:
             await call.close()
+
+
+def rescues_stream(route: Route, body: bytes) -> bool:
+    """A streamed chat request that declares tools: its chunks are rewritten where calls were written as
+    text (compat/tool_rescue.py), which the HTTP front's byte relay cannot do. Only a body that names
+    `tools` is parsed here (one that escapes the word is relayed as it is)."""
+    if route.upstream_path != assemble.CHAT or b'"tools"' not in body:
+        return False
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return (
+        isinstance(doc, dict)
+        and bool(doc.get("stream"))
+        and tool_rescue.declared(assemble.CHAT, doc) is not None
+    )
+
+
+async def rescued_events(call: EngineCall) -> AsyncIterator[bytes]:
+    """A chat stream's events written anew from its chunks, as llama-server writes them (compact JSON),
+    after EngineCall.events made its calls written as text calls."""
+    async for doc in call.events():
+        yield b"data: " + json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 async def read_body(receive: Receive) -> bytes:

@@ -27,6 +27,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from modelrunner import eventlog
+from modelrunner.compat import tool_rescue
 from modelrunner.engines.base import Engine, Mode, ModelForEngine
 from modelrunner.errors import ModelRunnerError
 from modelrunner.scheduler.runner import Runner
@@ -242,6 +243,12 @@ class Exchange:
                 return
 
     # -- the answer ------------------------------------------------------------------------------------
+
+    def tool_calls_rescued(self, count: int) -> None:
+        """The answer carries `count` tool calls the engine wrote as text (compat/tool_rescue.py)."""
+        if (tool_rescue.HEADER, b"1") not in self.answer_headers:
+            self.answer_headers.append((tool_rescue.HEADER, b"1"))
+        self.lifecycle.metrics.rescued(self.api, self.model, count)
 
     def started_answer(self, status: int, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
         self.status = status

@@ -9,6 +9,8 @@ written (server/lifecycle.py), from the same timing.
   successful requests that named a model.
 * `modelrunner_prompt_tokens_total` and `modelrunner_generated_tokens_total` by `api` and `model`, where
   the answer says its counts (its usage, Ollama's counts, llama.cpp's timings).
+* `modelrunner_tool_calls_rescued_total` by `api` and `model`: tool calls an engine wrote as text that the
+  answer carries as calls.
 
 Streams, first body bytes and token counts are read from the request recorder's copy of the answer
 (server/recorder.py); with `MODEL_RUNNER_RECORD_REQUESTS=0` only counts, durations and first bytes are kept.
@@ -95,6 +97,12 @@ class RequestMetrics:
             by_model,
             registry=self.registry,
         )
+        self.tool_rescues = Counter(
+            "modelrunner_tool_calls_rescued",
+            "Tool calls an engine wrote as text that the daemon answered as calls (compat/tool_rescue.py).",
+            by_model,
+            registry=self.registry,
+        )
         self._labels: dict[str, str] = {}  # name as requested -> label
 
     def label(self, name: str | None) -> str:
@@ -109,6 +117,9 @@ class RequestMetrics:
             if len(self._labels) < 10 * MAX_MODEL_LABELS:  # spellings of one model share its label
                 self._labels[name] = found
         return found
+
+    def rescued(self, api: str, model: str | None, count: int) -> None:
+        self.tool_rescues.labels(api, self.label(model)).inc(count)
 
     def observe(self, access: Access, record: Record | None) -> None:
         """One finished request, with the recorder's copy of its answer (None when it was not recorded)."""

@@ -19,10 +19,10 @@ import math
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from modelrunner.compat import assemble, structured
+from modelrunner.compat import assemble, structured, tool_rescue
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelRunnerError
@@ -114,6 +114,8 @@ class EngineCall:
         self.assembling: str | None = None  # the path whose unstreamed answer is assembled
         self.shortening: Shortening | None = None  # what an embeddings request asked of the vectors
         self.constraint: structured.Constraint | None = None  # the JSON its answer must be (`constrain`)
+        self.tools: tool_rescue.Tools | None = None  # declared: calls written as text are rescued
+        self.path = ""
         self.idle = engine_idle_timeout() or None
         self._answer: Answer | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -121,6 +123,7 @@ class EngineCall:
 
     async def send(self, path: str, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         """Send the request and read the answer's head."""
+        self.path = path
         socket = str(self.runner.socket)
         untrusted = untrusted_socket(self.runner.socket)
         if untrusted is not None:  # another user's socket would see (and answer) the prompt
@@ -206,7 +209,7 @@ class EngineCall:
                     return failed.status_code, json.dumps(answer).encode()
             elif self.shortening is not None:
                 return self._shortened(self.shortening, body)
-            return self._checked(self.status, body)
+            return self._checked(self.status, self._rescued_body(body) if self.status == 200 else body)
         assembler = assemble.assembler_for(self.assembling, self.exchange.model or "")
         try:
             async for chunk in self.chunks():
@@ -218,6 +221,7 @@ class EngineCall:
             if exc.body is None:
                 raise self.exchange.cut(exc) from None
             return exc.status, json.dumps(exc.body).encode()
+        self._rescue(doc)
         return self._checked(200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode())
 
     def _checked(self, status: int, body: bytes) -> tuple[int, bytes]:
@@ -240,6 +244,30 @@ class EngineCall:
         except BadRequest as exc:
             return exc.status_code, json.dumps(error_body(exc.status_code, exc.message, exc.param)).encode()
 
+    def _rescue(self, doc: dict[str, Any]) -> bool:
+        """Tool calls the engine wrote as text, made calls in the answer (compat/tool_rescue.py)."""
+        if self.tools is None:
+            return False
+        if self.path == assemble.MESSAGES:
+            count = tool_rescue.rescue_message(doc, self.tools)
+        else:
+            count = tool_rescue.rescue_chat(doc, self.tools)
+        if count:
+            self.exchange.tool_calls_rescued(count)
+        return count > 0
+
+    def _rescued_body(self, body: bytes) -> bytes:
+        """An unassembled answer, with its rescued calls."""
+        if self.tools is None:
+            return body
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return body
+        if not isinstance(doc, dict) or not self._rescue(doc):
+            return body
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
     async def json(self) -> dict[str, Any]:
         status, body = await self.answer()
         if status >= 400:
@@ -260,10 +288,22 @@ class EngineCall:
         """
         decoder = SSEDecoder()
         text = structured.StreamText(self.constraint) if self.constraint is not None else None
+        rescue = None  # calls written as text, made calls (compat/tool_rescue.py)
+        if self.tools is not None and self.path == assemble.CHAT:
+            rescue = tool_rescue.ChatStreamRescue(self.tools)
+
+        def passed(docs: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+            for out in docs:  # what the client gets is what the schema is checked against
+                if text is not None:
+                    text.add(out)
+                yield out
+
         try:
             async for chunk in self.chunks():
                 for _, payload in decoder.feed(chunk):
                     if payload == b"[DONE]":
+                        for out in passed(rescue.end() if rescue is not None else []):
+                            yield out
                         if text is not None:
                             text.check()
                         return
@@ -274,9 +314,13 @@ class EngineCall:
                     if isinstance(doc, dict):
                         if "error" in doc and "choices" not in doc:
                             raise ModelRunnerError(engine_error_message(500, payload))
-                        if text is not None:
-                            text.add(doc)
-                        yield doc
+                        for out in passed(rescue.feed(doc) if rescue is not None else [doc]):
+                            yield out
+                        if rescue is not None and rescue.rescued:
+                            self.exchange.tool_calls_rescued(rescue.rescued)
+                            rescue.rescued = 0
+            for out in passed(rescue.end() if rescue is not None else []):
+                yield out
         except READ_ERRORS as exc:
             raise self.exchange.cut(exc) from None
         if text is not None:
@@ -312,6 +356,7 @@ async def call_engine(
         constraint = structured.Constraint.for_engine(runner.key.engine, schema)
         call.constrain(constraint)
         body = constraint.engine_request(runner.key.engine, path, body)
+    call.tools = tool_rescue.declared(path, body)
     if assembles(runner.key.engine, path, body):
         call.assembling = path
         body = assemble.streamed_request(path, body)
