@@ -163,7 +163,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(500, {"error": {"code": 500, "message": message, "type": "server_error"}})
                 return
         if self.path == "/v1/messages":
-            self._message(request, os.environ.get("FAKE_TEXT", "hi"))
+            chunks = os.environ.get("FAKE_CHUNKS")  # a long answer, as on the chat route: t0 t1 ...
+            default = "".join(f"t{i} " for i in range(int(chunks))) if chunks else "hi"
+            self._message(request, os.environ.get("FAKE_TEXT", default))
             return
         if os.environ.get("FAKE_TOOL_CALL") and request.get("stream"):
             self._tool_stream(request)
@@ -287,10 +289,12 @@ class Handler(BaseHTTPRequestHandler):
             "stop_sequence": None,
             "usage": {"input_tokens": 3, "output_tokens": 5},
         }
+        pieces = [text[i : i + 7] for i in range(0, len(text), 7)]
+        delay = float(os.environ.get("FAKE_CHUNK_DELAY", "0"))  # per piece, as the chat route's chunks
         if not request.get("stream"):
+            time.sleep(delay * len(pieces))
             self._json(200, message)
             return
-        pieces = [text[i : i + 7] for i in range(0, len(text), 7)]
         events: list[dict[str, Any]] = [
             {"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
             {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
@@ -308,6 +312,8 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         for event in events:
             self._chunk(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+            if event["type"] == "content_block_delta":
+                time.sleep(delay)
         self._chunk(b"")
 
     def _chunk(self, data: bytes) -> None:
