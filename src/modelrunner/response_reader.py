@@ -7,7 +7,7 @@ keeps data unframed). No asyncio here: the CLI imports it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from modelrunner.chunking import MAX_CHUNK_LINE, chunk_size
 
@@ -23,9 +23,9 @@ def is_event_stream(content_type: bytes | str) -> bool:
     return content_type.partition(b";")[0].strip().lower() == b"text/event-stream"
 
 
-@dataclass(frozen=True)
-class Head:
-    """A response's status line and headers: names in lower case, values without surrounding spaces."""
+class Head(NamedTuple):
+    """A response's status line and headers: names in lower case, values without surrounding spaces. (A
+    NamedTuple, not a dataclass: the CLI imports this module, and dataclasses costs it `inspect`.)"""
 
     version: bytes
     status: int

@@ -13,7 +13,6 @@ import argparse
 import sys
 from typing import Any
 
-from modelrunner.artifact import gojson
 from modelrunner.cli.common import client
 
 Message = dict[str, str]
@@ -21,6 +20,8 @@ Message = dict[str, str]
 
 def send(kind: str, message: str) -> None:
     """One protocol message, as DMR's CLI marshals it (compact Go JSON, one line)."""
+    from modelrunner.artifact import gojson  # here, not at the top: `model --help` builds every verb's parser
+
     print(gojson.dumps_text({"type": kind, "message": message}), flush=True)
 
 
@@ -54,6 +55,8 @@ UP_PARAMETERS = [
 
 def cmd_metadata(_: argparse.Namespace) -> None:
     """DMR prints the metadata with json.Marshal and no newline."""
+    from modelrunner.artifact import gojson
+
     metadata = {
         "description": "Docker Model Runner",
         "up": {"parameters": _parameters(UP_PARAMETERS)},

@@ -173,7 +173,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     """DMR's `status`: "Docker Model Runner is running" and a BACKEND/STATUS/DETAILS table, or `--json`
     with running, backends, kind, endpoint and endpointHost (what Compose reads for its models)."""
     from modelrunner import config
-    from modelrunner.artifact import gojson
     from modelrunner.client import Client
     from modelrunner.errors import DaemonError
 
@@ -213,6 +212,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         clusters = _clusters(daemon) if running else {}
         if clusters:  # ours, only when some model is spread over a Ray cluster (DMR's reader skips it)
             document["clusters"] = clusters
+        from modelrunner.artifact import gojson  # only here: the everyday `status` leaves it unloaded
+
         print(gojson.dumps_text(document))
         return 0
     if not running:
