@@ -9,8 +9,10 @@ parameter (tests/conftest.py registers this module as a plugin); a daemon uses i
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,6 +23,7 @@ from modelrunner.engines import build
 from modelrunner.engines.base import ModelForEngine
 from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore
+from tests.daemon import Daemon, free_port
 from tests.models import write_tiny_gguf
 
 
@@ -75,3 +78,17 @@ def wait_healthy(
             pass
         time.sleep(0.01)
     raise TimeoutError(f"llama-server was not ready within {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def tiny_daemon(home: Path, llama_server: Path) -> Iterator[Daemon]:
+    """A daemon under `home` on llama-server with the tiny model packaged as `tiny`, stopped at the end
+    (the module-scoped daemon of the API tests)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
+        running = Daemon(home / "home", free_port()).start()
+    try:
+        running.cli("package", "--gguf", str(write_tiny_gguf(home / "tiny.gguf")), "tiny")
+        yield running
+    finally:
+        running.stop()

@@ -12,21 +12,16 @@ import httpx
 import pytest
 
 from tests import golden
-from tests.daemon import Daemon, free_port
-from tests.models import write_tiny_gguf
+from tests.daemon import Daemon
+from tests.engines import tiny_daemon
 
 HI = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
-    home = tmp_path_factory.mktemp("anthropic")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
-        running = Daemon(home / "home", free_port()).start()
-    running.cli("package", "--gguf", str(write_tiny_gguf(home / "tiny.gguf")), "tiny")
-    yield running
-    running.stop()
+    with tiny_daemon(tmp_path_factory.mktemp("anthropic"), llama_server) as running:
+        yield running
 
 
 def client_for(daemon: Daemon, prefix: str = "/anthropic") -> anthropic.Anthropic:

@@ -13,19 +13,15 @@ import ollama
 import pytest
 
 from modelrunner.artifact import mediatypes as mt
-from tests.daemon import Daemon, free_port, snapshot
+from tests.daemon import Daemon, snapshot
+from tests.engines import tiny_daemon
 from tests.models import write_tiny_gguf
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
-    home = tmp_path_factory.mktemp("ollama-create")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
-        running = Daemon(home / "home", free_port()).start()
-    running.cli("package", "--gguf", str(write_tiny_gguf(home / "tiny.gguf")), "tiny")
-    yield running
-    running.stop()
+    with tiny_daemon(tmp_path_factory.mktemp("ollama-create"), llama_server) as running:
+        yield running
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ import openai
 import pytest
 
 from modelrunner.wire import sse_events
-from tests.daemon import Daemon, free_port, json_lines
+from tests.daemon import Daemon, json_lines
+from tests.engines import tiny_daemon
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
@@ -41,13 +42,8 @@ ROOM = 64  # tokens enough for the grammar's whole answer (it then allows only t
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
-    home = tmp_path_factory.mktemp("structured")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
-        running = Daemon(home / "home", free_port()).start()
-    running.cli("package", "--gguf", str(write_tiny_gguf(home / "tiny.gguf")), "tiny")
-    yield running
-    running.stop()
+    with tiny_daemon(tmp_path_factory.mktemp("structured"), llama_server) as running:
+        yield running
 
 
 @pytest.fixture
