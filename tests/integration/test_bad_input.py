@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from tests.conformance.dmr_daemons import package
 from tests.daemon import snapshot
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
-from tests.models import write_tiny_gguf
 
 HI = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "tiny", "messages": HI}
@@ -131,11 +131,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MODEL_RUNNER_HOME", str(home))
         running = InProcessDaemon(home, {"llama.cpp": FakeEngine()}).start()
-        gguf = write_tiny_gguf(home.parent / "tiny.gguf")
-        assert (
-            running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)}).status_code
-            == 201
-        )
+        package(running, home.parent, "tiny")
         yield running
         running.stop()
 

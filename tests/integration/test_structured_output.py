@@ -16,11 +16,11 @@ import openai
 import pytest
 
 from modelrunner.wire import sse_events
+from tests.conformance.dmr_daemons import package
 from tests.daemon import Daemon, json_lines
 from tests.engines import tiny_daemon
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
-from tests.models import write_tiny_gguf
 
 SCHEMA = {
     "type": "object",
@@ -124,11 +124,7 @@ def wrong(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MODEL_RUNNER_HOME", str(home))
         running = InProcessDaemon(home, {"llama.cpp": FakeEngine(env={"FAKE_TEXT": WRONG})}).start()
-        gguf = write_tiny_gguf(home.parent / "tiny.gguf")
-        assert (
-            running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)}).status_code
-            == 201
-        )
+        package(running, home.parent, "tiny")
         yield running
         running.stop()
 
