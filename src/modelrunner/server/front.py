@@ -64,7 +64,7 @@ from modelrunner.server.proxy import (
     stream_end_event,
 )
 from modelrunner.server.security import SecurityPolicy
-from modelrunner.server.upstream import EngineCall, EngineUnreachable, engine_idle_timeout
+from modelrunner.server.upstream import EngineUnreachable, engine_idle_timeout
 
 if TYPE_CHECKING:
     pass
@@ -364,9 +364,7 @@ class FrontProtocol(asyncio.Protocol):
 
     async def _whole(self, prepared: Prepared, request: Request, exchange: Exchange) -> None:
         """An answer read whole from the engine (server/upstream.py), then written with its length."""
-        call = EngineCall(exchange, prepared.runner)
-        call.assembling, call.shortening = prepared.assembling, prepared.shortening
-        call.tools = prepared.tools
+        call = prepared.call(exchange)
         try:
             await call.send(request.route.upstream_path, prepared.body, request.headers)
             status, answer = await call.answer()

@@ -24,7 +24,7 @@ from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy
 from modelrunner.server import capabilities, lifecycle
 from modelrunner.server.errors import error_body
-from modelrunner.server.lifecycle import Inference
+from modelrunner.server.lifecycle import Exchange, Inference
 from modelrunner.server.proxy import (
     Receive,
     Scope,
@@ -79,6 +79,14 @@ class Prepared:
     shortening: Shortening | None = None  # an embeddings request's `dimensions`, done by the daemon
     constraint: structured.Constraint | None = None  # the JSON its answer must be
     tools: tool_rescue.Tools | None = None  # calls written as text are rescued (compat/tool_rescue.py)
+
+    def call(self, exchange: Exchange) -> EngineCall:
+        """The engine call that sends this request and treats its answer as prepared (both relays)."""
+        call = EngineCall(exchange, self.runner)
+        call.assembling, call.shortening, call.tools = self.assembling, self.shortening, self.tools
+        if self.constraint is not None:
+            call.constrain(self.constraint)
+        return call
 
 
 # The roles OpenAI's chat API takes (its error for another lists them in this order).
@@ -178,11 +186,7 @@ class InferenceHandler:
         self, prepared: Prepared, route: Route, headers: list[tuple[bytes, bytes]], send: Send
     ) -> None:
         exchange = lifecycle.current()
-        call = EngineCall(exchange, prepared.runner)
-        call.assembling, call.shortening = prepared.assembling, prepared.shortening
-        call.tools = prepared.tools
-        if prepared.constraint is not None:
-            call.constrain(prepared.constraint)
+        call = prepared.call(exchange)
         started = streaming = False
         tail = b"\n\n"  # the last two bytes sent, to know whether an SSE event was cut
         try:
