@@ -94,13 +94,14 @@ def read_private_file(path: Path) -> bytes:
 
 def untrusted_socket(path: Path) -> str | None:
     """Why the engine socket `path` must not be connected to (it, or its directory, is another user's, or
-    others may write in its directory), or None; a socket not there yet is for the connect to find."""
+    others may write in its directory), or None. A socket not there raises FileNotFoundError, as a connect
+    would: connecting anyway could reach a socket put there after this check."""
     uid = os.geteuid()
     try:
         st = os.lstat(path)
         folder = os.stat(path.parent)
     except FileNotFoundError:
-        return None
+        raise
     except OSError as exc:
         return f"the engine's socket cannot be checked: {exc.strerror}"
     if not stat.S_ISSOCK(st.st_mode):

@@ -68,8 +68,16 @@ class RunnerState(enum.StrEnum):
     STOPPING = "stopping"
 
 
+def connectable(socket: Path) -> bool:
+    """Whether the engine socket is there and ours (see rundir.untrusted_socket)."""
+    try:
+        return rundir.untrusted_socket(socket) is None
+    except FileNotFoundError:
+        return False
+
+
 async def http_status(socket: Path, path: str, timeout: float = 1.0) -> int | None:
-    if rundir.untrusted_socket(socket):
+    if not connectable(socket):
         return None
     result = await http1.get(str(socket), path, timeout=timeout)
     return result[0] if result else None
@@ -77,7 +85,7 @@ async def http_status(socket: Path, path: str, timeout: float = 1.0) -> int | No
 
 async def http_get(socket: Path, path: str) -> str | None:
     """Body of a successful GET on a runner's socket (e.g. its /metrics), else None."""
-    if rundir.untrusted_socket(socket):
+    if not connectable(socket):
         return None
     result = await http1.get(str(socket), path)
     return result[1].decode("utf-8", "replace") if result and result[0] == 200 else None
@@ -259,7 +267,11 @@ class Runner:
         while time.monotonic() < deadline:
             if self.exited.is_set():
                 raise LoadError(f"unable to load runner: {self.error_tail()}")
-            untrusted = rundir.untrusted_socket(self.socket)
+            try:
+                untrusted = rundir.untrusted_socket(self.socket)
+            except FileNotFoundError:  # not listening yet
+                await asyncio.sleep(READINESS_POLL)
+                continue
             if untrusted is not None:  # not the engine's: never connected to, never made ready
                 event(log, "engine_socket_refused", logging.ERROR, model=self.name, reason=untrusted)
                 await self.stop(grace=0)

@@ -125,11 +125,11 @@ class EngineCall:
         """Send the request and read the answer's head."""
         self.path = path
         socket = str(self.runner.socket)
-        untrusted = untrusted_socket(self.runner.socket)
-        if untrusted is not None:  # another user's socket would see (and answer) the prompt
-            event(log, "engine_socket_refused", logging.ERROR, reason=untrusted)
-            raise EngineUnreachable(f"the engine is not reachable: {untrusted}")
         try:
+            untrusted = untrusted_socket(self.runner.socket)
+            if untrusted is not None:  # another user's socket would see (and answer) the prompt
+                event(log, "engine_socket_refused", logging.ERROR, reason=untrusted)
+                raise EngineUnreachable(f"the engine is not reachable: {untrusted}")
             reader, writer = await retry_full_backlog(
                 lambda: asyncio.open_unix_connection(socket, limit=MAX_HEAD)
             )
