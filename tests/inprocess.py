@@ -21,6 +21,7 @@ from modelrunner.server.app import Daemon, build_daemon
 from modelrunner.server.daemon import daemon_server, uvicorn_config
 from modelrunner.store.store import ModelStore
 from tests.daemon import free_port
+from tests.waiting import wait_until
 
 
 class InProcessDaemon:
@@ -69,13 +70,7 @@ class InProcessDaemon:
         return result
 
     def wait_for(self, condition: Any, what: str, timeout: float = 30) -> None:
-        """Poll until condition() is true; no test asserts a duration, only that it happens."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for: {what}")
+        wait_until(condition, what, timeout)
 
 
 class AccessLines(logging.Handler):

@@ -67,12 +67,12 @@ def test_tag_repackage_rm_as_dmr_s_cli_sends_them(fake_daemon: InProcessDaemon) 
     # Tag: POST with no body, the target in the query; DMR's CLI expects 201
     tagged = daemon.http("POST", "/models/tiny/tag?repo=myorg/tiny&tag=v1", headers=UA)
     assert tagged.status_code == 201, tagged.text
-    # RepackageModel: {"target": ..., "context_size": N} with Content-Type application/json; 201 or 200
+    # RepackageModel: {"target": ..., "context_size": N} with Content-Type application/json
     body = b'{"target":"myorg/tiny:small","context_size":128}'
     repackaged = daemon.http(
         "POST", "/models/tiny/repackage", content=body, headers={**UA, "Content-Type": "application/json"}
     )
-    assert repackaged.status_code in (200, 201), repackaged.text
+    assert repackaged.status_code == 201, repackaged.text  # handleRepackageModel: StatusCreated
     # Remove: DELETE ...?force=false, 200 and DeleteModelResponse
     removed = daemon.http("DELETE", "/models/myorg/tiny:v1?force=false", headers=UA)
     assert removed.status_code == 200

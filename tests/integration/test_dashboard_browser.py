@@ -30,6 +30,7 @@ from modelrunner.display import display_name
 from tests.daemon import Daemon, free_port
 from tests.models import write_tiny_gguf
 from tests.registry import Registry, RegistryProxy
+from tests.waiting import wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Without the networking flags Chromium's own background connections are refused by a closed network.
@@ -154,16 +155,6 @@ def start_locked(daemon: Daemon) -> Daemon:
 
     wait_until(answers, "the daemon to start")
     return daemon
-
-
-def wait_until(check: Any, what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- the tests ----------------------------------------------------------------------------------------
@@ -380,10 +371,12 @@ def test_unload_frees_the_runner(browser: Browser, daemon: Daemon) -> None:
     assert daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200
     [pid] = [r["pid"] for r in runners(daemon, "tiny")]
     page = open_page(browser, daemon, "engines")
-    row = page.wait_for_selector("#runners-table tr[data-model='tiny']")
-    assert re.search(r"\d+m \d+s|\d+ s", row.query_selector("td.keep").inner_text())  # type: ignore[union-attr]
+    # locators, not element handles: the table is redrawn on every refresh, and a handle then points at a
+    # row that is no longer in the page
+    row = page.locator("#runners-table tr[data-model='tiny']")
+    assert re.search(r"\d+m \d+s|\d+ s", row.locator("td.keep").inner_text())
     assert "budget" in page.inner_text("#budget")
-    row.query_selector("button:text('Unload')").click()  # type: ignore[union-attr]
+    row.locator("button:text('Unload')").click()
     page.wait_for_selector("#runners-table tr[data-model='tiny']", state="detached")
     assert runners(daemon, "tiny") == []
     wait_until(lambda: not Path(f"/proc/{pid}").exists(), "the engine process to exit")

@@ -21,6 +21,7 @@ import pytest
 from modelrunner.scheduler.runner import process_stat
 from tests.daemon import Daemon, free_port
 from tests.models import write_tiny_gguf
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -77,13 +78,6 @@ def log_events(daemon: Daemon, *args: str) -> list[dict[str, str]]:
     """`model logs ARGS`, its logfmt event lines parsed (key=value; quoted values unquoted)."""
     out = daemon.cli("logs", *args).stdout
     return [parse_logfmt(line) for line in out.splitlines() if " event=" in line]
-
-
-def wait_until(condition: Any, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def parse_logfmt(line: str) -> dict[str, str]:
@@ -207,7 +201,11 @@ def test_model_logs_explains_loads_evictions_crashes_503s_and_waits(
             results: queue.Queue[httpx.Response] = queue.Queue()
             waiting = threading.Thread(target=lambda: results.put(chat(daemon, "two")))
             waiting.start()
-            wait_until(lambda: any(e["event"] == "queued" for e in log_events(daemon, "--no-engines")))
+            wait_until(
+                lambda: any(e["event"] == "queued" for e in log_events(daemon, "--no-engines")),
+                "the queued event",
+                timeout=60,
+            )
             assert chat(daemon, "two").status_code == 503  # the queue (1) is full
             pass  # the client leaves: its generation stops and "one" is released
         waiting.join(120)

@@ -6,8 +6,7 @@ from the store, never from what a client typed."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
@@ -19,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.daemon import Daemon, free_port
 from tests.models import write_tiny_gguf
+from tests.waiting import wait_until
 
 HI = [{"role": "user", "content": "hi"}]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -54,13 +54,6 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 def grew(before: Samples, after: Samples, name: str, **labels: str) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_every_api_is_counted_timed_and_its_tokens_added(daemon: Daemon) -> None:
@@ -183,6 +176,6 @@ def test_gauges_follow_the_runners_and_the_requests_they_answer(daemon: Daemon) 
     finally:
         stop.set()
         thread.join(60)
-    wait_for(lambda: value(scrape(daemon), "modelrunner_requests_running") == 0, "the stream's end")
+    wait_until(lambda: value(scrape(daemon), "modelrunner_requests_running") == 0, "the stream's end")
     assert daemon.http("POST", "/engines/unload", json={"all": True}).status_code == 200
     assert value(scrape(daemon), "modelrunner_memory_in_use_bytes") == 0
