@@ -27,12 +27,13 @@ from tests.inprocess import InProcessDaemon
 KEY = "sk-docker-model-runner"
 ALL_APPS = ("anythingllm", "claude", "codex", "openclaw", "opencode", "openwebui")
 
-# The app as the CLI sees it: records its arguments and environment, exits with LAUNCH_EXIT
+# The app as the CLI sees it: records its arguments, environment and open descriptors (the listing's own
+# among them), exits with LAUNCH_EXIT
 APP_SCRIPT = f"""#!{sys.executable}
 import json, os, sys
-name = os.path.basename(sys.argv[0])
+name, fds = os.path.basename(sys.argv[0]), sorted(map(int, os.listdir("/proc/self/fd")))
 with open(os.path.join(os.environ["LAUNCH_DUMP"], name + ".json"), "w") as out:
-    json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "pid": os.getpid()}}, out)
+    json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "fds": fds}}, out)
 sys.exit(int(os.environ.get("LAUNCH_EXIT", "0")))
 """
 
@@ -203,6 +204,7 @@ def test_claude_with_a_model_asks_for_it_everywhere(fake_daemon: InProcessDaemon
     env = launch_env(tmp_path, fake_daemon.url, "claude")
     ran = run_cli(env, "launch", "claude", "--model", "tiny")
     assert ran.returncode == 0, ran.stderr
+    assert recorded(tmp_path, "claude")["fds"] == [0, 1, 2, 3]  # the daemon's connections left nothing open
     seen = recorded(tmp_path, "claude")["env"]
     for name in (
         "ANTHROPIC_MODEL",
@@ -341,3 +343,16 @@ def test_docker_model_launch(fake_daemon: InProcessDaemon, tmp_path: Path) -> No
     seen = recorded(tmp_path, "claude")
     assert seen["argv"] == ["--help"]
     assert seen["env"]["ANTHROPIC_BASE_URL"] == f"{fake_daemon.url}/anthropic"
+
+
+def test_a_model_that_cannot_be_pulled_stops_the_launch(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    """ensureModelExists: a model not in the store is pulled first; when the pull fails the app is not run
+    and OpenCode's files are not written."""
+    env = launch_env(tmp_path, fake_daemon.url, "opencode", "claude")
+    for app in ("opencode", "claude"):
+        failed = run_cli(env, "launch", app, "--model", f"127.0.0.1:{free_port()}/nowhere/model:v1")
+        assert failed.returncode == 1, app
+        lines = failed.stderr.strip().splitlines()
+        assert lines[0].startswith("Unable to find model") and lines[-1].startswith("Error: "), app
+    assert not any((tmp_path / "dump").iterdir())
+    assert not (tmp_path / "user" / ".config").exists()
