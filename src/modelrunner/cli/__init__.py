@@ -30,6 +30,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "runner": ("serve", "start-runner", "stop-runner", "restart-runner", "version"),
     "distribution": ("pull", "push"),
     "search": ("search",),
+    "launch": ("launch",),
     "engines": ("install-runner", "reinstall-runner", "uninstall-runner", "status"),
     "context": ("context",),
     "compose": ("compose",),
@@ -129,7 +130,8 @@ def main(argv: list[str] | None = None, prog: str = "model") -> None:
     # Everything after `--` is passed through untouched (engine flags of `configure`); argparse's own
     # handling of `--` inside subcommands is unreliable, so it is split off here.
     passthrough: list[str] = []
-    if "--" in words:
+    dashed = "--" in words  # `launch` words its errors by whether `--` was given
+    if dashed:
         at = words.index("--")
         words, passthrough = words[:at], words[at + 1 :]
     # the verb comes first (the top level's options, --help and --version, take no value)
@@ -147,8 +149,8 @@ def main(argv: list[str] | None = None, prog: str = "model") -> None:
     if leftover:
         parser.error(f"unrecognized arguments: {' '.join(leftover)}")
     if passthrough and not getattr(args, "accepts_passthrough", False):
-        parser.error("arguments after -- are only accepted by: configure")
-    args.passthrough = passthrough
+        parser.error("arguments after -- are only accepted by: configure, launch")
+    args.passthrough, args.dashed = passthrough, dashed
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
