@@ -39,6 +39,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "generate": ("generate",),
     "requests": ("requests",),
     "gateway": ("gateway",),
+    "skills": ("skills",),
 }
 
 
