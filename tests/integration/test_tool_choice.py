@@ -1,7 +1,9 @@
 """A forced tool choice is kept (compat/tool_choice.py): the real daemon on llama-server with the tiny GGUF,
 whose template lists tools but renders no calls, driven by the official `openai` and `anthropic` clients.
-`required`, a named function, Anthropic `any` and `tool` always give a call of a declared tool whose
-arguments validate against its schema; `none` gives none; a choice of an undeclared tool is a 400."""
+On chat completions and Responses, `required` and a named function always give a call of a declared tool
+whose arguments validate against its schema; `none` gives none (there and on Messages); a choice of an
+undeclared tool is a 400 in each API's shape. (Anthropic `any`/`tool` on llama.cpp are not kept yet: the
+engine's own `/v1/messages` takes no grammar; see compat/tool_choice.py.)"""
 
 from __future__ import annotations
 
