@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from modelrunner.compat import assemble, structured, tool_rescue
+from modelrunner.compat import assemble, structured, tool_choice, tool_rescue
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, MethodNotAllowed, ModelRunnerError
@@ -135,6 +135,7 @@ class InferenceHandler:
             needs = capabilities.needs_of(route.upstream_path, doc)
         shortening = Shortening.of(doc) if route.mode is Mode.EMBEDDING else None
         schema = None if preload else structured.requested_schema(route.upstream_path, doc)
+        forced = None if preload else tool_choice.forced(route.upstream_path, doc)
         runner = await self.inference.acquire(
             name, route.mode, keep_alive, route.backend, record=not preload, needs=needs
         )
@@ -150,7 +151,8 @@ class InferenceHandler:
             constraint = structured.Constraint.for_engine(runner.key.engine, schema)
             engine_doc = constraint.engine_request(runner.key.engine, route.upstream_path, doc)
             doc, changed = engine_doc, changed or engine_doc is not doc
-        tools, streamed = tool_rescue.declared(route.upstream_path, doc), bool(doc.get("stream"))
+        engine_doc, tools = tool_choice.engine_request(runner.key.engine, route.upstream_path, doc, forced)
+        doc, changed, streamed = engine_doc, changed or engine_doc is not doc, bool(doc.get("stream"))
         assembling = route.upstream_path if assembles(runner.key.engine, route.upstream_path, doc) else None
         if assembling:
             doc, changed = assemble.streamed_request(assembling, doc), True

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from modelrunner.compat import assemble, structured, tool_rescue
+from modelrunner.compat import assemble, structured, tool_choice, tool_rescue
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelRunnerError
@@ -349,6 +349,7 @@ async def call_engine(
     """POST `body` to `path` of the model's runner; the answer's head is read and its status checked (an
     error status raises EngineFailed before anything is streamed), its body not yet."""
     schema = structured.requested_schema(path, body)  # a bad one is refused before a model loads
+    forced = tool_choice.forced(path, body)  # so is a choice of a tool not declared
     started = time.monotonic()
     runner = await inference.acquire(name, mode, keep_alive, backend, needs=capabilities.needs_of(path, body))
     call = EngineCall(lifecycle.current(), runner, time.monotonic() - started)
@@ -356,7 +357,7 @@ async def call_engine(
         constraint = structured.Constraint.for_engine(runner.key.engine, schema)
         call.constrain(constraint)
         body = constraint.engine_request(runner.key.engine, path, body)
-    call.tools = tool_rescue.declared(path, body)
+    body, call.tools = tool_choice.engine_request(runner.key.engine, path, body, forced)
     if assembles(runner.key.engine, path, body):
         call.assembling = path
         body = assemble.streamed_request(path, body)
