@@ -196,6 +196,33 @@ def cold_start(daemon: Daemon, body: bytes, socket_flag: str) -> dict[str, Any]:
     }
 
 
+def compare(daemon: Daemon, socket: Path, body: bytes, concurrency: int, rounds: int) -> dict[str, Any]:
+    """One concurrency level, the engine's own socket and the daemon alternately, `rounds` times: both
+    paths' summaries, their differences, and the daemon's CPU per relayed token."""
+    direct, through = Stats(), Stats()
+    daemon_cpu = 0.0
+    for _ in range(rounds):
+        requests = max(8, concurrency * 2)
+        direct.samples += asyncio.run(
+            level(uds(socket), "/v1/chat/completions", body, concurrency, requests)
+        ).samples
+        before = cpu_seconds(daemon)
+        through.samples += asyncio.run(
+            level(tcp(daemon), "/engines/v1/chat/completions", body, concurrency, requests)
+        ).samples
+        daemon_cpu += cpu_seconds(daemon) - before
+    d, t = direct.summary(), through.summary()
+    return {
+        "direct": d,
+        "daemon": t,
+        "added_ttft_p50_ms": t["ttft_p50_ms"] - d["ttft_p50_ms"],
+        "added_per_chunk_us": t["chunk_gap_mean_us"] - d["chunk_gap_mean_us"],
+        "tokens_per_s_ratio": t["tokens_per_s"] / d["tokens_per_s"],
+        # the daemon's own CPU time per relayed token: unlike times, not moved by other load
+        "daemon_cpu_per_token_us": daemon_cpu / max(sum(s.tokens for s in through.samples), 1) * 1e6,
+    }
+
+
 def uds(socket: Path) -> Any:
     return lambda: asyncio.open_unix_connection(str(socket), limit=MAX_HEAD)
 
@@ -258,28 +285,7 @@ def main() -> None:
             "levels": {},
         }
         for concurrency in (1, 4, 16):
-            direct, through = Stats(), Stats()
-            daemon_cpu = 0.0
-            for _ in range(args.rounds):
-                requests = max(8, concurrency * 2)
-                direct.samples += asyncio.run(
-                    level(uds(socket), "/v1/chat/completions", body, concurrency, requests)
-                ).samples
-                before = cpu_seconds(daemon)
-                through.samples += asyncio.run(
-                    level(tcp(daemon), "/engines/v1/chat/completions", body, concurrency, requests)
-                ).samples
-                daemon_cpu += cpu_seconds(daemon) - before
-            d, t = direct.summary(), through.summary()
-            results["levels"][concurrency] = {
-                "direct": d,
-                "daemon": t,
-                "added_ttft_p50_ms": t["ttft_p50_ms"] - d["ttft_p50_ms"],
-                "added_per_chunk_us": t["chunk_gap_mean_us"] - d["chunk_gap_mean_us"],
-                "tokens_per_s_ratio": t["tokens_per_s"] / d["tokens_per_s"],
-                # the daemon's own CPU time per relayed token: unlike times, not moved by other load
-                "daemon_cpu_per_token_us": daemon_cpu / max(sum(s.tokens for s in through.samples), 1) * 1e6,
-            }
+            results["levels"][concurrency] = compare(daemon, socket, body, concurrency, args.rounds)
         flag = "--uds" if args.engine == "vllm" else "--host"
         colds = [cold_start(daemon, body, flag) for _ in range(args.cold_runs)]
         # the run with the median ratio; every run's pair is kept (one sample moves with the machine's load)
