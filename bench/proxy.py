@@ -50,6 +50,7 @@ class Sample:
 @dataclass
 class Stats:
     samples: list[Sample] = field(default_factory=list)
+    wall_s: float = 0.0  # of the levels run, for the throughput of all streams together
 
     def summary(self) -> dict[str, float]:
         ttfts = sorted(s.ttft for s in self.samples)
@@ -60,7 +61,8 @@ class Stats:
             "ttft_p50_ms": statistics.median(ttfts) * 1e3,
             "ttft_p95_ms": ttfts[int(0.95 * (len(ttfts) - 1))] * 1e3,
             "chunk_gap_mean_us": statistics.fmean(gaps) * 1e6 if gaps else 0.0,
-            "tokens_per_s": tokens / seconds if seconds else 0.0,
+            "tokens_per_s": tokens / seconds if seconds else 0.0,  # of one stream
+            "aggregate_tokens_per_s": tokens / self.wall_s if self.wall_s else 0.0,
             "requests": len(self.samples),
         }
 
@@ -103,7 +105,9 @@ async def level(connect: Any, path: str, body: bytes, concurrency: int, requests
             queue.pop()
             stats.samples.append(await stream_once(connect, body, path))
 
+    started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
+    stats.wall_s = time.perf_counter() - started
     return stats
 
 
@@ -203,14 +207,15 @@ def compare(daemon: Daemon, socket: Path, body: bytes, concurrency: int, rounds:
     daemon_cpu = 0.0
     for _ in range(rounds):
         requests = max(8, concurrency * 2)
-        direct.samples += asyncio.run(
-            level(uds(socket), "/v1/chat/completions", body, concurrency, requests)
-        ).samples
+        measured = asyncio.run(level(uds(socket), "/v1/chat/completions", body, concurrency, requests))
+        direct.samples += measured.samples
+        direct.wall_s += measured.wall_s
         before = cpu_seconds(daemon)
-        through.samples += asyncio.run(
-            level(tcp(daemon), "/engines/v1/chat/completions", body, concurrency, requests)
-        ).samples
+        relayed = level(tcp(daemon), "/engines/v1/chat/completions", body, concurrency, requests)
+        measured = asyncio.run(relayed)
         daemon_cpu += cpu_seconds(daemon) - before
+        through.samples += measured.samples
+        through.wall_s += measured.wall_s
     d, t = direct.summary(), through.summary()
     return {
         "direct": d,
