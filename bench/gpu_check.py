@@ -359,7 +359,8 @@ def chat_levels(daemon: Daemon, body: bytes, levels: tuple[int, ...]) -> dict[st
     socket = runner_socket(daemon)
     [runner] = daemon.http("GET", "/engines/ps").json()
     rows = {str(c): compare(daemon, socket, body, c, rounds=1) for c in levels}
-    return {"runner": {k: runner.get(k) for k in ("backend", "layout", "memory_estimate")}, "levels": rows}
+    shown = ("backend_name", "model_name", "layout", "memory_estimate")
+    return {"runner": {k: runner[k] for k in shown if k in runner}, "levels": rows}
 
 
 def bench_chat(run: Run, engine: str) -> dict[str, Any]:
