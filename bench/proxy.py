@@ -50,6 +50,7 @@ class Sample:
 @dataclass
 class Stats:
     samples: list[Sample] = field(default_factory=list)
+    wall_s: float = 0.0  # of the levels run, for the throughput of all streams together
 
     def summary(self) -> dict[str, float]:
         ttfts = sorted(s.ttft for s in self.samples)
@@ -60,7 +61,8 @@ class Stats:
             "ttft_p50_ms": statistics.median(ttfts) * 1e3,
             "ttft_p95_ms": ttfts[int(0.95 * (len(ttfts) - 1))] * 1e3,
             "chunk_gap_mean_us": statistics.fmean(gaps) * 1e6 if gaps else 0.0,
-            "tokens_per_s": tokens / seconds if seconds else 0.0,
+            "tokens_per_s": tokens / seconds if seconds else 0.0,  # of one stream
+            "aggregate_tokens_per_s": tokens / self.wall_s if self.wall_s else 0.0,
             "requests": len(self.samples),
         }
 
@@ -103,7 +105,9 @@ async def level(connect: Any, path: str, body: bytes, concurrency: int, requests
             queue.pop()
             stats.samples.append(await stream_once(connect, body, path))
 
+    started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
+    stats.wall_s = time.perf_counter() - started
     return stats
 
 
@@ -196,6 +200,34 @@ def cold_start(daemon: Daemon, body: bytes, socket_flag: str) -> dict[str, Any]:
     }
 
 
+def compare(daemon: Daemon, socket: Path, body: bytes, concurrency: int, rounds: int) -> dict[str, Any]:
+    """One concurrency level, the engine's own socket and the daemon alternately, `rounds` times: both
+    paths' summaries, their differences, and the daemon's CPU per relayed token."""
+    direct, through = Stats(), Stats()
+    daemon_cpu = 0.0
+    for _ in range(rounds):
+        requests = max(8, concurrency * 2)
+        measured = asyncio.run(level(uds(socket), "/v1/chat/completions", body, concurrency, requests))
+        direct.samples += measured.samples
+        direct.wall_s += measured.wall_s
+        before = cpu_seconds(daemon)
+        relayed = level(tcp(daemon), "/engines/v1/chat/completions", body, concurrency, requests)
+        measured = asyncio.run(relayed)
+        daemon_cpu += cpu_seconds(daemon) - before
+        through.samples += measured.samples
+        through.wall_s += measured.wall_s
+    d, t = direct.summary(), through.summary()
+    return {
+        "direct": d,
+        "daemon": t,
+        "added_ttft_p50_ms": t["ttft_p50_ms"] - d["ttft_p50_ms"],
+        "added_per_chunk_us": t["chunk_gap_mean_us"] - d["chunk_gap_mean_us"],
+        "tokens_per_s_ratio": t["tokens_per_s"] / d["tokens_per_s"],
+        # the daemon's own CPU time per relayed token: unlike times, not moved by other load
+        "daemon_cpu_per_token_us": daemon_cpu / max(sum(s.tokens for s in through.samples), 1) * 1e6,
+    }
+
+
 def uds(socket: Path) -> Any:
     return lambda: asyncio.open_unix_connection(str(socket), limit=MAX_HEAD)
 
@@ -258,28 +290,7 @@ def main() -> None:
             "levels": {},
         }
         for concurrency in (1, 4, 16):
-            direct, through = Stats(), Stats()
-            daemon_cpu = 0.0
-            for _ in range(args.rounds):
-                requests = max(8, concurrency * 2)
-                direct.samples += asyncio.run(
-                    level(uds(socket), "/v1/chat/completions", body, concurrency, requests)
-                ).samples
-                before = cpu_seconds(daemon)
-                through.samples += asyncio.run(
-                    level(tcp(daemon), "/engines/v1/chat/completions", body, concurrency, requests)
-                ).samples
-                daemon_cpu += cpu_seconds(daemon) - before
-            d, t = direct.summary(), through.summary()
-            results["levels"][concurrency] = {
-                "direct": d,
-                "daemon": t,
-                "added_ttft_p50_ms": t["ttft_p50_ms"] - d["ttft_p50_ms"],
-                "added_per_chunk_us": t["chunk_gap_mean_us"] - d["chunk_gap_mean_us"],
-                "tokens_per_s_ratio": t["tokens_per_s"] / d["tokens_per_s"],
-                # the daemon's own CPU time per relayed token: unlike times, not moved by other load
-                "daemon_cpu_per_token_us": daemon_cpu / max(sum(s.tokens for s in through.samples), 1) * 1e6,
-            }
+            results["levels"][concurrency] = compare(daemon, socket, body, concurrency, args.rounds)
         flag = "--uds" if args.engine == "vllm" else "--host"
         colds = [cold_start(daemon, body, flag) for _ in range(args.cold_runs)]
         # the run with the median ratio; every run's pair is kept (one sample moves with the machine's load)

