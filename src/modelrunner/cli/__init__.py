@@ -38,6 +38,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "generate": ("generate",),
     "requests": ("requests",),
     "gateway": ("gateway",),
+    "trust": ("trust", "sign", "verify"),
 }
 
 

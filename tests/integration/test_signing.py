@@ -1,0 +1,230 @@
+"""Signed models against Debian's docker-registry (cosign's `.sig` tag): `model trust keygen`, `model sign`,
+`model push --sign-key`, `model verify`, and both directions with openssl over cosign's layout."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from modelrunner.signing.registry import signature_tag
+from tests.daemon import Daemon
+from tests.models import write_tiny_gguf
+from tests.registry import Registry, require_tool
+
+PASSWORD = "correct horse"
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    running = Registry(tmp_path / "registry").start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(autouse=True)
+def cosign_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSIGN_PASSWORD", PASSWORD)
+
+
+def keygen(daemon: Daemon, prefix: Path) -> tuple[Path, Path]:
+    daemon.cli("trust", "keygen", str(prefix))
+    return prefix.with_suffix(".key"), prefix.with_suffix(".pub")
+
+
+def pushed(
+    daemon: Daemon, registry: Registry, tmp_path: Path, name: str = "team/tiny:v1", seed: int = 0
+) -> str:
+    ref = f"{registry.host}/{name}"
+    gguf = write_tiny_gguf(tmp_path / f"tiny-{seed}.gguf", seed=seed)
+    daemon.cli("package", "--gguf", str(gguf), "--push", ref)
+    return ref
+
+
+def manifest_digest(registry: Registry, repository: str, reference: str) -> str:
+    response = httpx.head(
+        f"{registry.url}/v2/{repository}/manifests/{reference}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+    )
+    response.raise_for_status()
+    return str(response.headers["docker-content-digest"])
+
+
+def test_sign_then_verify(daemon: Daemon, registry: Registry, tmp_path: Path) -> None:
+    private, public = keygen(daemon, tmp_path / "cosign")
+    ref = pushed(daemon, registry, tmp_path)
+    daemon.cli("sign", "--key", str(private), ref)
+    digest = manifest_digest(registry, "team/tiny", "v1")
+    assert manifest_digest(registry, "team/tiny", signature_tag(digest))  # cosign's place for it
+    verified = daemon.cli("verify", ref, "--key", str(public))
+    assert f"Verified {ref}@{digest}" in verified.stdout
+
+
+def test_push_with_a_sign_key_signs_what_it_pushed(
+    daemon: Daemon, registry: Registry, tmp_path: Path
+) -> None:
+    private, public = keygen(daemon, tmp_path / "cosign")
+    ref = f"{registry.host}/team/tiny:v2"
+    daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "t.gguf")), ref)
+    daemon.cli("push", "--sign-key", str(private), ref)
+    assert daemon.cli("verify", ref, "--key", str(public)).returncode == 0
+
+
+def test_verify_fails_with_the_reason(daemon: Daemon, registry: Registry, tmp_path: Path) -> None:
+    private, _ = keygen(daemon, tmp_path / "signer")
+    _, other_public = keygen(daemon, tmp_path / "other")
+    ref = pushed(daemon, registry, tmp_path)
+    unsigned = daemon.cli("verify", ref, "--key", str(other_public), check=False)
+    assert unsigned.returncode == 1
+    assert "Verification failed:" in unsigned.stderr and "is not signed" in unsigned.stderr
+    daemon.cli("sign", "--key", str(private), ref)
+    wrong_key = daemon.cli("verify", ref, "--key", str(other_public), check=False)
+    assert wrong_key.returncode == 1 and "no signature was made by the given key" in wrong_key.stderr
+
+
+def test_a_wrong_password_signs_nothing(
+    daemon: Daemon, registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    private, _ = keygen(daemon, tmp_path / "cosign")
+    ref = pushed(daemon, registry, tmp_path)
+    monkeypatch.setenv("COSIGN_PASSWORD", "wrong")
+    result = daemon.cli("sign", "--key", str(private), ref, check=False)
+    assert result.returncode == 1 and "wrong password" in result.stderr
+    digest = manifest_digest(registry, "team/tiny", "v1")
+    response = httpx.head(f"{registry.url}/v2/team/tiny/manifests/{signature_tag(digest)}")
+    assert response.status_code == 404
+
+
+def test_a_signature_moved_to_another_model_does_not_verify(
+    daemon: Daemon, registry: Registry, tmp_path: Path
+) -> None:
+    """A registry in the middle copies model A's signature manifest to model B's `.sig` tag."""
+    private, public = keygen(daemon, tmp_path / "cosign")
+    signed = pushed(daemon, registry, tmp_path, "team/tiny:a", seed=0)
+    other = pushed(daemon, registry, tmp_path, "team/tiny:b", seed=1)
+    daemon.cli("sign", "--key", str(private), signed)
+    digest_a = manifest_digest(registry, "team/tiny", "a")
+    digest_b = manifest_digest(registry, "team/tiny", "b")
+    sig_manifest = httpx.get(
+        f"{registry.url}/v2/team/tiny/manifests/{signature_tag(digest_a)}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+    ).content
+    httpx.put(
+        f"{registry.url}/v2/team/tiny/manifests/{signature_tag(digest_b)}",
+        content=sig_manifest,
+        headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"},
+    ).raise_for_status()
+    result = daemon.cli("verify", other, "--key", str(public), check=False)
+    assert result.returncode == 1 and "signature is for another manifest" in result.stderr
+
+
+# --- an independent implementation of the crypto: openssl, over cosign's layout followed by hand --------
+# Debian's skopeo (1.9.3+ds1) is built without sigstore ("Debian-local change: sigstore disabled", both for
+# `--sign-by-sigstore-private-key` and for a `sigstoreSigned` policy), and Debian has no cosign: the
+# other side here is openssl, reading and writing the `.sig` manifest as cosign's specification lays it out.
+
+
+def openssl(*args: str) -> subprocess.CompletedProcess[str]:
+    require_tool("openssl", "openssl")
+    result = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+OCI = "application/vnd.oci.image.manifest.v1+json"
+
+
+def upload(registry: Registry, repository: str, data: bytes) -> str:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    started = httpx.post(f"{registry.url}/v2/{repository}/blobs/uploads/")
+    location = httpx.URL(registry.url).join(started.headers["location"])
+    httpx.put(location.copy_add_param("digest", digest), content=data).raise_for_status()
+    return digest
+
+
+def test_openssl_verifies_what_model_sign_stored(daemon: Daemon, registry: Registry, tmp_path: Path) -> None:
+    private, public = keygen(daemon, tmp_path / "cosign")
+    ref = pushed(daemon, registry, tmp_path)
+    daemon.cli("sign", "--key", str(private), ref)
+    digest = manifest_digest(registry, "team/tiny", "v1")
+    sig_manifest = httpx.get(
+        f"{registry.url}/v2/team/tiny/manifests/{signature_tag(digest)}", headers={"Accept": OCI}
+    ).json()
+    (layer,) = sig_manifest["layers"]
+    assert layer["mediaType"] == "application/vnd.dev.cosign.simplesigning.v1+json"
+    payload = httpx.get(f"{registry.url}/v2/team/tiny/blobs/{layer['digest']}").content
+    claim = json.loads(payload)["critical"]
+    assert claim["image"]["docker-manifest-digest"] == digest
+    assert claim["identity"]["docker-reference"] == ref
+    (tmp_path / "payload").write_bytes(payload)
+    signature = base64.b64decode(layer["annotations"]["dev.cosignproject.cosign/signature"])
+    (tmp_path / "signature").write_bytes(signature)
+    checked = openssl(
+        "dgst",
+        "-sha256",
+        "-verify",
+        str(public),
+        "-signature",
+        str(tmp_path / "signature"),
+        str(tmp_path / "payload"),
+    )
+    assert "Verified OK" in checked.stdout
+
+
+def test_model_verify_takes_a_signature_made_elsewhere(
+    daemon: Daemon, registry: Registry, tmp_path: Path
+) -> None:
+    """openssl's key and signature, a payload laid out differently (indented, keys in another order)."""
+    ref = pushed(daemon, registry, tmp_path)
+    digest = manifest_digest(registry, "team/tiny", "v1")
+    key, public = tmp_path / "ec.pem", tmp_path / "ec.pub"
+    openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key))
+    openssl("ec", "-in", str(key), "-pubout", "-out", str(public))
+    claim = {
+        "optional": {"creator": "openssl"},
+        "critical": {
+            "type": "cosign container image signature",
+            "image": {"docker-manifest-digest": digest},
+            "identity": {"docker-reference": f"{registry.host}/team/tiny"},
+        },
+    }
+    payload = json.dumps(claim, indent=2).encode()
+    (tmp_path / "payload").write_bytes(payload)
+    openssl("dgst", "-sha256", "-sign", str(key), "-out", str(tmp_path / "sig"), str(tmp_path / "payload"))
+    payload_digest = upload(registry, "team/tiny", payload)
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": [payload_digest]}}).encode()
+    config_digest = upload(registry, "team/tiny", config)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI,
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "size": len(config),
+            "digest": config_digest,
+        },
+        "layers": [
+            {
+                "mediaType": "application/vnd.dev.cosign.simplesigning.v1+json",
+                "size": len(payload),
+                "digest": payload_digest,
+                "annotations": {
+                    "dev.cosignproject.cosign/signature": base64.b64encode(
+                        (tmp_path / "sig").read_bytes()
+                    ).decode()
+                },
+            }
+        ],
+    }
+    httpx.put(
+        f"{registry.url}/v2/team/tiny/manifests/{signature_tag(digest)}",
+        content=json.dumps(manifest).encode(),
+        headers={"Content-Type": OCI},
+    ).raise_for_status()
+    verified = daemon.cli("verify", ref, "--key", str(public))
+    assert f"Verified {ref}@{digest}" in verified.stdout
