@@ -111,7 +111,7 @@ def read_signatures(client: RegistryClient, repository: str, digest: str) -> lis
                 payload = read_capped(response.chunks(), layer.size, "signature payload")
             except InvalidArtifact:
                 raise InvalidSignature("a signature payload is larger than its manifest says") from None
-        if sha256_digest(payload) != layer.digest:
+        if len(payload) != layer.size or sha256_digest(payload) != layer.digest:
             raise InvalidSignature("a signature payload does not match its digest")
         found.append(Signature(payload, signature))
     return found
