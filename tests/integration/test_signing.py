@@ -228,3 +228,60 @@ def test_model_verify_takes_a_signature_made_elsewhere(
     ).raise_for_status()
     verified = daemon.cli("verify", ref, "--key", str(public))
     assert f"Verified {ref}@{digest}" in verified.stdout
+
+
+# --- the trust policy on pull ----------------------------------------------------------------------------
+
+
+def blobs(daemon: Daemon) -> set[str]:
+    return {p.name for p in daemon.store_root.rglob("*") if p.is_file() and "blobs" in p.parts}
+
+
+def test_enforce_refuses_an_unsigned_pull_before_any_blob_is_stored(
+    daemon: Daemon, registry: Registry, tmp_path: Path
+) -> None:
+    private, public = keygen(daemon, tmp_path / "cosign")
+    ref = pushed(daemon, registry, tmp_path, "team/tiny:v1", seed=3)
+    daemon.cli("rm", ref)
+    before = blobs(daemon)
+    daemon.cli("trust", "set", f"{registry.host}/team/*", "--key", str(public), "--mode", "enforce")
+    assert f"{registry.host}/team/*" in daemon.cli("trust", "ls").stdout
+    refused = daemon.cli("pull", ref, check=False)
+    assert refused.returncode == 1
+    assert "Failed to pull model" in refused.stderr and "is not signed" in refused.stderr
+    assert blobs(daemon) == before
+    daemon.cli("sign", "--key", str(private), ref)
+    daemon.cli("pull", ref)
+    assert any(ref in model["tags"] for model in daemon.models())
+
+
+def test_warn_pulls_an_unsigned_model_and_says_so(daemon: Daemon, registry: Registry, tmp_path: Path) -> None:
+    _, public = keygen(daemon, tmp_path / "cosign")
+    ref = pushed(daemon, registry, tmp_path, "team/tiny:v1", seed=4)
+    daemon.cli("rm", ref)
+    daemon.cli("trust", "set", "*", "--key", str(public), "--mode", "warn")
+    pulled = daemon.cli("pull", ref)
+    assert "Warning:" in pulled.stderr and "is not signed" in pulled.stderr
+    logs = [daemon.log, *sorted((daemon.home / "logs").glob("*.log"))]
+    assert any("pulling anyway (trust policy mode warn)" in path.read_text() for path in logs)
+    assert any(ref in model["tags"] for model in daemon.models())
+    daemon.cli("trust", "rm", "*")
+    assert "*" not in daemon.cli("trust", "ls", "--json").stdout
+
+
+def test_a_policy_that_is_not_valid_refuses_the_pull(
+    daemon: Daemon, registry: Registry, tmp_path: Path
+) -> None:
+    ref = pushed(daemon, registry, tmp_path, "team/tiny:v1", seed=5)
+    daemon.cli("rm", ref)
+    before = blobs(daemon)
+    (daemon.home / "trust-policy.json").write_text("{not json")
+    refused = daemon.cli("pull", ref, check=False)
+    assert refused.returncode == 1 and "trust policy" in refused.stderr and "not JSON" in refused.stderr
+    assert blobs(daemon) == before
+    bad_key = tmp_path / "bad.pub"
+    bad_key.write_text("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
+    (daemon.home / "trust-policy.json").unlink()
+    result = daemon.cli("trust", "set", "*", "--key", str(bad_key), check=False)
+    assert result.returncode == 1 and "public key" in result.stderr
+    assert not (daemon.home / "trust-policy.json").exists()

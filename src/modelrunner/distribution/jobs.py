@@ -154,6 +154,9 @@ class TransferManager:
         pull = RegistryPull(self.store, reference, reporter, job.cancelled, bearer_token)
         try:
             pull.resolve()
+            from modelrunner.signing.enforce import check_pull
+
+            check_pull(pull, reporter)  # the trust policy, before any blob is stored
             job.mark_resolved()
             if pull.cached():
                 from modelrunner.distribution.pull import model_size_text
