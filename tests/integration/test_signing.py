@@ -13,8 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from modelrunner.signing.record import problem_before_load, read_record
 from modelrunner.signing.registry import signature_tag
-from tests.daemon import Daemon
+from modelrunner.store.store import ModelStore
+from tests.daemon import Daemon, error_message, free_port
 from tests.models import write_tiny_gguf
 from tests.registry import Registry, require_tool
 
@@ -285,3 +287,52 @@ def test_a_policy_that_is_not_valid_refuses_the_pull(
     result = daemon.cli("trust", "set", "*", "--key", str(bad_key), check=False)
     assert result.returncode == 1 and "public key" in result.stderr
     assert not (daemon.home / "trust-policy.json").exists()
+
+
+# --- before every load ------------------------------------------------------------------------------------
+
+
+def chat(daemon: Daemon, model: str) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    return daemon.http("POST", "/engines/v1/chat/completions", json=body)
+
+
+@pytest.fixture
+def engine_daemon(tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+    monkeypatch.setenv("LLAMA_SERVER_PATH", str(llama_server))
+    running = Daemon(tmp_path / "home", free_port()).start()
+    yield running
+    running.stop()
+
+
+def test_enforce_runs_only_what_was_verified(
+    engine_daemon: Daemon, registry: Registry, tmp_path: Path
+) -> None:
+    daemon = engine_daemon
+    private, public = keygen(daemon, tmp_path / "cosign")
+    ref = pushed(daemon, registry, tmp_path, "team/tiny:v1", seed=6)
+    daemon.cli("sign", "--key", str(private), ref)
+    daemon.cli("rm", ref)
+    daemon.cli("trust", "set", f"{registry.host}/team/*", "--key", str(public))
+    local = f"{registry.host}/team/local:v1"  # packaged here, never signed
+    daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "local.gguf", seed=7)), local)
+    refused = chat(daemon, local)  # refused before any engine starts
+    assert refused.status_code == 403
+    assert "no verified signature" in error_message(refused)
+    daemon.cli("pull", ref)
+    model = next(m for m in daemon.models() if ref in m["tags"])
+    store = ModelStore(daemon.store_root)
+    record = read_record(store, model["id"])
+    assert record is not None and record.digest == model["id"]
+    stored = store.get(model["id"])
+    assert problem_before_load(store, stored) is None
+    assert chat(daemon, ref).status_code == 200  # what was verified runs
+    daemon.cli("unload", "--all")
+    layer = store.layout.blob_path(stored.manifest.layers[0].digest)
+    data = layer.read_bytes()
+    layer.unlink()  # replaced in the store: same bytes, another file
+    layer.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    changed = chat(daemon, ref)
+    assert changed.status_code == 403 and "changed in the store" in error_message(changed)
+    logs = [daemon.log, *sorted((daemon.home / "logs").glob("*.log"))]
+    assert any("load refused" in path.read_text() for path in logs)

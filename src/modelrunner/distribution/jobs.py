@@ -154,11 +154,12 @@ class TransferManager:
         pull = RegistryPull(self.store, reference, reporter, job.cancelled, bearer_token)
         try:
             pull.resolve()
-            from modelrunner.signing.enforce import check_pull
+            from modelrunner.signing.enforce import check_pull, record_pull
 
-            check_pull(pull, reporter)  # the trust policy, before any blob is stored
+            verified = check_pull(pull, reporter)  # the trust policy, before any blob is stored
             job.mark_resolved()
             if pull.cached():
+                record_pull(pull, verified)
                 from modelrunner.distribution.pull import model_size_text
 
                 assert pull.manifest is not None
@@ -169,6 +170,7 @@ class TransferManager:
                 pull.run()
             finally:
                 self._slots.release()
+            record_pull(pull, verified)
         finally:
             pull.close()
 

@@ -15,16 +15,18 @@ from modelrunner.distribution.progress import ProgressReporter
 from modelrunner.distribution.pull import RegistryPull
 from modelrunner.errors import ModelRunnerError
 from modelrunner.signing.policy import UntrustedModel, load_rules, policy_path, rule_for
-from modelrunner.signing.registry import read_signatures, verify_signatures
+from modelrunner.signing.record import record_verification
+from modelrunner.signing.registry import Verified, read_signatures, verify_signatures
 
 log = logging.getLogger(__name__)
 
 
-def check_pull(pull: RegistryPull, reporter: ProgressReporter) -> None:
-    """Apply the policy to a resolved pull; raises UntrustedModel where the rule enforces."""
+def check_pull(pull: RegistryPull, reporter: ProgressReporter) -> Verified | None:
+    """Apply the policy to a resolved pull; raises UntrustedModel where the rule enforces. The verified
+    signature, if one was checked and held."""
     rule = rule_for(load_rules(policy_path(config.runner_home())), pull.reference)
     if rule is None or rule.mode == "off":
-        return
+        return None
     assert pull.client is not None
     digest, reference = pull.model_id, pull.reference
     try:
@@ -37,6 +39,13 @@ def check_pull(pull: RegistryPull, reporter: ProgressReporter) -> None:
             raise UntrustedModel(message) from None
         log.warning("pulling anyway (trust policy mode warn): %s", message)
         reporter.warning(f"{message} (trust policy mode warn: pulling anyway)")
-        return
+        return None
     log.info("pull of %s@%s: signature verified, signer %s", reference.name, digest, verified.signer)
     reporter.status(f"Signature verified: signed by {verified.signer}")
+    return verified
+
+
+def record_pull(pull: RegistryPull, verified: Verified | None) -> None:
+    """After the blobs are in the store: keep what was verified, for the check before each load."""
+    if verified is not None:
+        record_verification(pull.store, pull.store.get(pull.model_id), verified)
