@@ -27,6 +27,9 @@ def test_patterns_are_normalised_references() -> None:
     assert normalise_pattern("myorg/model") == "docker.io/myorg/model"
     assert normalise_pattern("smollm2") == "docker.io/ai/smollm2"
     assert normalise_pattern("Docker.io/MyOrg/*") == "docker.io/myorg/*"
+    assert normalise_pattern("hf.co/*") == "huggingface.co/*"
+    assert normalise_pattern("myorg/*") == "docker.io/myorg/*"
+    assert normalise_pattern("*") == "*"
     for bad in ("", "a b", "myorg/model:v2", "a//b"):
         with pytest.raises(InvalidPolicy):
             normalise_pattern(bad)
@@ -79,3 +82,23 @@ def test_a_policy_file_that_is_not_valid_is_a_clear_error(
     with pytest.raises(InvalidPolicy):
         set_rule(path, Rule("*", (PEM,), "warn"))
     assert path.read_bytes() == content  # nothing changed
+
+
+def test_a_hugging_face_pull_under_enforce_is_refused_before_anything_is_fetched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from modelrunner.distribution.progress import ProgressReporter
+    from modelrunner.signing.enforce import check_unsigned_source
+    from modelrunner.signing.policy import UntrustedModel
+
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path))
+    events: list[dict[str, object]] = []
+    reporter = ProgressReporter(events.append, "pull")
+    reference = parse_reference("hf.co/org/repo")
+    check_unsigned_source(reference, reporter)  # no policy: nothing to say
+    set_rule(tmp_path / "trust-policy.json", Rule("hf.co/*", (PEM,), "warn"))
+    check_unsigned_source(reference, reporter)
+    assert [e["type"] for e in events] == ["warning"]
+    set_rule(tmp_path / "trust-policy.json", Rule("hf.co/*", (PEM,), "enforce"))
+    with pytest.raises(UntrustedModel, match="carry no signature"):
+        check_unsigned_source(reference, reporter)

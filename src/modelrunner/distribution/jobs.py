@@ -141,6 +141,9 @@ class TransferManager:
         reporter = ProgressReporter(job.emit, "pull")
         if reference.is_huggingface:
             from modelrunner.distribution.huggingface import HuggingFacePull
+            from modelrunner.signing.enforce import check_unsigned_source
+
+            check_unsigned_source(reference, reporter)
 
             hf = HuggingFacePull(self.store, reference, reporter, job.cancelled, bearer_token)
             hf.resolve()

@@ -14,6 +14,7 @@ from modelrunner import config
 from modelrunner.distribution.progress import ProgressReporter
 from modelrunner.distribution.pull import RegistryPull
 from modelrunner.errors import ModelRunnerError
+from modelrunner.reference import Reference
 from modelrunner.signing.policy import UntrustedModel, load_rules, policy_path, rule_for
 from modelrunner.signing.record import record_verification
 from modelrunner.signing.registry import Verified, read_signatures, verify_signatures
@@ -43,6 +44,20 @@ def check_pull(pull: RegistryPull, reporter: ProgressReporter) -> Verified | Non
     log.info("pull of %s@%s: signature verified, signer %s", reference.name, digest, verified.signer)
     reporter.status(f"Signature verified: signed by {verified.signer}")
     return verified
+
+
+def check_unsigned_source(reference: Reference, reporter: ProgressReporter) -> None:
+    """A pull from a source that carries no signatures (Hugging Face): refused where the rule enforces,
+    said where it warns, before anything is fetched."""
+    rule = rule_for(load_rules(policy_path(config.runner_home())), reference)
+    if rule is None or rule.mode == "off":
+        return
+    message = f"{reference.name}: Hugging Face models carry no signature (trust policy {rule.pattern})"
+    if rule.mode == "enforce":
+        log.warning("pull refused: %s", message)
+        raise UntrustedModel(message)
+    log.warning("pulling anyway (trust policy mode warn): %s", message)
+    reporter.warning(f"{message} (trust policy mode warn: pulling anyway)")
 
 
 def record_pull(pull: RegistryPull, verified: Verified | None) -> None:

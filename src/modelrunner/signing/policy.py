@@ -57,7 +57,7 @@ def normalise_pattern(text: str) -> str:
     if not text or len(text) > 512 or any(c.isspace() or ord(c) < 32 for c in text):
         raise InvalidPolicy(f"invalid pattern {text[:80]!r}")
     if "*" in text or "?" in text or "[" in text:
-        return text.lower()
+        return _normalise_wildcard(text.lower())
     try:
         reference = parse_reference(text)
     except InvalidReference as exc:
@@ -65,6 +65,20 @@ def normalise_pattern(text: str) -> str:
     if reference.tag not in (None, "latest") or reference.digest:
         raise InvalidPolicy("a pattern names a repository, without tag or digest")
     return reference.name
+
+
+def _normalise_wildcard(pattern: str) -> str:
+    """`hf.co/*` -> `huggingface.co/*`, `myorg/*` -> `docker.io/myorg/*`: the registry part as references
+    normalise it (the reference module's rule, through a name parsed with it); `*` alone stays."""
+    head, slash, rest = pattern.partition("/")
+    if not slash or any(c in head for c in "*?["):
+        return pattern
+    if "." in head or ":" in head or head == "localhost":
+        try:
+            return f"{parse_reference(f'{head}/a/b').registry}/{rest}"
+        except InvalidReference as exc:
+            raise InvalidPolicy(f"invalid pattern: {exc.message}") from None
+    return f"{parse_reference('a/b').registry}/{pattern}"
 
 
 def _rule(raw: Any, index: int) -> Rule:
