@@ -40,6 +40,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "requests": ("requests",),
     "gateway": ("gateway",),
     "skills": ("skills",),
+    "trust": ("trust", "sign", "verify"),
 }
 
 

@@ -163,7 +163,15 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    return render_transfer(client().push(args.model), args.json, "push", PUSH_FAILURE)
+    if args.sign_key is None:
+        return render_transfer(client().push(args.model), args.json, "push", PUSH_FAILURE)
+    from modelrunner.cli import trust
+
+    key = trust.load_private_key(args.sign_key)  # a wrong password fails before anything moves
+    pushed = render_transfer(client().push(args.model), args.json, "push", PUSH_FAILURE)
+    if pushed == 0:
+        trust.sign_in_registry(args.model, key, client().get_model(args.model)["id"])
+    return pushed
 
 
 def add_commands(commands: Any) -> None:
@@ -181,4 +189,5 @@ def add_commands(commands: Any) -> None:
     )
     takes(push, DmrArgs("push", "MODEL", "model", failure=PUSH_FAILURE))
     push.add_argument("--json", action="store_true", help="print the raw progress events")
+    push.add_argument("--sign-key", help="sign what was pushed with a cosign private key (COSIGN_PASSWORD)")
     push.set_defaults(handler=cmd_push)

@@ -141,6 +141,9 @@ class TransferManager:
         reporter = ProgressReporter(job.emit, "pull")
         if reference.is_huggingface:
             from modelrunner.distribution.huggingface import HuggingFacePull
+            from modelrunner.signing.enforce import check_unsigned_source
+
+            check_unsigned_source(reference, reporter)
 
             hf = HuggingFacePull(self.store, reference, reporter, job.cancelled, bearer_token)
             hf.resolve()
@@ -154,8 +157,12 @@ class TransferManager:
         pull = RegistryPull(self.store, reference, reporter, job.cancelled, bearer_token)
         try:
             pull.resolve()
+            from modelrunner.signing.enforce import check_pull, record_pull
+
+            verified = check_pull(pull, reporter)  # the trust policy, before any blob is stored
             job.mark_resolved()
             if pull.cached():
+                record_pull(pull, verified)
                 from modelrunner.distribution.pull import model_size_text
 
                 assert pull.manifest is not None
@@ -166,6 +173,7 @@ class TransferManager:
                 pull.run()
             finally:
                 self._slots.release()
+            record_pull(pull, verified)
         finally:
             pull.close()
 

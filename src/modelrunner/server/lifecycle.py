@@ -57,6 +57,9 @@ class ClientGone(ModelRunnerError):
 
 
 def model_for_engine(store: ModelStore, model: StoredModel, requested_as: str) -> ModelForEngine:
+    from modelrunner.signing.record import check_before_load
+
+    check_before_load(store, model)  # the trust policy: what runs is what was verified
     return ModelForEngine(
         id=model.id,
         reference=requested_as,

@@ -1,0 +1,150 @@
+"""The trust policy: which keys must have signed a model, by reference pattern, and what a missing or bad
+signature does (`enforce` refuses, `warn` says so, `off` does not look). One JSON file in the runner home,
+written by `model trust set/rm`, read by the daemon on every pull.
+
+Patterns match normalised references without tag or digest (`docker.io/myorg/model`), `*` matching any
+characters (`/` included): `docker.io/myorg/*`, `hf.co/*`, `*`. The longest matching pattern wins.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from modelrunner.errors import BadRequest, InvalidReference, ModelRunnerError
+from modelrunner.reference import Reference, parse_reference
+from modelrunner.signing import keys
+
+POLICY_FILE = "trust-policy.json"
+MODES = ("enforce", "warn", "off")
+MAX_POLICY_BYTES = 1024 * 1024
+
+
+class InvalidPolicy(BadRequest):
+    """A policy file, pattern or mode that does not hold."""
+
+
+class UntrustedModel(ModelRunnerError):
+    """A model the policy enforces a signature on, without a valid one."""
+
+    status_code = 403
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: str
+    keys: tuple[str, ...]  # PEM public keys
+    mode: str
+
+    def public_keys(self) -> list[Any]:
+        return [keys.load_public_key(pem.encode()) for pem in self.keys]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pattern": self.pattern, "keys": list(self.keys), "mode": self.mode}
+
+
+def policy_path(home: Path) -> Path:
+    return home / POLICY_FILE
+
+
+def normalise_pattern(text: str) -> str:
+    """A pattern as rules store it: a reference without wildcards is normalised (`myorg/m` ->
+    `docker.io/myorg/m`); one with `*` is kept, lowercased, as registries' names are."""
+    text = text.strip()
+    if not text or len(text) > 512 or any(c.isspace() or ord(c) < 32 for c in text):
+        raise InvalidPolicy(f"invalid pattern {text[:80]!r}")
+    if "*" in text or "?" in text or "[" in text:
+        return _normalise_wildcard(text.lower())
+    try:
+        reference = parse_reference(text)
+    except InvalidReference as exc:
+        raise InvalidPolicy(f"invalid pattern: {exc.message}") from None
+    if reference.tag not in (None, "latest") or reference.digest:
+        raise InvalidPolicy("a pattern names a repository, without tag or digest")
+    return reference.name
+
+
+def _normalise_wildcard(pattern: str) -> str:
+    """`hf.co/*` -> `huggingface.co/*`, `myorg/*` -> `docker.io/myorg/*`: the registry part as references
+    normalise it (the reference module's rule, through a name parsed with it); `*` alone stays."""
+    head, slash, rest = pattern.partition("/")
+    if not slash or any(c in head for c in "*?["):
+        return pattern
+    if "." in head or ":" in head or head == "localhost":
+        try:
+            return f"{parse_reference(f'{head}/a/b').registry}/{rest}"
+        except InvalidReference as exc:
+            raise InvalidPolicy(f"invalid pattern: {exc.message}") from None
+    return f"{parse_reference('a/b').registry}/{pattern}"
+
+
+def _rule(raw: Any, index: int) -> Rule:
+    if not isinstance(raw, dict):
+        raise InvalidPolicy(f"the trust policy's rule {index} is not an object")
+    pattern, pems, mode = raw.get("pattern"), raw.get("keys"), raw.get("mode")
+    if not isinstance(pattern, str) or mode not in MODES:
+        raise InvalidPolicy(
+            f"the trust policy's rule {index} needs a pattern and a mode ({', '.join(MODES)})"
+        )
+    if (
+        not isinstance(pems, list)
+        or not all(isinstance(p, str) for p in pems)
+        or (mode != "off" and not pems)
+    ):
+        raise InvalidPolicy(f"the trust policy's rule {index} needs a list of PEM public keys")
+    rule = Rule(normalise_pattern(pattern), tuple(pems), mode)
+    try:
+        rule.public_keys()
+    except keys.InvalidKey as exc:
+        raise InvalidPolicy(f"the trust policy's rule {index} ({rule.pattern}): {exc.message}") from None
+    return rule
+
+
+def load_rules(path: Path) -> list[Rule]:
+    """The rules of a policy file ([] when there is none); InvalidPolicy for a file that does not hold."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_POLICY_BYTES + 1)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise InvalidPolicy(f"cannot read the trust policy: {exc.strerror}") from None
+    if len(data) > MAX_POLICY_BYTES:
+        raise InvalidPolicy("the trust policy file is too large")
+    try:
+        document = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidPolicy(f"the trust policy ({POLICY_FILE}) is not JSON; fix or remove it") from None
+    if not isinstance(document, dict) or not isinstance(document.get("rules"), list):
+        raise InvalidPolicy(f"the trust policy ({POLICY_FILE}) has no list of rules")
+    return [_rule(raw, i) for i, raw in enumerate(document["rules"])]
+
+
+def save_rules(path: Path, rules: list[Rule]) -> None:
+    from modelrunner.fileio import write_file_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"rules": [rule.to_json() for rule in sorted(rules, key=lambda r: r.pattern)]}
+    write_file_atomic(path, json.dumps(document, indent=2).encode() + b"\n")
+
+
+def set_rule(path: Path, rule: Rule) -> None:
+    rules = [r for r in load_rules(path) if r.pattern != rule.pattern]
+    save_rules(path, [*rules, rule])
+
+
+def remove_rule(path: Path, pattern: str) -> None:
+    pattern = normalise_pattern(pattern)
+    rules = load_rules(path)
+    if not any(r.pattern == pattern for r in rules):
+        raise InvalidPolicy(f"no trust rule for {pattern}")
+    save_rules(path, [r for r in rules if r.pattern != pattern])
+
+
+def rule_for(rules: list[Rule], reference: Reference) -> Rule | None:
+    """The rule of the longest pattern that matches the reference's name."""
+    matching = [r for r in rules if fnmatch.fnmatchcase(reference.name, r.pattern)]
+    return max(matching, key=lambda r: len(r.pattern), default=None)

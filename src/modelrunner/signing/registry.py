@@ -1,0 +1,242 @@
+"""Signatures in a registry where cosign and containers/image keep them: the manifest tagged
+`sha256-<hex>.sig` beside the signed one, one layer per signature (the payload blob, the signature in its
+`dev.cosignproject.cosign/signature` annotation). Signing appends a layer; verifying reads them all and
+accepts the first that one of the keys signed for this digest and repository.
+
+Everything read here is untrusted: the signature manifest and each payload are size-capped, counted and
+hash-checked before anything is parsed.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from modelrunner.artifact import mediatypes as mt
+from modelrunner.artifact.manifest import Descriptor, _descriptor, sha256_digest
+from modelrunner.distribution.push import _with_digest
+from modelrunner.distribution.registry import RegistryClient, push_scope, raise_for_status, read_capped
+from modelrunner.errors import InvalidArtifact, InvalidReference, ModelNotFound
+from modelrunner.reference import Reference, parse_reference
+from modelrunner.signing import keys
+from modelrunner.signing.payload import MAX_PAYLOAD_BYTES, InvalidSignature, make_payload, parse_payload
+
+SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+OCI_IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
+MAX_SIGNATURE_MANIFEST_BYTES = 256 * 1024
+MAX_SIGNATURES = 64
+MAX_SIGNATURE_BYTES = 1024  # an ECDSA P-256 DER signature is at most 72 bytes
+
+
+def signature_tag(digest: str) -> str:
+    """`sha256:<hex>` -> `sha256-<hex>.sig`, cosign's tag for the signatures of that manifest."""
+    return digest.replace(":", "-") + ".sig"
+
+
+@dataclass(frozen=True)
+class Signature:
+    payload: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class Verified:
+    digest: str
+    signer: str  # keys.key_id of the key that signed
+    docker_reference: str
+
+
+def resolve_digest(client: RegistryClient, reference: Reference) -> str:
+    """The digest of the manifest `reference` names in the registry (checked against `@digest` if given)."""
+    data, _ = client.get_manifest(reference.repository, reference.digest or reference.tag or "latest")
+    digest = sha256_digest(data)
+    if reference.digest and digest != reference.digest:
+        raise InvalidArtifact("the registry sent a manifest that does not match the requested digest")
+    return digest
+
+
+def _signature_manifest(client: RegistryClient, repository: str, digest: str) -> dict[str, Any] | None:
+    """The parsed `.sig` manifest, None when there is none."""
+    try:
+        data, _ = client.get_manifest(repository, signature_tag(digest))
+    except ModelNotFound:
+        return None
+    except InvalidArtifact:
+        raise InvalidSignature("the signature manifest is too large") from None
+    if len(data) > MAX_SIGNATURE_MANIFEST_BYTES:
+        raise InvalidSignature("the signature manifest is too large")
+    try:
+        document = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidSignature("the signature manifest is not JSON") from None
+    if not isinstance(document, dict) or not isinstance(document.get("layers"), list):
+        raise InvalidSignature("the signature manifest has no layers")
+    if len(document["layers"]) > MAX_SIGNATURES:
+        raise InvalidSignature(f"the signature manifest has more than {MAX_SIGNATURES} signatures")
+    return document
+
+
+def _layers(document: dict[str, Any]) -> list[Descriptor]:
+    try:
+        return [_descriptor(raw, f"signature {i}") for i, raw in enumerate(document["layers"])]
+    except InvalidArtifact as exc:
+        raise InvalidSignature(f"the signature manifest is malformed: {exc.message}") from None
+
+
+def read_signatures(client: RegistryClient, repository: str, digest: str) -> list[Signature]:
+    """The signatures stored for `digest` (payloads fetched and hash-checked); [] when there are none."""
+    document = _signature_manifest(client, repository, digest)
+    if document is None:
+        return []
+    found = []
+    for layer in _layers(document):
+        encoded = layer.annotations.get(SIGNATURE_ANNOTATION)
+        if layer.media_type != SIMPLE_SIGNING or encoded is None:
+            continue
+        if layer.size > MAX_PAYLOAD_BYTES or len(encoded) > MAX_SIGNATURE_BYTES:
+            raise InvalidSignature("a signature in the signature manifest is too large")
+        try:
+            signature = base64.b64decode(encoded, validate=True)
+        except ValueError:
+            raise InvalidSignature("a signature annotation is not base64") from None
+        response = client.open_blob(repository, layer.digest, 0)
+        with contextlib.closing(response):
+            try:
+                payload = read_capped(response.chunks(), layer.size, "signature payload")
+            except InvalidArtifact:
+                raise InvalidSignature("a signature payload is larger than its manifest says") from None
+        if len(payload) != layer.size or sha256_digest(payload) != layer.digest:
+            raise InvalidSignature("a signature payload does not match its digest")
+        found.append(Signature(payload, signature))
+    return found
+
+
+def _same_repository(docker_reference: str, reference: Reference) -> bool:
+    try:
+        signed = parse_reference(docker_reference)
+    except InvalidReference:
+        return False
+    return (signed.registry, signed.repository) == (reference.registry, reference.repository)
+
+
+def verify_signatures(
+    signatures: list[Signature],
+    reference: Reference,
+    digest: str,
+    public_keys: list[ec.EllipticCurvePublicKey],
+) -> Verified:
+    """The first signature that a key made over `digest` for this repository; InvalidSignature (the
+    reason the last one failed) otherwise."""
+    if not signatures:
+        raise InvalidSignature(f"{reference.name} is not signed (no signature for {digest})")
+    reason = "no signature was made by the given key"
+    for signature in signatures:
+        key = next(
+            (k for k in public_keys if keys.signature_valid(k, signature.signature, signature.payload)), None
+        )
+        if key is None:
+            continue
+        claim = parse_payload(signature.payload)
+        if claim.manifest_digest != digest:
+            reason = f"the signature is for another manifest ({claim.manifest_digest}), not {digest}"
+            continue
+        if not _same_repository(claim.docker_reference, reference):
+            reason = f"the signature is for another repository ({claim.docker_reference[:200]})"
+            continue
+        return Verified(digest, keys.key_id(key), claim.docker_reference)
+    raise InvalidSignature(f"{reference.name}@{digest}: {reason}")
+
+
+def verify_reference(
+    reference: Reference, public_keys: list[ec.EllipticCurvePublicKey], client: RegistryClient | None = None
+) -> Verified:
+    """Check `reference` in its registry against the keys."""
+    with contextlib.ExitStack() as stack:
+        if client is None:
+            client = stack.enter_context(RegistryClient(reference.registry))
+        digest = resolve_digest(client, reference)
+        return verify_signatures(
+            read_signatures(client, reference.repository, digest), reference, digest, public_keys
+        )
+
+
+def _upload_blob(client: RegistryClient, repository: str, data: bytes) -> Descriptor:
+    digest = sha256_digest(data)
+    scopes = [push_scope(repository)]
+    if not client.blob_exists(repository, digest, scopes):
+        location = client.start_upload(repository)
+        response = client.request(
+            "PUT",
+            _with_digest(location, digest),
+            scopes,
+            headers={"Content-Type": "application/octet-stream"},
+            content=data,
+        )
+        response.close()
+        raise_for_status(response, f"upload of blob {digest[:19]}")
+    return Descriptor(OCI_IMAGE_CONFIG, digest, len(data))
+
+
+def _image_config(payload_digests: list[str]) -> bytes:
+    """The config cosign writes beside its signature layers: an empty image whose layers are the payloads."""
+    zero = "0001-01-01T00:00:00Z"
+    document = {
+        "architecture": "",
+        "created": zero,
+        "history": [{"created": zero}],
+        "os": "",
+        "rootfs": {"type": "layers", "diff_ids": payload_digests},
+        "config": {},
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def sign_reference(
+    reference: Reference,
+    private_key: ec.EllipticCurvePrivateKey,
+    expected_digest: str | None = None,
+    client: RegistryClient | None = None,
+) -> Verified:
+    """Sign the manifest `reference` names in its registry and store the signature beside it;
+    `expected_digest` (what a push just sent) refuses to sign anything else the tag names by then."""
+    with contextlib.ExitStack() as stack:
+        if client is None:
+            client = stack.enter_context(RegistryClient(reference.registry))
+        digest = resolve_digest(client, reference)
+        if expected_digest is not None and digest != expected_digest:
+            raise InvalidSignature(
+                f"{reference} names {digest} in the registry, not the pushed {expected_digest}"
+            )
+        identity = str(reference) if reference.tag and not reference.digest else reference.name
+        payload = make_payload(identity, digest)
+        signature = keys.sign(private_key, payload)
+        repository = reference.repository
+        existing = _signature_manifest(client, repository, digest)
+        layers = [raw for raw in (existing or {}).get("layers", []) if isinstance(raw, dict)]
+        payload_blob = _upload_blob(client, repository, payload)
+        layers.append(
+            {
+                "mediaType": SIMPLE_SIGNING,
+                "size": payload_blob.size,
+                "digest": payload_blob.digest,
+                "annotations": {SIGNATURE_ANNOTATION: base64.b64encode(signature).decode()},
+            }
+        )
+        layers = layers[-MAX_SIGNATURES:]
+        config = _upload_blob(
+            client, repository, _image_config([str(layer.get("digest")) for layer in layers])
+        )
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": mt.OCI_MANIFEST,
+            "config": {"mediaType": OCI_IMAGE_CONFIG, "size": config.size, "digest": config.digest},
+            "layers": layers,
+        }
+        client.put_manifest(repository, signature_tag(digest), json.dumps(manifest).encode(), mt.OCI_MANIFEST)
+        return Verified(digest, keys.key_id(private_key.public_key()), identity)
