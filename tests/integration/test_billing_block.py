@@ -1,7 +1,7 @@
 """Claude Code's billing block (compat/billing.py) never reaches an engine: two requests that differ only in
 its fields reach the engine as the same bytes, on every API family, through the real daemon with the fake
-engine recording the bodies it receives (FAKE_BODIES); and a real llama-server then serves turn 2 of a
-session from its prefix cache."""
+engine recording the bodies it receives (FAKE_BODIES); and on a real llama-server turn 2 of a session is
+served from its prefix cache, and `count_tokens` is the total the same request then reports."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import anthropic
 import pytest
 
+from modelrunner.embedded import smollm2_gguf
 from tests.conformance.dmr_daemons import package
 from tests.daemon import Daemon
 from tests.engines import tiny_daemon
@@ -23,9 +24,10 @@ SYSTEM = "You are a coding agent. Answer briefly."
 HI: Any = [{"role": "user", "content": "hi"}]
 
 
-def billing(nonce: str) -> str:
+def billing(nonce: str, version: str = "") -> str:
     """The line as Claude Code 2.1.17x sends it: both the version's suffix and `cch` change per request."""
-    return f"x-anthropic-billing-header: cc_version=2.1.177.{nonce[:3]}; cc_entrypoint=cli; cch={nonce};"
+    version = version or nonce[:3]
+    return f"x-anthropic-billing-header: cc_version=2.1.177.{version}; cc_entrypoint=cli; cch={nonce};"
 
 
 @pytest.fixture
@@ -116,11 +118,16 @@ def test_the_same_block_elsewhere_than_the_system_prompt_is_left_alone(
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
     with tiny_daemon(tmp_path_factory.mktemp("billing"), llama_server) as running:
+        running.cli("package", "--gguf", str(smollm2_gguf()), "smol")  # a real tokenizer, without tools
         yield running
 
 
+def sdk(daemon: Daemon) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=daemon.url + "/anthropic", api_key="unused", max_retries=0)
+
+
 def test_turn_two_with_a_new_billing_block_is_served_from_the_engines_cache(daemon: Daemon) -> None:
-    client = anthropic.Anthropic(base_url=daemon.url + "/anthropic", api_key="unused", max_retries=0)
+    client = sdk(daemon)
     system: Any = [{"type": "text", "text": SYSTEM + " Keep the answers short."}]
     first = client.messages.create(
         model="tiny",
@@ -139,3 +146,27 @@ def test_turn_two_with_a_new_billing_block_is_served_from_the_engines_cache(daem
     )
     assert (first.usage.cache_read_input_tokens or 0) == 0
     assert (second.usage.cache_read_input_tokens or 0) > 0, second.usage
+
+
+@pytest.mark.parametrize("model", ["tiny", "smol"])
+def test_count_tokens_is_the_input_the_same_request_then_reports(daemon: Daemon, model: str) -> None:
+    """Claude Code counts with one billing line and sends the request with another; SmolLM2 tokenizes
+    these two lines to 56 and 57 tokens in all (the issue's 596 against 597): with the line dropped, the
+    count is the request's, whatever the line held. The tiny model's template renders tools."""
+    tools: Any = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}]
+    request: Any = {"model": model, "messages": HI, **({"tools": tools} if model == "tiny" else {})}
+    system = {"type": "text", "text": "Be brief."}
+    client = sdk(daemon)
+    counted = client.messages.count_tokens(
+        **request, system=[{"type": "text", "text": billing("f9f74", "cce")}, system]
+    ).input_tokens
+    usage = client.messages.create(
+        **request,
+        system=[{"type": "text", "text": billing("498c6", "54a")}, system],
+        max_tokens=2,
+        extra_body={"temperature": 0, "top_k": 1},
+    ).usage
+    reported = (
+        usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+    )
+    assert counted == reported
