@@ -30,14 +30,17 @@ def billing(nonce: str, version: str = "") -> str:
     return f"x-anthropic-billing-header: cc_version=2.1.177.{version}; cc_entrypoint=cli; cch={nonce};"
 
 
-@pytest.fixture
-def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[InProcessDaemon, Path]]:
-    """A daemon whose fake engine logs each request's body, and the log."""
+@pytest.fixture(params=["llama.cpp", "vllm"])
+def recorded(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[InProcessDaemon, Path]]:
+    """A daemon whose fake engine, in the place of each engine (the daemon drives them differently: it
+    assembles llama.cpp's unstreamed answers), logs each request's body; and the log."""
     home, events = tmp_path / "home", tmp_path / "events.jsonl"
     monkeypatch.setenv("MODEL_RUNNER_HOME", str(home))
     monkeypatch.delenv("MODEL_RUNNER_API_KEY", raising=False)
-    engine = FakeEngine(env={"FAKE_EVENTS": str(events), "FAKE_BODIES": "1"})
-    daemon = InProcessDaemon(home, {"llama.cpp": engine}).start()
+    engine = FakeEngine(request.param, env={"FAKE_EVENTS": str(events), "FAKE_BODIES": "1"})
+    daemon = InProcessDaemon(home, {request.param: engine}).start()
     package(daemon, tmp_path, "tiny")
     yield daemon, events
     daemon.stop()
