@@ -9,7 +9,8 @@ FAKE_EXIT_AT_START (exit code, before serving), FAKE_CHUNKS / FAKE_CHUNK_DELAY (
 FAKE_CHUNK_PAD (x's after each token's text), FAKE_CRASH_AFTER (exit after that many streamed chunks),
 FAKE_EVENTS (a file it appends events to: started, request, token, completed, cancelled), FAKE_CHILD
 (start a child process, as vLLM starts its workers; its pid is in the `child` event), FAKE_STOP_DELAY
-(seconds between SIGTERM and exiting, logged as `exiting`).
+(seconds between SIGTERM and exiting, logged as `exiting`), FAKE_BODIES=1 (each `request` event carries the
+body as the engine received it, byte for byte).
 Connections are kept alive (HTTP/1.1); each `request` event says how many requests its connection has
 carried (`served`). On a connection's second and later requests FAKE_REUSED scripts an engine's idle-close
 race: `drop` closes it unanswered, `cut` closes it after the head and one chunk (event `reused_closed`).
@@ -143,9 +144,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
-        request = json.loads(self.rfile.read(length) or b"{}")
+        raw = self.rfile.read(length)
+        request = json.loads(raw or b"{}")
         self.served = getattr(self, "served", 0) + 1  # one handler per connection
-        _event("request", path=self.path, served=self.served)
+        body = {"body": raw.decode()} if os.environ.get("FAKE_BODIES") else {}
+        _event("request", path=self.path, served=self.served, **body)
         reused = os.environ.get("FAKE_REUSED") if self.served > 1 else None
         if reused == "drop":
             _event("reused_closed", served=self.served)

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from modelrunner.compat import assemble, structured, tool_choice, tool_rescue
+from modelrunner.compat import assemble, billing, structured, tool_choice, tool_rescue
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, MethodNotAllowed, ModelRunnerError
@@ -139,7 +139,8 @@ class InferenceHandler:
         runner = await self.inference.acquire(
             name, route.mode, keep_alive, route.backend, record=not preload, needs=needs
         )
-        changed = False
+        engine_doc = billing.neutralised(route.upstream_path, doc)  # Claude Code's per-request nonce
+        doc, changed = engine_doc, engine_doc is not doc
         if runner.model.reference != name:
             # Engines such as vLLM answer only to the names they were started with: another name of the
             # same model (a tag, the short form) is sent as the runner's.

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from modelrunner.compat import assemble, structured, tool_choice, tool_rescue
+from modelrunner.compat import assemble, billing, structured, tool_choice, tool_rescue
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelRunnerError
@@ -348,6 +348,7 @@ async def call_engine(
 ) -> EngineCall:
     """POST `body` to `path` of the model's runner; the answer's head is read and its status checked (an
     error status raises EngineFailed before anything is streamed), its body not yet."""
+    body = billing.neutralised(path, body)  # Claude Code's per-request nonce busts the prefix cache
     schema = structured.requested_schema(path, body)  # a bad one is refused before a model loads
     forced = tool_choice.forced(path, body)  # so is a choice of a tool not declared
     started = time.monotonic()
