@@ -427,7 +427,7 @@ class FrontProtocol(asyncio.Protocol):
         reader = upstream.request.reader
         if self.transport.is_closing():
             return  # the client left
-        if reader.head is None:
+        if reader.head is None or not self.head_sent:  # nothing of it written (a refusal held whole)
             message = exchange.failure(upstream.request.failure or "no response")
             self._write_json(500, engine_died_body(message))
         elif reader.until_close:

@@ -23,7 +23,7 @@ from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy
 from modelrunner.server import capabilities, lifecycle
-from modelrunner.server.errors import error_body
+from modelrunner.server.errors import OPENAI, error_body, exception_payload
 from modelrunner.server.lifecycle import Exchange, Inference
 from modelrunner.server.proxy import (
     Receive,
@@ -191,7 +191,7 @@ class InferenceHandler:
         tail = b"\n\n"  # the last two bytes sent, to know whether an SSE event was cut
         try:
             await call.send(route.upstream_path, prepared.body, headers)
-            if prepared.whole:
+            if prepared.whole or call.status >= 400:  # a refusal is read whole: `answer` rewords it
                 status, body = await call.answer()
                 await send_json(send, status, body)
                 return
@@ -274,7 +274,7 @@ def error_parts(exc: ModelRunnerError) -> tuple[int, dict[str, object], list[tup
         headers.append((b"retry-after", str(exc.retry_after).encode()))
     elif isinstance(exc, MethodNotAllowed):
         headers.append((b"allow", b"POST"))
-    return exc.status_code, error_body(exc.status_code, exc.message, exc.param), headers
+    return exc.status_code, exception_payload(OPENAI, exc), headers
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
