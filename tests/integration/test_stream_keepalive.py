@@ -18,7 +18,7 @@ from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
 
-Start = Callable[[dict[str, str]], InProcessDaemon]
+Start = Callable[..., InProcessDaemon]
 HI = [{"role": "user", "content": "hi"}]
 LOADING = {"FAKE_START_DELAY": "1.5"}  # the model loads for 1.5 s: several intervals of 0.2 s
 SILENT = {"FAKE_TEXT": "one two three four", "FAKE_CHUNK_DELAY": "0.6"}  # 0.6 s between its events
@@ -30,8 +30,8 @@ def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Start]:
     monkeypatch.setenv(keepalive.ENV, "0.2")
     running: list[InProcessDaemon] = []
 
-    def starter(env: dict[str, str]) -> InProcessDaemon:
-        daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": FakeEngine(env=env)}, True).start()
+    def starter(env: dict[str, str], front: bool = True) -> InProcessDaemon:
+        daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": FakeEngine(env=env)}, front).start()
         running.append(daemon)
         for seed, name in enumerate(["tiny", "other"]):  # two models: each request of a test loads one
             gguf = write_tiny_gguf(tmp_path / f"{name}.gguf", seed=seed)
@@ -75,3 +75,45 @@ def test_responses_stream_comments_and_the_sdk_reads_the_answer(start: Start) ->
     stream = client.responses.create(model="other", input="hi", stream=True)
     done = [event for event in stream if event.type == "response.completed"]
     assert len(done) == 1 and done[0].response.output_text == "hello there"
+
+
+@pytest.mark.parametrize("front", [True, False], ids=["http-front", "asgi"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_openai_streams_comment_while_the_model_loads(start: Start, path: str, front: bool) -> None:
+    daemon = start({**LOADING, "FAKE_TEXT": "hello there"}, front)
+    body: dict[str, object] = {"messages": HI} if path.endswith("chat/completions") else {"prompt": "hi"}
+    answer = _raw(daemon, path, body)
+    assert answer.status_code == 200 and answer.headers["content-type"] == "text/event-stream"
+    assert answer.content.startswith(keepalive.SSE_COMMENT)
+    assert answer.content.endswith(b"data: [DONE]\n\n")
+
+
+def test_the_openai_sdk_reads_a_stream_that_commented(start: Start) -> None:
+    daemon = start({**LOADING, "FAKE_TEXT": "hello there"})
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    chunks = client.chat.completions.create(model="other", messages=HI, stream=True)  # type: ignore[arg-type]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello there"
+
+
+def test_an_unstreamed_request_that_waits_is_answered_whole(start: Start) -> None:
+    daemon = start(LOADING)
+    answer = httpx.post(
+        daemon.url + "/v1/chat/completions", json={"model": "tiny", "messages": HI}, timeout=60
+    )
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("application/json")
+    assert answer.json()["choices"][0]["message"]["content"]  # assembled whole, no comment before it
+
+
+def test_a_stream_that_declares_tools_comments_too(start: Start) -> None:
+    """The front hands a stream that declares tools to the ASGI relay (its calls are rescued there)."""
+    daemon = start({**LOADING, "FAKE_TOOL_CALL": "search"})
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    with client.chat.completions.with_streaming_response.create(
+        model="tiny",
+        messages=HI,  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        stream=True,
+    ) as answer:
+        raw = b"".join(answer.iter_bytes())
+    assert raw.startswith(keepalive.SSE_COMMENT) and b'"search"' in raw

@@ -155,3 +155,10 @@ def test_the_interval_is_configured() -> None:
             keepalive.interval()
         patch.delenv(keepalive.ENV)
         assert keepalive.interval() == keepalive.DEFAULT_INTERVAL
+
+
+def test_a_refusal_after_an_early_head_is_the_openai_streams_error() -> None:
+    body = b'{"error": {"message": "too long", "type": "invalid_request_error", "code": "x"}}'
+    assert keepalive.error_event(body) == b"data: " + body + b"\n\n"
+    event = keepalive.error_event(b'{"type": "error", "message": "engine died"}')
+    assert event.startswith(b'data: {"error": {"message": "engine died"')

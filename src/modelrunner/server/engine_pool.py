@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 
 MAX_IDLE_SECONDS = 2.0  # an idle engine connection is reused within this, else closed
 MAX_IDLE_PER_SOCKET = 512
-REWORDED_STATUS = 400  # refusals held whole, for the one engine-error mapping to reword (context overflow)
+# Refusals are held whole: the one engine-error mapping rewords them (context overflow), and a stream
+# whose head went out early (server/keepalive.py) ends with them as its error event.
+REFUSAL = 400
 MAX_HELD = 64 * 1024
 
 
@@ -46,6 +48,8 @@ class Client(Protocol):
     upstream: Upstream | None  # the engine connection answering it, for flow control
 
     def answer_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes: ...
+
+    def whole_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes: ...
 
 
 class EnginePool:
@@ -238,7 +242,7 @@ class Upstream(asyncio.Protocol):
                 if reader.invalid is not None:
                     self._invalid(ValueError(reader.invalid))
                 return
-            if reader.head.status == REWORDED_STATUS and not reader.until_close:
+            if reader.head.status >= REFUSAL and not reader.until_close:
                 request.held = bytearray()
             else:
                 head = self._answer_head()
@@ -302,7 +306,7 @@ class Upstream(asyncio.Protocol):
         headers = [(k, v) for k, v in headers if k != b"content-length"]
         headers.append((b"content-length", b"%d" % len(body)))
         assert request.front is not None and request.client is not None
-        request.client.write(request.front.answer_head(reader.head.status, headers) + body)
+        request.client.write(request.front.whole_answer(reader.head.status, headers, body))
         request.sent += len(body)
         if request.record is not None:
             request.record.tee(body)

@@ -22,8 +22,9 @@ from modelrunner.errors import BadRequest, MethodNotAllowed, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy
-from modelrunner.server import capabilities, lifecycle
+from modelrunner.server import capabilities, keepalive, lifecycle
 from modelrunner.server.errors import OPENAI, error_body, exception_payload
+from modelrunner.server.handed_over import asks_for_stream
 from modelrunner.server.lifecycle import Exchange, Inference
 from modelrunner.server.proxy import (
     Receive,
@@ -164,11 +165,15 @@ class InferenceHandler:
         return Prepared(runner, data, assembling, whole, shortening, constraint, tools)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
+        send = paced = keepalive.EarlyHead(send)  # a stream that waits gets its head and comments early
         try:
             if scope["method"] != "POST":
                 raise MethodNotAllowed("use POST for this route")
             preload = _header(scope, b"x-preload-only") == b"true"
-            prepared = await self.prepare(route, await read_body(receive), preload)
+            data = await read_body(receive)
+            if not preload:
+                paced.start(keepalive.interval(), lambda: asks_for_stream(route.upstream_path, data))
+            prepared = await self.prepare(route, data, preload)
             if preload:
                 await send(
                     {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]}
@@ -181,6 +186,8 @@ class InferenceHandler:
             await send_json(send, status, body, headers)
         except BodyTooLarge as exc:
             await send_json(send, 413, error_body(413, str(exc.detail)), [(b"connection", b"close")])
+        finally:
+            await paced.stop()
 
     async def _relay(
         self, prepared: Prepared, route: Route, headers: list[tuple[bytes, bytes]], send: Send

@@ -3,7 +3,8 @@
 Agents' clients and the gateways between them drop a connection that stays silent too long. Anthropic's
 streams carry `event: ping`; an SSE comment line is what every SSE client skips (OpenAI's SDKs, and the
 Responses stream's). Ollama's NDJSON has no line a client would skip, so its streams get none (as Ollama's
-own).
+own). The HTTP front (server/front.py) does the same for the OpenAI streams it relays: its head and
+comments, as chunks, until the engine's first bytes, whose own head is then not passed on.
 
 The status of a stream is the engine's as long as possible: the engine call is given `interval()` seconds
 to start (a refusal within them, a prompt over the context included, is still an HTTP error); after that
@@ -16,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 from modelrunner.errors import ModelRunnerError
+from modelrunner.server.proxy import EVENT_STREAM_HEADERS, Message, Send, stream_end_event
+from modelrunner.wire import error_message
 
 T = TypeVar("T")
 
@@ -125,3 +129,84 @@ async def pinged(chunks: AsyncIterator[bytes], ping: bytes, every: float) -> Asy
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+# -- the HTTP front's streams (server/front.py): its head goes out before the engine's, framed as chunks --
+
+EARLY_HEAD = [
+    (b"content-type", b"text/event-stream"),
+    (b"transfer-encoding", b"chunked"),
+    *EVENT_STREAM_HEADERS,
+]
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def error_event(body: bytes) -> bytes:
+    """A refusal, as the event that ends an OpenAI stream whose head went out early: an OpenAI error body as
+    it is, anything else as the error of a cut stream."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+        return b"data: " + json.dumps(doc).encode() + b"\n\n"
+    return stream_end_event(b"\n\n", error_message(body) or "the engine failed")
+
+
+class EarlyHead:
+    """The ASGI relay's `send` (server/inference.py), with the front's keep-alive: a stream whose answer has
+    not begun after an interval gets a 200 event-stream head and a comment every interval; then the
+    handler's head is not passed on, its stream's body is, and a whole answer (a refusal) becomes the
+    stream's error event."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.lock = asyncio.Lock()  # the handler's messages and the pings, one at a time
+        self.answered = False  # the handler sent its head
+        self.early = False  # ours went out first
+        self.status = 0
+        self.held = bytearray()
+        self.pinger: asyncio.Task[None] | None = None
+
+    def start(self, every: float, streamed: Callable[[], bool]) -> None:
+        if every:
+            self.pinger = asyncio.ensure_future(self._ping(every, streamed))
+
+    async def stop(self) -> None:
+        if self.pinger is not None:
+            self.pinger.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait({self.pinger})
+
+    async def __call__(self, message: Message) -> None:
+        async with self.lock:
+            if message["type"] == "http.response.start":
+                self.answered = True
+                self.status = message["status"]
+                if self.early:
+                    return
+            if not self.early or self.status == 200:
+                await self.send(message)
+                return
+            self.held += message.get("body", b"")
+            if not message.get("more_body", False):
+                event = error_event(bytes(self.held))
+                await self.send({"type": "http.response.body", "body": event, "more_body": False})
+
+    async def _ping(self, every: float, streamed: Callable[[], bool]) -> None:
+        while True:
+            await asyncio.sleep(every)
+            async with self.lock:
+                if self.answered:
+                    return
+                if not self.early:
+                    if not streamed():
+                        return
+                    head = [(name, value) for name, value in EARLY_HEAD if name != b"transfer-encoding"]
+                    await self.send({"type": "http.response.start", "status": 200, "headers": head})
+                    self.early = True
+                await self.send({"type": "http.response.body", "body": SSE_COMMENT, "more_body": True})
