@@ -21,6 +21,7 @@ from tests.models import write_tiny_gguf
 Start = Callable[..., InProcessDaemon]
 HI = [{"role": "user", "content": "hi"}]
 LOADING = {"FAKE_START_DELAY": "1.5"}  # the model loads for 1.5 s: several intervals of 0.2 s
+PREFILL = {"FAKE_FIRST_CHUNK_DELAY": "1.5", "FAKE_TEXT": "hello there"}  # a head, then 1.5 s of nothing
 SILENT = {"FAKE_TEXT": "one two three four", "FAKE_CHUNK_DELAY": "0.6"}  # 0.6 s between its events
 
 
@@ -88,8 +89,18 @@ def test_openai_streams_comment_while_the_model_loads(start: Start, path: str, f
     assert answer.content.endswith(b"data: [DONE]\n\n")
 
 
-def test_the_openai_sdk_reads_a_stream_that_commented(start: Start) -> None:
-    daemon = start({**LOADING, "FAKE_TEXT": "hello there"})
+def test_a_silent_prefill_after_the_engines_head_is_commented_through(start: Start) -> None:
+    daemon = start(PREFILL)
+    answer = _raw(daemon, "/v1/chat/completions", {"messages": HI})
+    assert answer.status_code == 200
+    head, _, rest = answer.content.partition(b"data: ")
+    assert head.startswith(keepalive.SSE_COMMENT) and set(head.split(b"\n\n")) == {b": keep-alive", b""}
+    assert rest.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("env", [LOADING, PREFILL], ids=["loading", "prefill"])
+def test_the_openai_sdk_reads_a_stream_that_commented(start: Start, env: dict[str, str]) -> None:
+    daemon = start({**env, "FAKE_TEXT": "hello there"})
     client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
     chunks = client.chat.completions.create(model="other", messages=HI, stream=True)  # type: ignore[arg-type]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello there"

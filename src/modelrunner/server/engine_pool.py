@@ -51,6 +51,8 @@ class Client(Protocol):
 
     def whole_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes: ...
 
+    def engine_silent(self, silent: bool) -> None: ...
+
 
 class EnginePool:
     """Connections to engines' sockets kept alive between requests, as nginx's `keepalive` does: a request
@@ -144,6 +146,7 @@ class Relayed:
     last_read: float = 0.0  # time.monotonic() of the body's last bytes
     idle_timer: asyncio.TimerHandle | None = None
     held: bytearray | None = None  # the data of a refusal, held until whole (Upstream._reword)
+    silent: bool = False  # a stream's head came without data: the front comments until its first bytes
 
 
 class Upstream(asyncio.Protocol):
@@ -236,7 +239,8 @@ class Upstream(asyncio.Protocol):
         request.heard = True
         head = b""
         start = 0
-        if reader.head is None:
+        new_head = reader.head is None
+        if new_head:
             spans = reader.feed(data)
             if reader.head is None:
                 if reader.invalid is not None:
@@ -259,8 +263,17 @@ class Upstream(asyncio.Protocol):
             self.keep_alive = False
         body = data[start:end] if start or end < len(data) else data
         if head or body:
-            assert request.client is not None
+            assert request.client is not None and request.front is not None
+            if request.silent and body:
+                request.silent = False
+                request.front.engine_silent(False)
             request.client.write(head + body if head else body)  # the head and the first bytes: one write
+        if new_head and not body and request.event_stream and reader.chunked and not reader.complete:
+            # llama-server sends a stream's head as its prefill starts: keep-alive comments go until
+            # its first chunk (server/keepalive.py)
+            request.silent = True
+            assert request.front is not None
+            request.front.engine_silent(True)
         request.sent += len(body)
         if request.record is not None and spans:
             request.record.tee(body_of(spans, data))  # the data, unframed

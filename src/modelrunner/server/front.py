@@ -459,8 +459,21 @@ class FrontProtocol(asyncio.Protocol):
                 return
             self.write_head(200, keepalive.EARLY_HEAD)
             self.early = True
+        self._comment()
+
+    def _comment(self) -> None:
+        """A keep-alive comment (a chunk of its own, between the stream's), and the next in an interval."""
+        self.pings = None
+        if self.transport is None or self.transport.is_closing():
+            return
         self.write(keepalive.chunk(keepalive.SSE_COMMENT))
-        self.pings = self.loop.call_later(self.fast.keepalive, self._ping, path, body)
+        self.pings = self.loop.call_later(self.fast.keepalive, self._comment)
+
+    def engine_silent(self, silent: bool) -> None:
+        """The engine's stream began without data (a prefill): comments until its first bytes."""
+        self._stop_pings()
+        if silent and self.fast.keepalive:
+            self.pings = self.loop.call_later(self.fast.keepalive, self._comment)
 
     def _stop_pings(self) -> None:
         if self.pings is not None:
