@@ -14,7 +14,8 @@ body as the engine received it, byte for byte).
 Connections are kept alive (HTTP/1.1); each `request` event says how many requests its connection has
 carried (`served`). On a connection's second and later requests FAKE_REUSED scripts an engine's idle-close
 race: `drop` closes it unanswered, `cut` closes it after the head and one chunk (event `reused_closed`).
-FAKE_CONNECTION_CLOSE=1 answers streams with `Connection: close`.
+FAKE_CONNECTION_CLOSE=1 answers streams with `Connection: close`. FAKE_FIRST_CHUNK_DELAY: seconds between a
+chat stream's head and its first chunk (llama-server sends the head as its prefill starts).
 Hostile engines: FAKE_STALL_AFTER (after that many streamed chunks, send nothing more, the connection left
 open, /health still answered; event `stalled`), FAKE_BAD_CHUNK_AFTER (after that many, a chunk whose size
 line is invalid, then the connection closed; event `bad_chunk`).
@@ -193,6 +194,7 @@ class Handler(BaseHTTPRequestHandler):
         if os.environ.get("FAKE_CONNECTION_CLOSE"):
             self.send_header("Connection", "close")
         self.end_headers()
+        time.sleep(float(os.environ.get("FAKE_FIRST_CHUNK_DELAY", "0")))
         text = os.environ.get("FAKE_TEXT")
         pieces = [text[i : i + 7] for i in range(0, len(text), 7)] if text else []
         chunks = len(pieces) if text else int(os.environ.get("FAKE_CHUNKS", "5"))

@@ -6,15 +6,18 @@ that server/errors.py answers in Anthropic's shape.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from modelrunner.compat import anthropic as shapes
 from modelrunner.compat.tool_rescue import MessageStreamRescue
 from modelrunner.engines.base import Mode
-from modelrunner.errors import ModelNotFound
+from modelrunner.errors import ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
+from modelrunner.server import keepalive
+from modelrunner.server.errors import ANTHROPIC, exception_payload
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.serving import EventStream, RawAnswer
 from modelrunner.server.upstream import READ_ERRORS, EngineCall, call_engine
@@ -38,16 +41,33 @@ class AnthropicServing:
             raise ModelNotFound(f"model: {checked.model[:200]} not found") from None
         keep_alive = parse_keep_alive(doc.pop("keep_alive")) if "keep_alive" in doc else None
         path = "/v1/messages/count_tokens" if count_tokens else "/v1/messages"
-        call = await call_engine(self.ctx, checked.model, path, doc, Mode.COMPLETION, keep_alive, backend)
+        start = call_engine(self.ctx, checked.model, path, doc, Mode.COMPLETION, keep_alive, backend)
         if doc.get("stream") and not count_tokens:
-            if call.tools is not None:
-                return EventStream(rescued_events(call, checked.model))
-            return EventStream(relay_events(call, checked.model))
+            return await streamed(start, checked.model)
+        call = await start
         try:
             status, body = await call.answer()
         finally:
             await call.close()
         return RawAnswer(status, body)
+
+
+async def streamed(start: Coroutine[Any, Any, EngineCall], model: str) -> EventStream:
+    """The stream of a started engine call, with `event: ping` while it waits (server/keepalive.py)."""
+    every = keepalive.interval()
+    started = await keepalive.within(start, every, EngineCall.close)
+
+    def events(call: EngineCall) -> AsyncIterator[bytes]:
+        return rescued_events(call, model) if call.tools is not None else relay_events(call, model)
+
+    if isinstance(started, asyncio.Task):  # the stream's head goes out now, pings while it waits
+        ping = keepalive.ANTHROPIC_PING
+        return EventStream(keepalive.waiting(started, events, ping, every, _error_event, EngineCall.close))
+    return EventStream(keepalive.pinged(events(started), keepalive.ANTHROPIC_PING, every))
+
+
+def _error_event(exc: ModelRunnerError) -> bytes:
+    return b"event: error\ndata: " + json.dumps(exception_payload(ANTHROPIC, exc)).encode() + b"\n\n"
 
 
 async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:

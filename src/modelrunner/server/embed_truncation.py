@@ -9,13 +9,14 @@ kept tokens are sent as token arrays, special tokens in place, exactly what it w
 
 from __future__ import annotations
 
+from modelrunner.compat.context_overflow import OLLAMA_WORDS
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelRunnerError
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.upstream import call_engine
 
 # Ollama's words (its runners and EmbedHandler), which clients match on.
-EXCEEDS_CONTEXT = "the input length exceeds the context length"
+EXCEEDS_CONTEXT = OLLAMA_WORDS
 NOTHING_LEFT = "input after truncation exceeds maximum context length"
 
 

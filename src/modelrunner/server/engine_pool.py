@@ -7,6 +7,7 @@ chunk boundary. The client side is server/front.py; it reaches this module only 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -14,9 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
 from modelrunner import eventlog
+from modelrunner.compat.context_overflow import refusal
 from modelrunner.http1 import EngineIdle
 from modelrunner.response_reader import ResponseReader, body_of
 from modelrunner.scheduler.rundir import untrusted_socket
+from modelrunner.server.errors import OPENAI, exception_payload
 from modelrunner.server.native_relay import End, NativeRelay, Result, native_relay
 from modelrunner.server.proxy import client_headers, retry_full_backlog
 from modelrunner.server.recorder import TAIL_KEPT
@@ -29,6 +32,10 @@ log = logging.getLogger(__name__)
 
 MAX_IDLE_SECONDS = 2.0  # an idle engine connection is reused within this, else closed
 MAX_IDLE_PER_SOCKET = 512
+# Refusals are held whole: the one engine-error mapping rewords them (context overflow), and a stream
+# whose head went out early (server/keepalive.py) ends with them as its error event.
+REFUSAL = 400
+MAX_HELD = 64 * 1024
 
 
 class Client(Protocol):
@@ -41,6 +48,10 @@ class Client(Protocol):
     upstream: Upstream | None  # the engine connection answering it, for flow control
 
     def answer_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes: ...
+
+    def whole_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes: ...
+
+    def engine_silent(self, silent: bool) -> None: ...
 
 
 class EnginePool:
@@ -134,6 +145,8 @@ class Relayed:
     native_refused: bool = False  # the C relay could not take this answer: no more tries
     last_read: float = 0.0  # time.monotonic() of the body's last bytes
     idle_timer: asyncio.TimerHandle | None = None
+    held: bytearray | None = None  # the data of a refusal, held until whole (Upstream._reword)
+    silent: bool = False  # a stream's head came without data: the front comments until its first bytes
 
 
 class Upstream(asyncio.Protocol):
@@ -226,25 +239,41 @@ class Upstream(asyncio.Protocol):
         request.heard = True
         head = b""
         start = 0
-        if reader.head is None:
+        new_head = reader.head is None
+        if new_head:
             spans = reader.feed(data)
             if reader.head is None:
                 if reader.invalid is not None:
                     self._invalid(ValueError(reader.invalid))
                 return
-            head = self._answer_head()
+            if reader.head.status >= REFUSAL and not reader.until_close:
+                request.held = bytearray()
+            else:
+                head = self._answer_head()
             start = reader.body_start
         else:
             if request.idle_timer is not None:
                 request.last_read = time.monotonic()
             spans = reader.feed(data)
+        if request.held is not None:
+            self._reword(spans, data)
+            return
         end = len(data) - reader.excess if reader.invalid is None else reader.valid
         if reader.excess:  # bytes after the answer: not the client's, and the connection is spoilt
             self.keep_alive = False
         body = data[start:end] if start or end < len(data) else data
         if head or body:
-            assert request.client is not None
+            assert request.client is not None and request.front is not None
+            if request.silent and body:
+                request.silent = False
+                request.front.engine_silent(False)
             request.client.write(head + body if head else body)  # the head and the first bytes: one write
+        if new_head and not body and request.event_stream and reader.chunked and not reader.complete:
+            # llama-server sends a stream's head as its prefill starts: keep-alive comments go until
+            # its first chunk (server/keepalive.py)
+            request.silent = True
+            assert request.front is not None
+            request.front.engine_silent(True)
         request.sent += len(body)
         if request.record is not None and spans:
             request.record.tee(body_of(spans, data))  # the data, unframed
@@ -269,6 +298,32 @@ class Upstream(asyncio.Protocol):
             request.last_read = time.monotonic()
             request.idle_timer = request.front.loop.call_later(request.idle, self._idle_check)
         return request.front.answer_head(engine_head.status, headers)
+
+    def _reword(self, spans: list[tuple[int, int]], data: bytes) -> None:
+        """A refusal, held until whole, then written in OpenAI's shape when a prompt over the context is
+        what it says (compat/context_overflow.py), else as the engine wrote it (its data, framed anew)."""
+        request, reader = self.request, self.request.reader
+        assert request.held is not None and reader.head is not None
+        request.held += body_of(spans, data)
+        if reader.invalid is not None or len(request.held) > MAX_HELD:
+            self._invalid(ValueError(reader.invalid or "an error answer too large"))
+            return
+        if not reader.complete:
+            return
+        body = bytes(request.held)
+        overflow = refusal(reader.head.status, body)
+        if overflow is not None:
+            body = json.dumps(exception_payload(OPENAI, overflow)).encode()
+        self.keep_alive = reader.head.keep_alive and not reader.excess
+        headers, _ = client_headers(reader.head.headers)  # without its framing: it is framed anew
+        headers = [(k, v) for k, v in headers if k != b"content-length"]
+        headers.append((b"content-length", b"%d" % len(body)))
+        assert request.front is not None and request.client is not None
+        request.client.write(request.front.whole_answer(reader.head.status, headers, body))
+        request.sent += len(body)
+        if request.record is not None:
+            request.record.tee(body)
+        self._answered()
 
     def _hand_to_native(self) -> None:
         """The rest of a chunked body goes from the engine to the client through the C relay, when the

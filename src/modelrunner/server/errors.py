@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from modelrunner.compat import anthropic
+from modelrunner.compat.context_overflow import OPENAI_CODE, ContextOverflow
 from modelrunner.errors import ModelRunnerError, StorageFull, is_no_space
 from modelrunner.eventlog import event
 from modelrunner.server.proxy import App, Message, Receive, Scope, Send
@@ -107,6 +108,22 @@ def error_payload(family: str, status: int, message: str, param: str | None = No
     return error_body(status, message, param)
 
 
+def exception_payload(family: str, exc: ModelRunnerError) -> dict[str, Any]:
+    """The JSON body of a refusal in `family`'s shape; a prompt over the context in the words that API's
+    clients act on (compat/context_overflow.py)."""
+    if not isinstance(exc, ContextOverflow):
+        return error_payload(family, exc.status_code, exc.message, exc.param)
+    if family == OLLAMA:
+        return {"error": exc.ollama_message}
+    if family == ANTHROPIC:
+        return anthropic.error_body(exc.status_code, exc.anthropic_message)
+    body = error_body(exc.status_code, exc.message, exc.param)
+    error = body["error"]
+    assert isinstance(error, dict)
+    error["code"] = OPENAI_CODE
+    return body
+
+
 def error_response(
     status: int,
     message: str,
@@ -145,8 +162,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_model_runner_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ModelRunnerError)
         headers = {"Retry-After": str(exc.retry_after)} if hasattr(exc, "retry_after") else None
-        family = api_family(request.url.path)
-        return error_response(exc.status_code, exc.message, family, headers, exc.param)
+        payload = exception_payload(api_family(request.url.path), exc)
+        return JSONResponse(payload, status_code=exc.status_code, headers=headers)
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

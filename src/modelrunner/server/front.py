@@ -37,7 +37,7 @@ from modelrunner import eventlog
 from modelrunner.compat import structured
 from modelrunner.errors import ModelRunnerError
 from modelrunner.response_reader import MAX_HEAD
-from modelrunner.server import fdlimit
+from modelrunner.server import fdlimit, keepalive
 from modelrunner.server.engine_pool import EnginePool, Upstream
 from modelrunner.server.errors import error_body
 from modelrunner.server.handed_over import (
@@ -99,6 +99,7 @@ class FastPath:
     pool: EnginePool = field(default_factory=lambda: EnginePool())
     max_connections: int = field(default_factory=fdlimit.max_connections)  # what the fd limit has room for
     engine_idle: float = field(default_factory=engine_idle_timeout)  # 0: no limit
+    keepalive: float = field(default_factory=keepalive.interval)  # a waiting stream's pings (0: none)
 
     def accept(self, head: bytes) -> Request | None:
         """The request, if it is a plain inference request; None hands it to the full ASGI stack."""
@@ -164,6 +165,8 @@ class FrontProtocol(asyncio.Protocol):
         self.buffer = bytearray()
         self.busy = False  # a request is being answered
         self.head_sent = False  # of the answer in progress
+        self.early = False  # its head went out before the engine's, with pings (server/keepalive.py)
+        self.pings: asyncio.TimerHandle | None = None
         self.closing = False  # close once the current answer is complete
         self.write_paused = False
         self.read_paused = False
@@ -319,11 +322,13 @@ class FrontProtocol(asyncio.Protocol):
 
     async def _answer(self, request: Request, body: bytes) -> None:
         assert self.transport is not None
-        self.head_sent = False
+        self.head_sent = self.early = False
         lifecycle = self.fast.lifecycle
         exchange = self.exchange = lifecycle.begin("POST", request.path, request.headers)
         exchange.keep_request(body)
         self.answering = request.path, body
+        if self.fast.keepalive:  # a timer, not a parse: only a request that waits is looked at
+            self.pings = self.loop.call_later(self.fast.keepalive, self._ping, request.path, body)
         try:
             await self._relay(request, body, exchange)
         except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out of time
@@ -335,6 +340,7 @@ class FrontProtocol(asyncio.Protocol):
                 self._write_json(500, json.dumps(error_body(500, "internal error")).encode())
             self.closing = True
         finally:
+            self._stop_pings()
             self.exchange = self.answering = None
             await lifecycle.finish(exchange)
         self.busy = False
@@ -357,7 +363,7 @@ class FrontProtocol(asyncio.Protocol):
             else:
                 await self._stream(prepared, request, exchange)
         except ModelRunnerError as exc:
-            if self.head_sent or exchange.client_gone or isinstance(exc, ClientGone):
+            if (self.head_sent and not self.early) or exchange.client_gone or isinstance(exc, ClientGone):
                 return
             status, payload, headers = error_parts(exc)
             self._write_json(status, json.dumps(payload).encode(), headers)
@@ -427,7 +433,7 @@ class FrontProtocol(asyncio.Protocol):
         reader = upstream.request.reader
         if self.transport.is_closing():
             return  # the client left
-        if reader.head is None:
+        if reader.head is None or not self.head_sent:  # nothing of it written (a refusal held whole)
             message = exchange.failure(upstream.request.failure or "no response")
             self._write_json(500, engine_died_body(message))
         elif reader.until_close:
@@ -443,6 +449,44 @@ class FrontProtocol(asyncio.Protocol):
         else:
             exchange.complete = True
 
+    def _ping(self, path: str, body: bytes) -> None:
+        """A stream still waiting for its engine: its head (once), then a comment every interval."""
+        self.pings = None
+        if (self.head_sent and not self.early) or self.transport is None or self.transport.is_closing():
+            return
+        if not self.early:
+            if not asks_for_stream(path, body):
+                return
+            self.write_head(200, keepalive.EARLY_HEAD)
+            self.early = True
+        self._comment()
+
+    def _comment(self) -> None:
+        """A keep-alive comment (a chunk of its own, between the stream's), and the next in an interval."""
+        self.pings = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.write(keepalive.chunk(keepalive.SSE_COMMENT))
+        self.pings = self.loop.call_later(self.fast.keepalive, self._comment)
+
+    def engine_silent(self, silent: bool) -> None:
+        """The engine's stream began without data (a prefill): comments until its first bytes."""
+        self._stop_pings()
+        if silent and self.fast.keepalive:
+            self.pings = self.loop.call_later(self.fast.keepalive, self._comment)
+
+    def _stop_pings(self) -> None:
+        if self.pings is not None:
+            self.pings.cancel()
+            self.pings = None
+
+    def whole_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+        """A whole answer (a refusal, mostly) as written: after an early head, the stream's error event."""
+        if self.early:
+            self._stop_pings()
+            return keepalive.chunk(keepalive.error_event(body)) + keepalive.LAST_CHUNK
+        return self.answer_head(status, headers) + body
+
     def write_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.write(self.answer_head(status, headers))
 
@@ -451,7 +495,11 @@ class FrontProtocol(asyncio.Protocol):
         self.transport.write(data)
 
     def answer_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
-        """The head of the answer, with ours and the request id; from here on the answer has begun."""
+        """The head of the answer, with ours and the request id; from here on the answer has begun. After
+        an early head (pings), nothing: the engine's stream, chunked, follows it."""
+        self._stop_pings()
+        if self.early:
+            return b""
         try:
             reason = HTTPStatus(status).phrase.encode()
         except ValueError:
@@ -476,9 +524,7 @@ class FrontProtocol(asyncio.Protocol):
         content_type: bytes = b"application/json",
     ) -> None:
         headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
-        self.write_head(status, headers + (extra or []))
-        assert self.transport is not None
-        self.transport.write(body)
+        self.write(self.whole_answer(status, headers + (extra or []), body))
         if self.exchange is not None:
             self.exchange.answered(body, True)
 

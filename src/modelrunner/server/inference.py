@@ -22,8 +22,9 @@ from modelrunner.errors import BadRequest, MethodNotAllowed, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy
-from modelrunner.server import capabilities, lifecycle
-from modelrunner.server.errors import error_body
+from modelrunner.server import capabilities, keepalive, lifecycle
+from modelrunner.server.errors import OPENAI, error_body, exception_payload
+from modelrunner.server.handed_over import asks_for_stream
 from modelrunner.server.lifecycle import Exchange, Inference
 from modelrunner.server.proxy import (
     Receive,
@@ -167,11 +168,15 @@ class InferenceHandler:
         return Prepared(runner, data, assembling, whole, shortening, constraint, tools)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
+        send = paced = keepalive.EarlyHead(send)  # a stream that waits gets its head and comments early
         try:
             if scope["method"] != "POST":
                 raise MethodNotAllowed("use POST for this route")
             preload = _header(scope, b"x-preload-only") == b"true"
-            prepared = await self.prepare(route, await read_body(receive), preload)
+            data = await read_body(receive)
+            if not preload:
+                paced.start(keepalive.interval(), lambda: asks_for_stream(route.upstream_path, data))
+            prepared = await self.prepare(route, data, preload)
             if preload:
                 await send(
                     {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]}
@@ -184,6 +189,8 @@ class InferenceHandler:
             await send_json(send, status, body, headers)
         except BodyTooLarge as exc:
             await send_json(send, 413, error_body(413, str(exc.detail)), [(b"connection", b"close")])
+        finally:
+            await paced.stop()
 
     async def _relay(
         self, prepared: Prepared, route: Route, headers: list[tuple[bytes, bytes]], send: Send
@@ -194,7 +201,7 @@ class InferenceHandler:
         tail = b"\n\n"  # the last two bytes sent, to know whether an SSE event was cut
         try:
             await call.send(route.upstream_path, prepared.body, headers)
-            if prepared.whole:
+            if prepared.whole or call.status >= 400:  # a refusal is read whole: `answer` rewords it
                 status, body = await call.answer()
                 await send_json(send, status, body)
                 return
@@ -277,7 +284,7 @@ def error_parts(exc: ModelRunnerError) -> tuple[int, dict[str, object], list[tup
         headers.append((b"retry-after", str(exc.retry_after).encode()))
     elif isinstance(exc, MethodNotAllowed):
         headers.append((b"allow", b"POST"))
-    return exc.status_code, error_body(exc.status_code, exc.message, exc.param), headers
+    return exc.status_code, exception_payload(OPENAI, exc), headers
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

@@ -6,6 +6,7 @@ OpenAI's shape; server/responses_api.py is the router.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
@@ -13,6 +14,8 @@ from typing import Any, Literal
 from modelrunner.compat import responses as shapes
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelNotFound, ModelRunnerError
+from modelrunner.server import keepalive
+from modelrunner.server.errors import RESPONSES, exception_payload
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.serving import Document, EventStream
 from modelrunner.server.upstream import EngineCall, call_engine
@@ -33,7 +36,7 @@ class ResponsesServing:
             history = list(self.stored(checked.previous_response_id).conversation)
         items = shapes.input_items(checked.input)
         messages = history + shapes.chat_messages(items)
-        call = await call_engine(
+        start = call_engine(
             self.ctx,
             checked.model,
             "/v1/chat/completions",
@@ -42,6 +45,8 @@ class ResponsesServing:
             None,
             backend,
         )
+        every = keepalive.interval() if checked.stream else 0.0
+        started = await keepalive.within(start, every, EngineCall.close)
         response_id, created_at = shapes.new_id("resp"), int(time.time())
 
         def remember(response: Document) -> None:
@@ -49,8 +54,17 @@ class ResponsesServing:
                 conversation = messages + shapes.chat_messages(response["output"])
                 self.store.put(shapes.StoredResponse(response, items, conversation))
 
+        def events(call: EngineCall) -> AsyncIterator[bytes]:
+            return _stream(call, checked, response_id, created_at, remember)
+
+        if isinstance(started, asyncio.Task):  # the stream's head goes out now, comments while it waits
+            ping = keepalive.SSE_COMMENT
+            return EventStream(
+                keepalive.waiting(started, events, ping, every, _error_event, EngineCall.close)
+            )
+        call = started
         if checked.stream:
-            return EventStream(_stream(call, checked, response_id, created_at, remember))
+            return EventStream(keepalive.pinged(events(call), keepalive.SSE_COMMENT, every))
         try:
             answer = await call.json()
         finally:
@@ -103,6 +117,12 @@ class ResponsesServing:
                 "MODEL_RUNNER_RESPONSES_MAX_BYTES)"
             )
         return item
+
+
+def _error_event(exc: ModelRunnerError) -> bytes:
+    """A refusal that came after the stream's head: the Responses stream's `error` event."""
+    error = exception_payload(RESPONSES, exc)["error"]
+    return shapes.EventWriter().event("error", code=str(error["code"]), message=error["message"], param=None)
 
 
 async def _stream(

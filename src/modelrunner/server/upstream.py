@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 from modelrunner.compat import assemble, billing, structured, tool_choice, tool_rescue
+from modelrunner.compat.context_overflow import refusal
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelRunnerError
@@ -32,7 +33,7 @@ from modelrunner.response_reader import MAX_HEAD
 from modelrunner.scheduler.rundir import untrusted_socket
 from modelrunner.scheduler.runner import Runner
 from modelrunner.server import capabilities, lifecycle
-from modelrunner.server.errors import error_body
+from modelrunner.server.errors import OPENAI, error_body, exception_payload
 from modelrunner.server.lifecycle import Exchange, Inference
 from modelrunner.server.proxy import request_bytes, retry_full_backlog
 from modelrunner.wire import SSEDecoder, error_message
@@ -188,7 +189,12 @@ class EngineCall:
         if self.status >= 400:
             raise self.error(self.status, await self.read(MAX_ERROR_BODY))
 
-    def error(self, status: int, body: bytes) -> EngineFailed:
+    def error(self, status: int, body: bytes) -> ModelRunnerError:
+        """The engine's refusal as the error to answer: a prompt over the context in the words clients
+        act on (compat/context_overflow.py), an embedding input too long as a 400, else the engine's own."""
+        overflow = refusal(status, body)
+        if overflow is not None:
+            return overflow
         message = engine_error_message(status, body)
         if self.runner.key.mode in (Mode.EMBEDDING, Mode.RERANKING):
             too_long = input_too_long(status, message)
@@ -204,8 +210,8 @@ class EngineCall:
             body = await self.read()
             if self.status >= 400:
                 failed = self.error(self.status, body)
-                if failed.status_code != self.status:
-                    answer = error_body(failed.status_code, failed.message)
+                if not isinstance(failed, EngineFailed) or failed.status_code != self.status:
+                    answer = exception_payload(OPENAI, failed)
                     return failed.status_code, json.dumps(answer).encode()
             elif self.shortening is not None:
                 return self._shortened(self.shortening, body)

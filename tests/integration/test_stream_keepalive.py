@@ -1,0 +1,130 @@
+"""A stream that waits (its model loading, an engine silent between events) sends its API's keep-alive
+every MODEL_RUNNER_STREAM_KEEPALIVE seconds (0.2 here): `event: ping` on Anthropic's Messages, an SSE
+comment on Responses; the official SDKs skip them and read the answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from modelrunner.server import keepalive
+from modelrunner.wire import sse_events
+from tests.fake_engine import FakeEngine
+from tests.inprocess import InProcessDaemon
+from tests.models import write_tiny_gguf
+
+Start = Callable[..., InProcessDaemon]
+HI = [{"role": "user", "content": "hi"}]
+LOADING = {"FAKE_START_DELAY": "1.5"}  # the model loads for 1.5 s: several intervals of 0.2 s
+PREFILL = {"FAKE_FIRST_CHUNK_DELAY": "1.5", "FAKE_TEXT": "hello there"}  # a head, then 1.5 s of nothing
+SILENT = {"FAKE_TEXT": "one two three four", "FAKE_CHUNK_DELAY": "0.6"}  # 0.6 s between its events
+
+
+@pytest.fixture
+def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Start]:
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(keepalive.ENV, "0.2")
+    running: list[InProcessDaemon] = []
+
+    def starter(env: dict[str, str], front: bool = True) -> InProcessDaemon:
+        daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": FakeEngine(env=env)}, front).start()
+        running.append(daemon)
+        for seed, name in enumerate(["tiny", "other"]):  # two models: each request of a test loads one
+            gguf = write_tiny_gguf(tmp_path / f"{name}.gguf", seed=seed)
+            packaged = daemon.http("POST", "/models/package", json={"target": name, "gguf": str(gguf)})
+            assert packaged.status_code == 201, packaged.text
+        return daemon
+
+    yield starter
+    for daemon in running:
+        daemon.stop()
+
+
+def _raw(daemon: InProcessDaemon, path: str, body: dict[str, object]) -> httpx.Response:
+    return httpx.post(daemon.url + path, json={"model": "tiny", "stream": True, **body}, timeout=60)
+
+
+@pytest.mark.parametrize("env", [LOADING, SILENT], ids=["loading", "silent-engine"])
+def test_anthropic_streams_ping_and_the_sdk_reads_the_answer(start: Start, env: dict[str, str]) -> None:
+    daemon = start(env)
+    answer = _raw(daemon, "/anthropic/v1/messages", {"max_tokens": 8, "messages": HI})
+    assert answer.status_code == 200
+    events = sse_events(answer.content)
+    assert ("ping", b'{"type": "ping"}') in events
+    assert next(name for name, _ in events if name != "ping") == "message_start"
+    assert events[-1][0] == "message_stop"
+
+    client = anthropic.Anthropic(base_url=daemon.url + "/anthropic", api_key="unused", max_retries=0)
+    with client.messages.stream(model="other", max_tokens=8, messages=HI) as stream:  # type: ignore[arg-type]
+        text = stream.get_final_text()
+    assert text == env.get("FAKE_TEXT", "hi")
+
+
+def test_responses_stream_comments_and_the_sdk_reads_the_answer(start: Start) -> None:
+    daemon = start({**LOADING, "FAKE_TEXT": "hello there"})
+    answer = _raw(daemon, "/v1/responses", {"input": "hi"})
+    assert answer.status_code == 200
+    assert answer.content.startswith(keepalive.SSE_COMMENT)
+    assert b"event: response.completed" in answer.content
+
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    stream = client.responses.create(model="other", input="hi", stream=True)
+    done = [event for event in stream if event.type == "response.completed"]
+    assert len(done) == 1 and done[0].response.output_text == "hello there"
+
+
+@pytest.mark.parametrize("front", [True, False], ids=["http-front", "asgi"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_openai_streams_comment_while_the_model_loads(start: Start, path: str, front: bool) -> None:
+    daemon = start({**LOADING, "FAKE_TEXT": "hello there"}, front)
+    body: dict[str, object] = {"messages": HI} if path.endswith("chat/completions") else {"prompt": "hi"}
+    answer = _raw(daemon, path, body)
+    assert answer.status_code == 200 and answer.headers["content-type"] == "text/event-stream"
+    assert answer.content.startswith(keepalive.SSE_COMMENT)
+    assert answer.content.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_silent_prefill_after_the_engines_head_is_commented_through(start: Start) -> None:
+    daemon = start(PREFILL)
+    answer = _raw(daemon, "/v1/chat/completions", {"messages": HI})
+    assert answer.status_code == 200
+    head, _, rest = answer.content.partition(b"data: ")
+    assert head.startswith(keepalive.SSE_COMMENT) and set(head.split(b"\n\n")) == {b": keep-alive", b""}
+    assert rest.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("env", [LOADING, PREFILL], ids=["loading", "prefill"])
+def test_the_openai_sdk_reads_a_stream_that_commented(start: Start, env: dict[str, str]) -> None:
+    daemon = start({**env, "FAKE_TEXT": "hello there"})
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    chunks = client.chat.completions.create(model="other", messages=HI, stream=True)  # type: ignore[arg-type]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello there"
+
+
+def test_an_unstreamed_request_that_waits_is_answered_whole(start: Start) -> None:
+    daemon = start(LOADING)
+    answer = httpx.post(
+        daemon.url + "/v1/chat/completions", json={"model": "tiny", "messages": HI}, timeout=60
+    )
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("application/json")
+    assert answer.json()["choices"][0]["message"]["content"]  # assembled whole, no comment before it
+
+
+def test_a_stream_that_declares_tools_comments_too(start: Start) -> None:
+    """The front hands a stream that declares tools to the ASGI relay (its calls are rescued there)."""
+    daemon = start({**LOADING, "FAKE_TOOL_CALL": "search"})
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    with client.chat.completions.with_streaming_response.create(
+        model="tiny",
+        messages=HI,  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        stream=True,
+    ) as answer:
+        raw = b"".join(answer.iter_bytes())
+    assert raw.startswith(keepalive.SSE_COMMENT) and b'"search"' in raw
