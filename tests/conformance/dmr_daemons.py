@@ -25,16 +25,49 @@ def package(daemon: InProcessDaemon, folder: Path, name: str, seed: int = 0) -> 
     return model_id
 
 
+class FakeDaemons:
+    """Starts in-process daemons with the scripted engine as llama.cpp, each with its models packaged; the
+    fixture `fake_daemons` stops every one at the test's end."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tmp_path = tmp_path
+        self.monkeypatch = monkeypatch
+        self.running: list[InProcessDaemon] = []
+        monkeypatch.delenv("MODEL_RUNNER_API_KEY", raising=False)
+
+    def start(
+        self,
+        env: dict[str, str] | None = None,
+        *,
+        front: bool = True,
+        models: tuple[str, ...] = ("tiny",),
+        home: Path | None = None,
+    ) -> InProcessDaemon:
+        """`env`: the fake engine's FAKE_* script; `models` are packaged, each from its own seed."""
+        home = home or self.tmp_path / "home"
+        self.monkeypatch.setenv("MODEL_RUNNER_HOME", str(home))
+        daemon = InProcessDaemon(home, {"llama.cpp": FakeEngine(env=env or {})}, front).start()
+        self.running.append(daemon)
+        for seed, name in enumerate(models):
+            package(daemon, self.tmp_path, name, seed)
+        return daemon
+
+    def stop_all(self) -> None:
+        for daemon in self.running:
+            daemon.stop()
+
+
 @pytest.fixture
-def fake_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessDaemon]:
+def fake_daemons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDaemons]:
+    daemons = FakeDaemons(tmp_path, monkeypatch)
+    yield daemons
+    daemons.stop_all()
+
+
+@pytest.fixture
+def fake_daemon(fake_daemons: FakeDaemons) -> InProcessDaemon:
     """A daemon with the fake engine and one model, `tiny` (ai/tiny:latest)."""
-    home = tmp_path / "home"
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(home))
-    monkeypatch.delenv("MODEL_RUNNER_API_KEY", raising=False)
-    daemon = InProcessDaemon(home, {"llama.cpp": FakeEngine(env={"FAKE_CHUNKS": "3"})}).start()
-    package(daemon, tmp_path, "tiny")
-    yield daemon
-    daemon.stop()
+    return fake_daemons.start({"FAKE_CHUNKS": "3"})
 
 
 def cli_env(tmp_path: Path, url: str | None = None, **extra: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,8 @@ import pytest
 
 from modelrunner.server import engine_pool
 from modelrunner.server.engine_pool import EnginePool
-from tests.fake_engine import FakeEngine
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.inprocess import InProcessDaemon
-from tests.models import write_tiny_gguf
 
 CHAT = "/engines/v1/chat/completions"
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -30,23 +29,13 @@ Start = Callable[..., InProcessDaemon]
 
 
 @pytest.fixture
-def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Start]:
+def start(tmp_path: Path, fake_daemons: FakeDaemons) -> Start:
     """Starts the in-process daemon with the scripted engine (FAKE_* variables as keywords)."""
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-    started: list[InProcessDaemon] = []
 
     def run(**env: str) -> InProcessDaemon:
-        engine = FakeEngine(env={"FAKE_EVENTS": str(tmp_path / "events"), "FAKE_CHUNKS": "3", **env})
-        daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
-        started.append(daemon)
-        gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-        response = daemon.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
-        assert response.status_code == 201
-        return daemon
+        return fake_daemons.start({"FAKE_EVENTS": str(tmp_path / "events"), "FAKE_CHUNKS": "3", **env})
 
-    yield run
-    for daemon in started:
-        daemon.stop()
+    return run
 
 
 def events(daemon: InProcessDaemon, name: str) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ requests are read back from its event file."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +15,8 @@ import ollama
 import openai
 import pytest
 
-from tests.fake_engine import FakeEngine
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.inprocess import InProcessDaemon, access_lines
-from tests.models import write_tiny_gguf
 
 Start = Callable[..., InProcessDaemon]
 HI = [{"role": "user", "content": "hi"}]
@@ -29,24 +28,14 @@ def events(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: Path) -> Iterator[Start]:
+def start(fake_daemons: FakeDaemons, events: Path) -> Start:
     """A daemon with the fake engine scripted by `env`, the HTTP front on or off, and models packaged."""
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-    running: list[InProcessDaemon] = []
 
     def starter(env: dict[str, str] | None = None, front: bool = True, models: int = 1) -> InProcessDaemon:
-        engine = FakeEngine(env={"FAKE_EVENTS": str(events), **(env or {})})
-        daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}, front).start()
-        running.append(daemon)
-        for seed, name in enumerate(["tiny", "other", "third"][:models]):
-            gguf = write_tiny_gguf(tmp_path / f"{name}.gguf", seed=seed)
-            packaged = daemon.http("POST", "/models/package", json={"target": name, "gguf": str(gguf)})
-            assert packaged.status_code == 201, packaged.text
-        return daemon
+        names = ("tiny", "other", "third")[:models]
+        return fake_daemons.start({"FAKE_EVENTS": str(events), **(env or {})}, front=front, models=names)
 
-    yield starter
-    for daemon in running:
-        daemon.stop()
+    return starter
 
 
 def engine_events(path: Path, name: str) -> list[dict[str, Any]]:

@@ -4,8 +4,7 @@ comment on Responses; the official SDKs skip them and read the answer."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import anthropic
 import httpx
@@ -14,9 +13,8 @@ import pytest
 
 from modelrunner.server import keepalive
 from modelrunner.wire import sse_events
-from tests.fake_engine import FakeEngine
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.inprocess import InProcessDaemon
-from tests.models import write_tiny_gguf
 
 Start = Callable[..., InProcessDaemon]
 HI = [{"role": "user", "content": "hi"}]
@@ -26,23 +24,14 @@ SILENT = {"FAKE_TEXT": "one two three four", "FAKE_CHUNK_DELAY": "0.6"}  # 0.6 s
 
 
 @pytest.fixture
-def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Start]:
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+def start(fake_daemons: FakeDaemons, monkeypatch: pytest.MonkeyPatch) -> Start:
     monkeypatch.setenv(keepalive.ENV, "0.2")
-    running: list[InProcessDaemon] = []
 
     def starter(env: dict[str, str], front: bool = True) -> InProcessDaemon:
-        daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": FakeEngine(env=env)}, front).start()
-        running.append(daemon)
-        for seed, name in enumerate(["tiny", "other"]):  # two models: each request of a test loads one
-            gguf = write_tiny_gguf(tmp_path / f"{name}.gguf", seed=seed)
-            packaged = daemon.http("POST", "/models/package", json={"target": name, "gguf": str(gguf)})
-            assert packaged.status_code == 201, packaged.text
-        return daemon
+        # two models: each request of a test loads one
+        return fake_daemons.start(env, front=front, models=("tiny", "other"))
 
-    yield starter
-    for daemon in running:
-        daemon.stop()
+    return starter
 
 
 def _raw(daemon: InProcessDaemon, path: str, body: dict[str, object]) -> httpx.Response:

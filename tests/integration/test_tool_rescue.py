@@ -6,7 +6,7 @@ say it happened, and text that is not a declared, valid call is left alone."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conformance.dmr_daemons import package
-from tests.fake_engine import FakeEngine
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.inprocess import InProcessDaemon
 
 WEATHER = {
@@ -36,22 +35,14 @@ HEADER = "x-modelrunner-tool-rescue"
 
 
 @pytest.fixture
-def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], InProcessDaemon]]:
+def start(tmp_path: Path, fake_daemons: FakeDaemons) -> Callable[[str], InProcessDaemon]:
     """Starts a daemon whose engine answers `text`; model `tiny`."""
-    running: list[InProcessDaemon] = []
-    monkeypatch.delenv("MODEL_RUNNER_API_KEY", raising=False)
 
     def started(text: str) -> InProcessDaemon:
-        home = tmp_path / f"home{len(running)}"
-        monkeypatch.setenv("MODEL_RUNNER_HOME", str(home))
-        daemon = InProcessDaemon(home, {"llama.cpp": FakeEngine(env={"FAKE_TEXT": text})}).start()
-        running.append(daemon)
-        package(daemon, tmp_path, "tiny")
-        return daemon
+        home = tmp_path / f"home{len(fake_daemons.running)}"
+        return fake_daemons.start({"FAKE_TEXT": text}, home=home)
 
-    yield started
-    for daemon in running:
-        daemon.stop()
+    return started
 
 
 def rescued(daemon: InProcessDaemon, api: str) -> float:
