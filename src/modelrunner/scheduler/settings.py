@@ -107,6 +107,8 @@ def backend_configuration(settings: ModelSettings, draft_name: str | None = None
         llamacpp["reasoning-budget"] = settings.reasoning_budget
     if settings.rpc_workers:
         llamacpp["rpc"] = ",".join(settings.rpc_workers)
+    if settings.kv_persist is False:
+        llamacpp["kv-persist"] = False
     if llamacpp:
         out["llamacpp"] = llamacpp
     return out
