@@ -4,14 +4,21 @@ leaves a clean engine, and saved caches keep to their byte budget."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from modelrunner.engines.llamacpp import LlamaCppEngine
+from modelrunner.scheduler import warm
 from tests.daemon import Daemon, free_port, parse_logfmt
 from tests.engines import tiny_daemon
+from tests.inprocess import InProcessDaemon
+from tests.models import write_tiny_gguf
 
 # ~200 tokens of the tiny model's vocabulary: a prefix an agent would send on every turn
 PROMPT = " ".join(f"tool{i} reads file{i}." for i in range(8))
@@ -23,7 +30,7 @@ def daemon(tmp_path: Path, llama_server: Path) -> Iterator[Daemon]:
         yield running
 
 
-def ask(daemon: Daemon) -> dict[str, Any]:
+def ask(daemon: Daemon | InProcessDaemon) -> dict[str, Any]:
     body = {
         "model": "tiny",
         "messages": [{"role": "system", "content": PROMPT}, {"role": "user", "content": "next?"}],
@@ -40,7 +47,7 @@ def cached(answer: dict[str, Any]) -> int:
     return int(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
-def unload(daemon: Daemon) -> None:
+def unload(daemon: Daemon | InProcessDaemon) -> None:
     assert daemon.http("POST", "/engines/unload", json={"models": ["tiny"]}).json() == {"unloaded_runners": 1}
 
 
@@ -128,3 +135,26 @@ def test_kv_persist_false_keeps_nothing(daemon: Daemon) -> None:
     unload(daemon)
     assert entries(daemon) == [] and events(daemon, "kv_saved") == []
     assert '"kv-persist": false' in daemon.cli("configure", "show", "tiny").stdout
+
+
+def test_a_stuck_engine_is_stopped_without_waiting_for_its_save(
+    tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LLAMA_SERVER_PATH", str(llama_server))
+    monkeypatch.setattr(warm, "SAVE_BOUND", 1.0)  # how long a save may hold up a stop
+    engine = LlamaCppEngine(install_root=tmp_path / "engines")
+    daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
+    try:
+        gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+        assert daemon.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)}).is_success
+        ask(daemon)
+        [runner] = daemon.ps()
+        os.kill(runner["pid"], signal.SIGSTOP)  # answers nothing, not even /slots
+        with caplog.at_level(logging.INFO, logger="modelrunner"):
+            unload(daemon)
+        assert daemon.ps() == []
+        assert any("kv_save_failed" in record.getMessage() for record in caplog.records)
+        assert not list((tmp_path / "home" / "models" / "cache" / "kv").glob("*/*/manifest.json"))
+    finally:
+        daemon.stop()
