@@ -81,6 +81,7 @@ def test_an_unloaded_model_resumes_its_prompt_cache_with_the_same_greedy_answer(
     assert restored["tokens"] == saved["tokens"]
     [runner] = daemon.http("GET", "/engines/ps").json()
     assert runner["warm"]["state"] == "restored"
+    assert f"{restored['tokens']} tokens restored" in daemon.cli("ps").stdout
     assert restores(daemon, "hit").endswith(" 1")
 
     daemon.cli("rm", "tiny")  # a model's saved caches go with it

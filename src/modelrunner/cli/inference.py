@@ -166,6 +166,12 @@ def cmd_ps(_: argparse.Namespace) -> None:
         headers.append("LAYOUT")
         for row, runner in zip(rows, runners, strict=True):
             row.append(layout_text(runner.layout) if runner.layout else "")
+    warm = [runner.raw.get("warm") or {} for runner in runners]  # ours: a prompt cache restored at load
+    if any(state.get("state") == "restored" for state in warm):
+        headers.append("WARM")
+        for row, state in zip(rows, warm, strict=True):
+            restored = state.get("state") == "restored"
+            row.append(f"{state.get('restored_tokens')} tokens restored" if restored else "")
     sys.stdout.write(go_table(headers, rows))
 
 
