@@ -199,12 +199,17 @@ class Scheduler:
                     event(log, "reuse", model=runner.name, state=runner.state.value, pid=runner.pid)
                     break
                 runner = self._new_runner(key, engine, model, mode)
-                victims = self._make_room(runner)
+                try:
+                    victims = self._make_room(runner)
+                except BaseException:
+                    self._discard(runner)
+                    raise
                 if victims is not None:
                     self.runners[key] = runner
                     # not a background task: the load's lines carry the id of the request that caused it
                     runner.load_task = self._spawn(self._load(runner, victims), background=False)
                     break
+                self._discard(runner)  # no room yet: made afresh once there is
                 if self.waiting >= self.limits.max_waiting:
                     event(
                         log,
@@ -292,6 +297,11 @@ class Scheduler:
         if self.warm is not None:
             self.warm.attach(runner, warm)
         return runner
+
+    def _discard(self, runner: Runner) -> None:
+        """A runner made but never started: what it was given (its save folder) goes."""
+        if self.warm is not None:
+            self.warm.release(runner)
 
     def _draft_bundle(self, stored: ModelSettings) -> Path | None:
         if stored.speculative_draft_model is None:
