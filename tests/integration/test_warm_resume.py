@@ -159,3 +159,12 @@ def test_a_stuck_engine_is_stopped_without_waiting_for_its_save(
         assert not list((tmp_path / "home" / "models" / "cache" / "kv").glob("*/*/manifest.json"))
     finally:
         daemon.stop()
+
+
+def test_kv_persist_that_is_not_a_boolean_is_refused_and_changes_nothing(daemon: Daemon) -> None:
+    before = daemon.cli("configure", "show", "tiny").stdout
+    body = {"model": "tiny", "llamacpp": {"kv-persist": "no"}}
+    response = daemon.http("POST", "/engines/_configure", json=body)
+    assert response.status_code == 400
+    assert "kv-persist must be true or false" in response.json()["error"]["message"]
+    assert daemon.cli("configure", "show", "tiny").stdout == before
