@@ -24,7 +24,7 @@ from pathlib import Path
 
 from modelrunner.engines.base import SavedSlot
 from modelrunner.eventlog import event
-from modelrunner.fileio import fsync_dir, write_file_atomic
+from modelrunner.fileio import fsync_dir, link_or_copy, write_file_atomic
 from modelrunner.reference import validate_digest
 from modelrunner.scheduler.memory import env_bytes
 from modelrunner.store.layout import StoreLayout
@@ -138,8 +138,8 @@ class KvStore:
                 os.replace(work / slot.filename, staging / slot.filename)
                 with open(staging / slot.filename, "rb") as handle:
                     os.fsync(handle.fileno())
-            manifest = {"fingerprint": fp, "model": model_id, "saved": time.time(), "slots": []}
-            manifest["slots"] = [asdict(slot) for slot in slots]
+            slot_list = [asdict(slot) for slot in slots]
+            manifest = {"fingerprint": fp, "model": model_id, "saved": time.time(), "slots": slot_list}
             write_file_atomic(staging / MANIFEST, json.dumps(manifest).encode(), mode=0o600)
             final = model_dir / fp
             if final.exists():
@@ -159,7 +159,7 @@ class KvStore:
         for slot in entry.slots:
             target = work / slot.filename
             target.unlink(missing_ok=True)
-            os.link(entry.folder / slot.filename, target)
+            link_or_copy(entry.folder / slot.filename, target)
 
     def touch(self, entry: Entry) -> None:
         with contextlib.suppress(OSError):
