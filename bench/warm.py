@@ -86,7 +86,7 @@ def main() -> None:
     daemon = start(home / "home")
     rows: list[dict[str, Any]] = []
     try:
-        daemon.cli("package", "--gguf", str(smollm2_gguf()), "--context-size", "9216", MODEL)
+        daemon.cli("package", "--gguf", str(smollm2_gguf()), "--context-size", "16384", MODEL)
         for size in (int(s) for s in args.sizes.split(",")):
             prompt = prompt_of(size, size)
             shutil.rmtree(daemon.store_root / "cache" / "kv", ignore_errors=True)
