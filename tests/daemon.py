@@ -140,3 +140,21 @@ def error_message(response: httpx.Response) -> str:
 
 def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def parse_logfmt(line: str) -> dict[str, str]:
+    """The fields of a daemon.log event line (logfmt: key=value, quoted values unquoted)."""
+    fields: dict[str, str] = {}
+    rest = line.split(" ", 3)[-1]
+    while rest:
+        key, _, rest = rest.partition("=")
+        if rest.startswith('"'):
+            end = 1
+            while rest[end] != '"':
+                end += 2 if rest[end] == "\\" else 1
+            fields[key] = json.loads(rest[: end + 1])
+            rest = rest[end + 1 :].lstrip()
+        else:
+            value, _, rest = rest.partition(" ")
+            fields[key] = value
+    return fields

@@ -85,22 +85,38 @@ async def get(
     socket: str, path: str, timeout: float = 2.0, max_body: int = 16 * 1024 * 1024
 ) -> tuple[int, bytes] | None:
     """(status, body) of a GET on a Unix socket, or None when nothing answers."""
+    return await request(socket, "GET", path, timeout=timeout, max_body=max_body)
+
+
+async def request(
+    socket: str,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    timeout: float = 2.0,
+    max_body: int = 16 * 1024 * 1024,
+) -> tuple[int, bytes] | None:
+    """(status, body) of a request (a JSON `body`, if any) on a Unix socket, or None when nothing answers
+    within `timeout` seconds."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(socket, limit=MAX_HEAD), timeout)
     except (OSError, TimeoutError):
         return None
     try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+        head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        writer.write(head.encode() + b"\r\n" + (body or b""))
         await writer.drain()
         answer = Answer(reader)
         status = (await asyncio.wait_for(answer.read_head(), timeout)).status
-        body = bytearray()
+        received = bytearray()
         async with asyncio.timeout(timeout):
             async for chunk in answer.chunks():
-                body += chunk
-                if len(body) > max_body:
+                received += chunk
+                if len(received) > max_body:
                     break
-        return status, bytes(body)
+        return status, bytes(received)
     except (OSError, TimeoutError, UpstreamError, ValueError, asyncio.IncompleteReadError):
         return None
     finally:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from modelrunner.scheduler.runner import process_stat
-from tests.daemon import Daemon, free_port
+from tests.daemon import Daemon, free_port, parse_logfmt
 from tests.models import write_tiny_gguf
 from tests.waiting import wait_until
 
@@ -78,23 +78,6 @@ def log_events(daemon: Daemon, *args: str) -> list[dict[str, str]]:
     """`model logs ARGS`, its logfmt event lines parsed (key=value; quoted values unquoted)."""
     out = daemon.cli("logs", *args).stdout
     return [parse_logfmt(line) for line in out.splitlines() if " event=" in line]
-
-
-def parse_logfmt(line: str) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    rest = line.split(" ", 3)[-1]
-    while rest:
-        key, _, rest = rest.partition("=")
-        if rest.startswith('"'):
-            end = 1
-            while rest[end] != '"':
-                end += 2 if rest[end] == "\\" else 1
-            fields[key] = json.loads(rest[: end + 1])
-            rest = rest[end + 1 :].lstrip()
-        else:
-            value, _, rest = rest.partition(" ")
-            fields[key] = value
-    return fields
 
 
 def test_a_second_serve_on_the_same_home_exits_and_touches_nothing(daemons: list[Daemon]) -> None:

@@ -166,6 +166,12 @@ def cmd_ps(_: argparse.Namespace) -> None:
         headers.append("LAYOUT")
         for row, runner in zip(rows, runners, strict=True):
             row.append(layout_text(runner.layout) if runner.layout else "")
+    warm = [runner.raw.get("warm") or {} for runner in runners]  # ours: a prompt cache restored at load
+    if any(state.get("state") == "restored" for state in warm):
+        headers.append("WARM")
+        for row, state in zip(rows, warm, strict=True):
+            restored = state.get("state") == "restored"
+            row.append(f"{state.get('restored_tokens')} tokens restored" if restored else "")
     sys.stdout.write(go_table(headers, rows))
 
 
@@ -217,6 +223,8 @@ def cmd_configure(args: argparse.Namespace) -> None:
         llamacpp["reasoning-budget"] = -1 if args.think else 0
     if args.rpc is not None:  # "" turns the workers off
         llamacpp["rpc"] = [worker.strip() for worker in args.rpc.split(",") if worker.strip()]
+    if args.kv_persist is not None:
+        llamacpp["kv-persist"] = args.kv_persist
     if llamacpp:
         request["llamacpp"] = llamacpp
     vllm: dict[str, Any] = {}
@@ -300,6 +308,14 @@ def add_commands(commands: Any) -> None:
     configure.add_argument("--mode", choices=["completion", "embedding", "reranking", "image-generation"])
     configure.add_argument(
         "--think", nargs="?", const=True, type=_parse_bool, metavar="BOOL", help="reasoning on or off"
+    )
+    configure.add_argument(
+        "--kv-persist",
+        nargs="?",
+        const=True,
+        type=_parse_bool,
+        metavar="BOOL",
+        help="keep the prompt cache across unloads and restarts (llama.cpp; on by default)",
     )
     configure.add_argument("--hf_overrides", "--hf-overrides", metavar="JSON", help="vLLM hf_overrides")
     configure.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="vLLM, 0-1")

@@ -93,6 +93,20 @@ class ModelForEngine:
 ProgressCallback = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class SavedSlot:
+    """One engine slot's prompt cache, saved to a file in the runner's save folder (warm resume)."""
+
+    slot: int
+    filename: str
+    tokens: int
+    bytes: int
+
+
+class SlotError(Exception):
+    """The engine refused or failed a slot save or restore."""
+
+
 class Engine(ABC):
     name: str
     formats: frozenset[str]
@@ -127,6 +141,26 @@ class Engine(ABC):
         """What this engine's runners use beyond this machine as configured in `settings` (e.g. a Ray
         cluster: its nodes and resources), probed now, for `model status`; [] when nothing is."""
         return []
+
+    # -- warm resume: saving and restoring prompt caches (scheduler/warm.py) ---------------------------
+
+    def kv_identity(self, model: ModelForEngine, spec: LaunchSpec) -> str:
+        """Everything of this run besides the model that makes a saved KV cache valid for it (the engine
+        build, context size, slots, cache types, ...): runs that differ in it never share a cache. Raises
+        SlotError saying why when this engine or model cannot have its slots saved."""
+        raise SlotError(f"{self.name} cannot save its prompt cache")
+
+    def with_slot_folder(self, spec: LaunchSpec, folder: Path) -> LaunchSpec:
+        """`spec`, made to save and restore slots in `folder`."""
+        raise SlotError(f"{self.name} cannot save its prompt cache")
+
+    async def save_slots(self, socket: Path, folder: Path, timeout: float) -> list[SavedSlot]:
+        """Save every slot that holds a prompt into the slot folder; SlotError when the engine fails."""
+        raise SlotError(f"{self.name} cannot save its prompt cache")
+
+    async def restore_slot(self, socket: Path, slot: SavedSlot, timeout: float) -> int:
+        """Restore a saved slot from the slot folder: the tokens restored; SlotError when it fails."""
+        raise SlotError(f"{self.name} cannot restore a prompt cache")
 
     # -- helpers with defaults (added for install routes and the scheduler) --------------------------
 

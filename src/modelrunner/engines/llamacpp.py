@@ -8,6 +8,7 @@ The command line follows DMR's (contract 5.3) so that users' `LLAMA_ARGS` and ru
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from modelrunner import config
 from modelrunner.artifact.gguf import GGUFInfo, find_gguf_shards, read_gguf
-from modelrunner.engines import build, llamacpp_memory, rpc_workers
+from modelrunner.engines import build, llamacpp_memory, llamacpp_slots, rpc_workers
 from modelrunner.engines.base import (
     Engine,
     EngineStatus,
@@ -27,6 +28,8 @@ from modelrunner.engines.base import (
     ModelForEngine,
     ProgressCallback,
     RunnerSettings,
+    SavedSlot,
+    SlotError,
 )
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
 from modelrunner.engines.install import InstallTracker, folder_size, remove_install, staged_folder
@@ -94,6 +97,9 @@ def _declares_pooling(bundle: Path) -> bool:
 
 
 _BATCH_FLAGS = ("-b", "--batch-size", "-ub", "--ubatch-size")
+# Flags whose value names this run only (its socket, its save folder, the name asked for): not part of what
+# makes a saved KV cache valid.
+_RUN_ONLY_FLAGS = frozenset({"--host", "--alias", llamacpp_slots.SLOT_SAVE_FLAG})
 
 
 def command_line(
@@ -294,6 +300,25 @@ class LlamaCppEngine(Engine):
             preflight=functools.partial(rpc_workers.check_workers, workers),
             layout={"rpc_workers": workers},
         )
+
+    def kv_identity(self, model: ModelForEngine, spec: LaunchSpec) -> str:
+        if self.gguf_info(model).sliding_window:  # restored without a checkpoint, it re-prefills (#24956)
+            raise SlotError("the model uses sliding-window attention, which llama.cpp cannot restore whole")
+        argv, kept = spec.argv[1:], []
+        for i, arg in enumerate(argv):
+            if arg in _RUN_ONLY_FLAGS or (i and argv[i - 1] in _RUN_ONLY_FLAGS):
+                continue
+            kept.append(arg)
+        return json.dumps([server_version(Path(spec.argv[0])), kept])
+
+    def with_slot_folder(self, spec: LaunchSpec, folder: Path) -> LaunchSpec:
+        return dataclasses.replace(spec, argv=[*spec.argv, llamacpp_slots.SLOT_SAVE_FLAG, str(folder)])
+
+    async def save_slots(self, socket: Path, folder: Path, timeout: float) -> list[SavedSlot]:
+        return await llamacpp_slots.save_slots(socket, folder, timeout)
+
+    async def restore_slot(self, socket: Path, slot: SavedSlot, timeout: float) -> int:
+        return await llamacpp_slots.restore_slot(socket, slot, timeout)
 
     def gguf_info(self, model: ModelForEngine) -> GGUFInfo:
         return self._bundle_info(model.bundle)

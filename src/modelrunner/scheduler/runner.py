@@ -20,7 +20,7 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
@@ -230,8 +230,10 @@ class Runner:
         """ "exit code 3" or "signal SIGKILL" once the main process exited."""
         return describe_exit(self.process.returncode if self.process else None)
 
-    async def start(self) -> None:
-        """Spawn the engine and wait until its health route answers 200; LoadError if it exits first."""
+    async def start(self, before_ready: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """Spawn the engine and wait until its health route answers 200; LoadError if it exits first.
+        `before_ready` runs once it answers, before it takes traffic (a restore of its prompt cache); when
+        it returns False the engine is started again, clean."""
         if self.stopping:  # stopped (daemon shutdown) before it could start
             self.gone.set()
             raise LoadError("the model runner is shutting down")
@@ -277,12 +279,24 @@ class Runner:
                 await self.stop(grace=0)
                 raise LoadError(f"unable to load runner: {untrusted}")
             if await http_status(self.socket, self.spec.health_path) == 200:
+                if before_ready is not None and not await before_ready():
+                    await self._start_again()
+                    return
                 self.state = RunnerState.READY
                 self.load_seconds = time.monotonic() - started
                 return
             await asyncio.sleep(READINESS_POLL)
         await self.stop()
         raise LoadError(f"unable to load runner: the engine was not ready after {LOAD_TIMEOUT:.0f} s")
+
+    async def _start_again(self) -> None:
+        """End the engine and start a fresh one in its place (same socket, same log, a new tag)."""
+        await self.stop(grace=0)
+        self.state = RunnerState.LOADING
+        self.process, self.exit_task = None, None
+        self.exited, self.gone = asyncio.Event(), asyncio.Event()
+        self.tag = uuid.uuid4().hex
+        await self.start()
 
     async def answers_health(self, timeout: float) -> bool:
         """Whether the engine answers its health route at all (any status: a busy engine may say 503)."""

@@ -23,7 +23,7 @@ import math
 import os
 import shlex
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from modelrunner.scheduler.runner import (
     process_stat,
 )
 from modelrunner.scheduler.settings import ModelSettings, SettingsStore
+from modelrunner.scheduler.warm import WarmResume
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,10 @@ class Scheduler:
         logs_dir: Path,
         limits: SchedulerLimits,
         bundles: Callable[[str], Path] | None = None,
+        warm: WarmResume | None = None,
     ) -> None:
         self.engines = engines
+        self.warm = warm  # saves and restores runners' prompt caches (warm.py); None: never
         self.bundles = bundles  # model ID -> bundle folder, for draft models of speculative decoding
         self.settings = settings
         self.run_dir = run_dir
@@ -139,6 +142,8 @@ class Scheduler:
         """End engines a killed predecessor left running. Only the daemon that holds the runner home's lock
         may call this (server/daemon.py), before it listens."""
         ended = end_orphans(self.run_dir / "pids")
+        if self.warm is not None:
+            self.warm.sweep()  # save folders of the engines just ended
         for record in ended:
             event(
                 log,
@@ -194,12 +199,17 @@ class Scheduler:
                     event(log, "reuse", model=runner.name, state=runner.state.value, pid=runner.pid)
                     break
                 runner = self._new_runner(key, engine, model, mode)
-                victims = self._make_room(runner)
+                try:
+                    victims = self._make_room(runner)
+                except BaseException:
+                    self._discard(runner)
+                    raise
                 if victims is not None:
                     self.runners[key] = runner
                     # not a background task: the load's lines carry the id of the request that caused it
                     runner.load_task = self._spawn(self._load(runner, victims), background=False)
                     break
+                self._discard(runner)  # no room yet: made afresh once there is
                 if self.waiting >= self.limits.max_waiting:
                     event(
                         log,
@@ -275,13 +285,23 @@ class Scheduler:
         self._next_slot += 1
         socket = self.run_dir / f"runner-{self._next_slot}.sock"
         spec = engine.launch_spec(model, mode, settings, socket)
+        warm = None
+        if self.warm is not None:
+            spec, warm = self.warm.prepare(engine, model, mode, spec, stored.kv_persist is not False)
         keep_alive = stored.keep_alive if stored.keep_alive is not None else self.limits.default_keep_alive
         # one engine log per (engine, model, mode): what a crash message quotes is that engine's own output
         log_path = self.logs_dir / f"engine-{engine.name}-{model.id.removeprefix('sha256:')[:12]}-{mode}.log"
         memory = engine.estimate_memory(model, settings)
         runner = Runner(key, model, spec, memory, log_path, self.run_dir / "pids", keep_alive)
         runner.settings = stored
+        if self.warm is not None:
+            self.warm.attach(runner, warm)
         return runner
+
+    def _discard(self, runner: Runner) -> None:
+        """A runner made but never started: what it was given (its save folder) goes."""
+        if self.warm is not None:
+            self.warm.release(runner)
 
     def _draft_bundle(self, stored: ModelSettings) -> Path | None:
         if stored.speculative_draft_model is None:
@@ -376,9 +396,13 @@ class Scheduler:
                     loading.cancel()
                     await asyncio.wait({loading}, timeout=1)
                 await asyncio.gather(loading, return_exceptions=True)
+            if self.warm is not None and runner.state is RunnerState.READY and reason != "frozen":
+                await self.warm.save(runner, self.engines[runner.key.engine])  # time-bound, never raises
             # a frozen engine would not act on SIGTERM: SIGKILL at once
             await runner.stop(grace=0 if reason == "frozen" else STOP_GRACE)
         finally:
+            if self.warm is not None:
+                self.warm.release(runner)
             async with self._changed:
                 self.stopping.pop(runner, None)
                 self._changed.notify_all()
@@ -405,7 +429,7 @@ class Scheduler:
                 memory_estimate=runner.memory,
                 command=shlex.join(runner.spec.argv),
             )
-            await runner.start()
+            await runner.start(self._restore_hook(runner))
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 event(log, "load_cancelled", model=runner.name, engine=runner.key.engine)
@@ -420,6 +444,14 @@ class Scheduler:
         self.counters.load_seconds_total += runner.load_seconds
         event(log, "ready", **runner.describe(), load_seconds=round(runner.load_seconds, 3))
         self._spawn(self._supervise(runner))
+
+    def _restore_hook(self, runner: Runner) -> Callable[[], Awaitable[bool]] | None:
+        """What the runner does once its engine answers, before it takes traffic: restore its cache."""
+        warm = self.warm
+        if warm is None or runner not in warm.states:
+            return None
+        engine = self.engines[runner.key.engine]
+        return lambda: warm.restore(runner, engine)
 
     async def _supervise(self, runner: Runner) -> None:
         """Watch a loaded runner: a crash makes it defunct (dropped when idle, reloaded by the next
@@ -583,6 +615,7 @@ class Scheduler:
                 "memory_estimate": r.memory,
                 "pid": r.process.pid if r.process else None,
                 **({"layout": r.spec.layout} if r.spec.layout else {}),
+                **(self.warm.ps_fields(r) if self.warm is not None else {}),
             }
             for r in self.runners.values()
         ]

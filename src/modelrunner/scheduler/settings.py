@@ -37,6 +37,7 @@ class ModelSettings:
     tensor_parallel_size: int | None = None  # vLLM
     pipeline_parallel_size: int | None = None  # vLLM
     ray_address: str | None = None  # vLLM: the Ray cluster (else MODEL_RUNNER_RAY_ADDRESS)
+    kv_persist: bool | None = None  # warm resume: save/restore the prompt cache (None: on)
 
     def runner_settings(self, draft_bundle: Path | None = None) -> RunnerSettings:
         return RunnerSettings(
@@ -106,6 +107,8 @@ def backend_configuration(settings: ModelSettings, draft_name: str | None = None
         llamacpp["reasoning-budget"] = settings.reasoning_budget
     if settings.rpc_workers:
         llamacpp["rpc"] = ",".join(settings.rpc_workers)
+    if settings.kv_persist is False:
+        llamacpp["kv-persist"] = False
     if llamacpp:
         out["llamacpp"] = llamacpp
     return out

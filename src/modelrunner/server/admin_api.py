@@ -123,6 +123,10 @@ def settings_from_request(
         if not (_is_number(budget, int) and -1 <= budget <= 2**31 - 1):
             raise BadRequest("reasoning-budget must be -1 (unlimited), 0 (off) or a number of tokens")
         settings.reasoning_budget = budget
+    if body.llamacpp and "kv-persist" in body.llamacpp:
+        if not isinstance(body.llamacpp["kv-persist"], bool):
+            raise BadRequest("kv-persist must be true or false")
+        settings.kv_persist = None if body.llamacpp["kv-persist"] else False  # on is the default
     if body.vllm:
         overrides = body.vllm.get("hf-overrides")
         if overrides is not None:

@@ -26,6 +26,7 @@ from modelrunner.errors import BadRequest, ModelNotFound
 from modelrunner.scheduler.runner import RunnerState
 from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
+from modelrunner.scheduler.warm import warm_metrics
 from modelrunner.server.lifecycle import Lifecycle, model_for_engine
 from modelrunner.server.log_files import LogStreamer, ModelFilter
 from modelrunner.store.store import ModelStore
@@ -214,6 +215,7 @@ async def render_metrics(scheduler: Scheduler, lifecycle: Lifecycle) -> str:
         "# TYPE modelrunner_runner_crashes_total counter",
         f"modelrunner_runner_crashes_total {scheduler.counters.crashes}",
         *lifecycle.metrics.render().splitlines(),
+        *(warm_metrics(scheduler.warm.counters) if scheduler.warm is not None else []),
     ]
     seen_meta: set[str] = set()
     for runner in runners:

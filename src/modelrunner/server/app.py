@@ -25,9 +25,11 @@ from modelrunner.distribution.jobs import TransferManager
 from modelrunner.engines.base import Engine
 from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.scheduler import rundir
+from modelrunner.scheduler.kv_persist import KvStore
 from modelrunner.scheduler.memory import memory_budget
 from modelrunner.scheduler.scheduler import Scheduler, SchedulerLimits
 from modelrunner.scheduler.settings import SettingsStore
+from modelrunner.scheduler.warm import WarmResume
 from modelrunner.server.admin_api import build_admin_router, daemon_user_only
 from modelrunner.server.anthropic_api import build_anthropic_router
 from modelrunner.server.dashboard import build_dashboard_router
@@ -146,6 +148,7 @@ def build_daemon(
     store = store or ModelStore(config.models_path())
     engines = EngineRegistry(engines) if engines is not None else default_engines()
     logs_dir = config.logs_dir()
+    kv_cache = KvStore(store.layout)  # saved prompt caches (warm resume)
     scheduler = Scheduler(
         engines,
         SettingsStore(store.layout.configs_dir),
@@ -153,6 +156,7 @@ def build_daemon(
         logs_dir,
         scheduler_limits(),
         store.bundle,
+        WarmResume(kv_cache),
     )
 
     @asynccontextmanager
@@ -178,6 +182,7 @@ def build_daemon(
         return {
             "models_disk_usage": store.disk_usage(),
             "default_backend_disk_usage": default.disk_usage() if default else 0,
+            "kv_cache_disk_usage": kv_cache.disk_usage(),
         }
 
     recorder = Recorder() if recording_enabled() else None

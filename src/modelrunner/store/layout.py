@@ -53,6 +53,14 @@ class StoreLayout:
         """Per-model runtime configuration (`model configure`), persisted next to the models."""
         return self.root / "configs"
 
+    @property
+    def kv_cache_dir(self) -> Path:
+        """Saved prompt caches of runners (warm resume, scheduler/kv_persist.py), per model."""
+        return self.root / "cache" / "kv"
+
+    def kv_cache_path(self, model_id: str) -> Path:
+        return self.kv_cache_dir / self.blob_path(model_id).name
+
     def blob_path(self, digest: str) -> Path:
         """The one place a digest becomes a path: anything but sha256:<64 lowercase hex> is refused."""
         return self.blobs_dir / validate_digest(digest).removeprefix("sha256:")

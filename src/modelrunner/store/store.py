@@ -617,6 +617,7 @@ class ModelStore:
         with contextlib.suppress(FileNotFoundError):
             self.layout.manifest_path(entry.id).unlink()
         shutil.rmtree(self.layout.bundle_path(entry.id), ignore_errors=True)
+        shutil.rmtree(self.layout.kv_cache_path(entry.id), ignore_errors=True)  # its saved prompt caches
         for digest in entry.files:
             if digest not in still_used:
                 with contextlib.suppress(FileNotFoundError):
