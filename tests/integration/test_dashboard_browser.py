@@ -380,6 +380,11 @@ def test_unload_frees_the_runner(browser: Browser, daemon: Daemon) -> None:
     page.wait_for_selector("#runners-table tr[data-model='tiny']", state="detached")
     assert runners(daemon, "tiny") == []
     wait_until(lambda: not Path(f"/proc/{pid}").exists(), "the engine process to exit")
+    # the unload saved the prompt cache: the next load restores it, and the table says so
+    assert daemon.http("POST", "/engines/v1/chat/completions", json=body).status_code == 200
+    warm = page.locator("#runners-table tr[data-model='tiny'] .badge.warm")
+    warm.wait_for()
+    assert re.fullmatch(r"warm · \d+ tokens", warm.inner_text())
     no_problems(page)
 
 

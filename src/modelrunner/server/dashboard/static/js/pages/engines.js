@@ -112,7 +112,15 @@ export default {
             overview && overview.memory_budget ? bar(r.memory_estimate / overview.memory_budget, "share of the budget") : null,
           ),
           h("td", { class: "keep", text: left }),
-          h("td", {}, h("span", { class: `badge ${r.in_use ? "running" : r.loading ? "starting" : "idle"}`, text: r.in_use ? "in use" : r.loading ? "loading" : "idle" })),
+          h(
+            "td",
+            {},
+            h("span", { class: `badge ${r.in_use ? "running" : r.loading ? "starting" : "idle"}`, text: r.in_use ? "in use" : r.loading ? "loading" : "idle" }),
+            // warm resume: the runner started from a saved prompt cache (scheduler/warm.py)
+            r.warm && r.warm.state === "restored"
+              ? h("span", { class: "badge done warm", title: "prompt cache restored at load", text: `warm · ${r.warm.restored_tokens} tokens` })
+              : null,
+          ),
           h("td", { class: "opt mono", text: r.pid ?? "" }),
           h("td", {}, unload),
         );
