@@ -50,6 +50,7 @@ class Verified:
     digest: str
     signer: str  # keys.key_id of the key that signed
     docker_reference: str
+    signature: Signature | None = None  # what was checked, kept by the store to check it again offline
 
 
 def resolve_digest(client: RegistryClient, reference: Reference) -> str:
@@ -149,7 +150,7 @@ def verify_signatures(
         if not _same_repository(claim.docker_reference, reference):
             reason = f"the signature is for another repository ({claim.docker_reference[:200]})"
             continue
-        return Verified(digest, keys.key_id(key), claim.docker_reference)
+        return Verified(digest, keys.key_id(key), claim.docker_reference, signature)
     raise InvalidSignature(f"{reference.name}@{digest}: {reason}")
 
 
