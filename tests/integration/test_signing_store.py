@@ -4,9 +4,11 @@ Debian's docker-registry (tests/registry.py), stopped before the store is verifi
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
+from modelrunner.signing.payload import make_payload
 from modelrunner.signing.record import read_record
 from modelrunner.store.store import ModelStore
 from tests.daemon import Daemon, snapshot
@@ -94,3 +96,19 @@ def test_inspect_and_ls_show_the_verification(daemon: Daemon, registry: Registry
     unsigned = f"{registry.host}/team/local:v1"
     daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "local.gguf", seed=12)), unsigned)
     assert "verification" not in json.loads(daemon.cli("inspect", unsigned).stdout)
+
+
+def test_a_tampered_record_or_a_bad_request_verifies_nothing(
+    daemon: Daemon, registry: Registry, tmp_path: Path
+) -> None:
+    ref, public = pulled_under_policy(daemon, registry, tmp_path)
+    model_id = daemon.models()[0]["id"]
+    for body in ({"keys": []}, {"keys": ["x"], "extra": 1}, {"keys": "not a list"}):
+        refused = daemon.http("POST", f"/models/{ref}/verify", json=body)
+        assert refused.status_code == 400, refused.text
+    path = daemon.store_root / "signatures" / (model_id.removeprefix("sha256:") + ".json")
+    record = json.loads(path.read_text())
+    other = make_payload(ref, "sha256:" + "1" * 64)  # the payload swapped, the signature kept
+    path.write_text(json.dumps({**record, "payload": base64.b64encode(other).decode()}))
+    swapped = daemon.cli("verify", "--local", ref, "--key", str(public), check=False)
+    assert swapped.returncode == 1 and "no signature was made by the given key" in swapped.stderr
