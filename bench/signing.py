@@ -2,7 +2,7 @@
 
 Against Debian's `docker-registry` on loopback: a model manifest is pushed and signed (cosign's `.sig` tag);
 then, alternating, N times each: one GET of the model's manifest (what every pull does anyway: the
-reference), the pull's signature check (referrers GET, `.sig` manifest GET, the payload blob GET, ECDSA verify,
+reference), the pull's signature check (referrers GET, `.sig` manifest GET, the payload blob GET, ECDSA,
 payload parse: signing/enforce.py's work), and the check before a load (policy file read, the store's
 record, a stat per blob: signing/record.py) for a model of N_BLOBS files. Verification hashes no blob.
 
