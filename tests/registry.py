@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 from tests.daemon import free_port
+from tests.referrers import Referrers
 
 REGISTRY_BINARY = "docker-registry"
 SERVICE = "modelrunner-test"
@@ -280,6 +281,9 @@ class ProxyControls:
     redirect_blobs_to: str | None = None
     manifests: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # path -> (body, content type)
     on_blob_get: Callable[[], None] | None = None
+    # OCI 1.1's referrers API, which Debian's docker-registry lacks: answered from the manifests with a
+    # `subject` that were pushed through the proxy (tests/referrers.py)
+    serve_referrers: bool = False
 
 
 class RegistryProxy:
@@ -293,6 +297,7 @@ class RegistryProxy:
         self.ranges: list[str | None] = []
         self.request_headers: list[dict[str, str]] = []
         self.requests: list[tuple[str, str]] = []  # (method, path with query)
+        self.referrers = Referrers()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -334,6 +339,9 @@ class RegistryProxy:
                     data, content_type = controls.manifests[path]
                     self._reply(200, {"Content-Type": content_type}, data)
                     return
+                if controls.serve_referrers and (answer := proxy.referrers.answer(self.command, self.path)):
+                    self._reply(*answer)
+                    return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection",)}
                 if is_blob_get:
                     with proxy._lock:
@@ -362,6 +370,8 @@ class RegistryProxy:
                         return
                     if not is_blob_get or upstream.status >= 300:
                         data = upstream.read()
+                        if controls.serve_referrers and upstream.status == 201:
+                            proxy.referrers.saw_put(self.command, path, body)
                         out = {k: v for k, v in upstream.getheaders() if k.lower() not in _HOP}
                         self._reply(upstream.status, out, data)
                         return

@@ -246,6 +246,12 @@ class Client:
         result: dict[str, Any] = self.call("GET", f"/models/{model_path(name)}", params=params)
         return result
 
+    def verify_model(self, name: str, public_pems: list[str], deep: bool) -> dict[str, Any]:
+        """A stored model checked against its kept signature (`model verify --local`)."""
+        body = {"keys": public_pems, "deep": deep}
+        result: dict[str, Any] = self.call("POST", f"/models/{model_path(name)}/verify", payload=body)
+        return result
+
     def delete_model(self, name: str, force: bool = False) -> list[dict[str, str]]:
         params = {"force": "true"} if force else None
         result: list[dict[str, str]] = self.call("DELETE", f"/models/{model_path(name)}", params=params)

@@ -243,6 +243,7 @@ def cmd_list(args: argparse.Namespace) -> int | None:
                     ago(m.created),
                     _context_column(cfg),
                     str(cfg.get("size", "")),
+                    *([_verified_column(m.raw)] if args.verified else []),
                 ]
             )
     rows.sort(key=lambda row: _list_order(row[0]))
@@ -255,9 +256,16 @@ def cmd_list(args: argparse.Namespace) -> int | None:
         "CREATED",
         "CONTEXT",
         "SIZE",
+        *(["VERIFIED"] if args.verified else []),
     ]
     sys.stdout.write(go_table(headers, rows))
     return None
+
+
+def _verified_column(raw: dict[str, Any]) -> str:
+    """`ls --verified`: who signed what the store verified (signing/record.py), `-` when nothing was."""
+    verification = raw.get("verification")
+    return str(verification.get("signer", ""))[:19] if isinstance(verification, dict) else "-"
 
 
 def _inspected(name: str, fetch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -467,6 +475,7 @@ def add_commands(commands: Any) -> None:
     listing.add_argument("--json", action="store_true", help="raw JSON of the API")
     listing.add_argument("-q", "--quiet", action="store_true", help="only model IDs")
     listing.add_argument("--openai", action="store_true", help="List models in an OpenAI format")
+    listing.add_argument("--verified", action="store_true", help="a column: the signer the store verified")
     listing.add_argument(
         "--openaiurl", metavar="URL", help="OpenAI-compatible API endpoint URL to list models from"
     )

@@ -54,17 +54,35 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from modelrunner.errors import ModelRunnerError
-    from modelrunner.reference import parse_reference
-    from modelrunner.signing.registry import verify_reference
 
     try:
         public_keys = load_public_keys(args.key)
+        if args.local or args.deep:
+            return _verify_in_store(args)
+        from modelrunner.reference import parse_reference
+        from modelrunner.signing.registry import verify_reference
+
         verified = verify_reference(parse_reference(args.model), public_keys)
     except ModelRunnerError as exc:
         print(f"{VERIFY_FAILURE}: {exc.message}", file=sys.stderr)
         return 1
     print(f"Verified {args.model}@{verified.digest}")
     print(f"Signed by {verified.signer} for {verified.docker_reference}")
+    return 0
+
+
+def _verify_in_store(args: argparse.Namespace) -> int:
+    """The store is the daemon's: it checks the signature its pull kept (and with --deep the blobs), with
+    the public keys the user names here, sent as text."""
+    from modelrunner.cli.common import client
+    from modelrunner.signing import keys
+
+    pems = [keys.read_key_file(Path(path)).decode("ascii", "replace") for path in args.key]
+    answer = client().verify_model(args.model, pems, args.deep)
+    checked = "signature and blob hashes" if args.deep else "signature"
+    print(f"Verified {args.model}@{answer['id']} in the store ({checked})")
+    when = answer["verification"]["verifiedAt"]
+    print(f"Signed by {answer['signer']} for {answer['dockerReference']}, verified at pull {when}")
     return 0
 
 
@@ -141,7 +159,11 @@ def add_commands(commands: Any) -> None:
     sign.add_argument("--key", required=True, help="cosign private key file (password: COSIGN_PASSWORD)")
     sign.set_defaults(handler=cmd_sign)
 
-    verify = commands.add_parser("verify", help="Verify a model's signature in its registry.")
+    verify = commands.add_parser("verify", help="Verify a model's signature in its registry or the store.")
     verify.add_argument("model", help="the model's reference")
     verify.add_argument("--key", required=True, action="append", help="PEM public key (repeat for more)")
+    verify.add_argument(
+        "--local", action="store_true", help="the model in the store, offline, by the signature its pull kept"
+    )
+    verify.add_argument("--deep", action="store_true", help="--local, and hash every blob again")
     verify.set_defaults(handler=cmd_verify)

@@ -48,6 +48,7 @@ from modelrunner.server.proxy import App, Receive, Scope, Send
 from modelrunner.server.recorder import Recorder, build_recorder_router, recording_enabled
 from modelrunner.server.responses_api import build_responses_router
 from modelrunner.server.security import SecurityMiddleware, SecurityPolicy
+from modelrunner.server.signing_api import build_signing_router
 from modelrunner.store.store import ModelStore
 
 _ALIASES = ("/v1/", "/rerank", "/score")
@@ -193,6 +194,7 @@ def build_daemon(
     token = ensure_token(config.local_token_file())  # proves a local caller is the daemon's user
     policy = SecurityPolicy.from_env(bind_host, [address.host for address in extra_listen])
     daemon_user = daemon_user_only(token, policy.api_key)  # prompts, answers and logs: not for everyone
+    api.include_router(build_signing_router(store))  # before the models router's catch-all POST
     api.include_router(build_models_router(store, token))
     api.include_router(build_openai_router(store))
     api.include_router(build_admin_router(store, scheduler, engines, logs_dir, lifecycle, daemon_user))

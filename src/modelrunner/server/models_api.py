@@ -26,6 +26,7 @@ from modelrunner.errors import BadRequest, NotFound, PermissionDenied
 from modelrunner.reference import parse_reference
 from modelrunner.server.body_stream import consume_in_thread
 from modelrunner.server.localuser import caller_is_daemon_user
+from modelrunner.signing.record import with_verification
 from modelrunner.store.archive import export_chunks, load_archive
 from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore, full_tag
@@ -122,7 +123,7 @@ def build_models_router(store: ModelStore, token: str) -> APIRouter:
 
     @router.get("/models")
     def list_models() -> list[dict[str, Any]]:
-        return [model.to_api() for model in store.list_models()]
+        return [with_verification(store, model.to_api()) for model in store.list_models()]
 
     @router.post("/models/load")
     async def load_model(request: Request) -> Response:
@@ -210,7 +211,7 @@ def build_models_router(store: ModelStore, token: str) -> APIRouter:
             from modelrunner.distribution.inspect import inspect_remote
 
             return inspect_remote(parse_reference(name))
-        return store.get(name, by_name=True).to_api()
+        return with_verification(store, store.get(name, by_name=True).to_api())
 
     @router.delete("/models/{name:path}")
     def delete_model(request: Request, name: str) -> list[dict[str, str]]:

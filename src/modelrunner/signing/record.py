@@ -3,12 +3,14 @@
 A pull that verified a signature records, next to the store's index (`signatures/<hex>.json`), the signed
 manifest digest, the signer, when, and each blob file's size, inode and modification time. Before a model
 is loaded under an `enforce` rule, its id must be that digest and its blob files must be as recorded: a blob
-changed in the store, or a model packaged locally without a signature, does not run. `model verify --deep`
-(not yet here) would hash them again; the load check never does.
+changed in the store, or a model packaged locally without a signature, does not run. The signed payload
+and its signature are kept too, so that `model verify --local` checks them again offline against a key
+(signing/local.py), and `--deep` hashes the blobs again; the load check never does.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -20,7 +22,7 @@ from typing import Any
 from modelrunner import config
 from modelrunner.reference import parse_reference
 from modelrunner.signing.policy import Rule, UntrustedModel, load_rules, policy_path, rule_for
-from modelrunner.signing.registry import Verified
+from modelrunner.signing.registry import Signature, Verified
 from modelrunner.store.store import ModelStore, StoredModel
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,21 @@ class Record:
     docker_reference: str
     verified_at: float
     blobs: dict[str, list[int]]  # digest -> [size, inode, mtime_ns]
+    payload: str = ""  # base64 of the signed simple-signing payload ("" in records of the first round)
+    signature: str = ""  # base64 of its ECDSA signature
+
+    def kept_signature(self) -> Signature | None:
+        if not self.payload or not self.signature:
+            return None
+        try:
+            return Signature(base64.b64decode(self.payload), base64.b64decode(self.signature))
+        except ValueError:
+            return None
+
+    def to_api(self) -> dict[str, Any]:
+        """What `inspect`, `ls --json` and the dashboard show: who signed, for what, and when checked."""
+        verified_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.verified_at))
+        return {"signer": self.signer, "dockerReference": self.docker_reference, "verifiedAt": verified_at}
 
 
 def _record_path(store: ModelStore, model_id: str) -> Path:
@@ -51,7 +68,16 @@ def record_verification(store: ModelStore, model: StoredModel, verified: Verifie
     from modelrunner.fileio import write_file_atomic
 
     blobs = {b.digest: _stat(store.layout.blob_path(b.digest)) for b in model.manifest.blobs}
-    record = Record(verified.digest, verified.signer, verified.docker_reference, time.time(), blobs)
+    kept = verified.signature
+    record = Record(
+        verified.digest,
+        verified.signer,
+        verified.docker_reference,
+        time.time(),
+        blobs,
+        base64.b64encode(kept.payload).decode() if kept else "",
+        base64.b64encode(kept.signature).decode() if kept else "",
+    )
     path = _record_path(store, model.id)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_file_atomic(path, json.dumps(record.__dict__).encode())
@@ -63,6 +89,15 @@ def read_record(store: ModelStore, model_id: str) -> Record | None:
         return Record(**document)
     except (OSError, ValueError, TypeError):
         return None
+
+
+def with_verification(store: ModelStore, model: dict[str, Any]) -> dict[str, Any]:
+    """DMR's model object, plus `verification` where the store holds one (absent otherwise, so that an
+    unsigned model's object is DMR's byte for byte)."""
+    record = read_record(store, str(model["id"]))
+    if record is None or record.digest != model["id"]:
+        return model
+    return {**model, "verification": record.to_api()}
 
 
 def _strictest(model: StoredModel) -> Rule | None:

@@ -1,7 +1,9 @@
-"""Signatures in a registry where cosign and containers/image keep them: the manifest tagged
+"""Signatures in a registry where cosign and containers/image keep them: OCI 1.1 referrers of the signed
+manifest where the registry serves the referrers API (signing/referrers.py), else the manifest tagged
 `sha256-<hex>.sig` beside the signed one, one layer per signature (the payload blob, the signature in its
-`dev.cosignproject.cosign/signature` annotation). Signing appends a layer; verifying reads them all and
-accepts the first that one of the keys signed for this digest and repository.
+`dev.cosignproject.cosign/signature` annotation). Signing adds a referrer, or appends a layer to the tag;
+verifying reads the referrers, then the tag, and accepts the first that one of the keys signed for this
+digest and repository.
 
 Everything read here is untrusted: the signature manifest and each payload are size-capped, counted and
 hash-checked before anything is parsed.
@@ -23,7 +25,7 @@ from modelrunner.distribution.push import _with_digest
 from modelrunner.distribution.registry import RegistryClient, push_scope, raise_for_status, read_capped
 from modelrunner.errors import InvalidArtifact, InvalidReference, ModelNotFound
 from modelrunner.reference import Reference, parse_reference
-from modelrunner.signing import keys
+from modelrunner.signing import keys, referrers
 from modelrunner.signing.payload import MAX_PAYLOAD_BYTES, InvalidSignature, make_payload, parse_payload
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
@@ -50,15 +52,23 @@ class Verified:
     digest: str
     signer: str  # keys.key_id of the key that signed
     docker_reference: str
+    signature: Signature | None = None  # what was checked, kept by the store to check it again offline
 
 
 def resolve_digest(client: RegistryClient, reference: Reference) -> str:
     """The digest of the manifest `reference` names in the registry (checked against `@digest` if given)."""
-    data, _ = client.get_manifest(reference.repository, reference.digest or reference.tag or "latest")
+    return str(_resolve(client, reference)["digest"])
+
+
+def _resolve(client: RegistryClient, reference: Reference) -> dict[str, Any]:
+    """The descriptor of the manifest `reference` names (a referrer's `subject`)."""
+    data, media_type = client.get_manifest(
+        reference.repository, reference.digest or reference.tag or "latest"
+    )
     digest = sha256_digest(data)
     if reference.digest and digest != reference.digest:
         raise InvalidArtifact("the registry sent a manifest that does not match the requested digest")
-    return digest
+    return {"mediaType": media_type or mt.OCI_MANIFEST, "digest": digest, "size": len(data)}
 
 
 def _signature_manifest(client: RegistryClient, repository: str, digest: str) -> dict[str, Any] | None:
@@ -69,6 +79,10 @@ def _signature_manifest(client: RegistryClient, repository: str, digest: str) ->
         return None
     except InvalidArtifact:
         raise InvalidSignature("the signature manifest is too large") from None
+    return _parse_signature_manifest(data)
+
+
+def _parse_signature_manifest(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_SIGNATURE_MANIFEST_BYTES:
         raise InvalidSignature("the signature manifest is too large")
     try:
@@ -82,6 +96,24 @@ def _signature_manifest(client: RegistryClient, repository: str, digest: str) ->
     return document
 
 
+def _referrer_manifests(client: RegistryClient, repository: str, digest: str) -> list[dict[str, Any]]:
+    """The signature referrers of `digest`, each hash-checked and naming it as subject; [] where the
+    registry has no referrers API."""
+    listed = referrers.referrers_index(client, repository, digest)
+    documents = []
+    for referrer in referrers.signature_referrers(listed or [], digest):
+        try:
+            data, _ = client.get_manifest(repository, referrer)
+        except InvalidArtifact:
+            raise InvalidSignature("a signature referrer is too large") from None
+        if sha256_digest(data) != referrer:
+            raise InvalidSignature(f"the signature referrer {referrer[:19]} does not match its digest")
+        document = _parse_signature_manifest(data)
+        referrers.check_subject(document, digest)
+        documents.append(document)
+    return documents
+
+
 def _layers(document: dict[str, Any]) -> list[Descriptor]:
     try:
         return [_descriptor(raw, f"signature {i}") for i, raw in enumerate(document["layers"])]
@@ -90,10 +122,17 @@ def _layers(document: dict[str, Any]) -> list[Descriptor]:
 
 
 def read_signatures(client: RegistryClient, repository: str, digest: str) -> list[Signature]:
-    """The signatures stored for `digest` (payloads fetched and hash-checked); [] when there are none."""
-    document = _signature_manifest(client, repository, digest)
-    if document is None:
-        return []
+    """The signatures stored for `digest`, its referrers' then its `.sig` tag's (payloads fetched and
+    hash-checked); [] when there are none."""
+    documents = _referrer_manifests(client, repository, digest)
+    tagged = _signature_manifest(client, repository, digest)
+    found = []
+    for document in [*documents, *([tagged] if tagged is not None else [])]:
+        found.extend(_signatures_in(client, repository, document))
+    return found
+
+
+def _signatures_in(client: RegistryClient, repository: str, document: dict[str, Any]) -> list[Signature]:
     found = []
     for layer in _layers(document):
         encoded = layer.annotations.get(SIGNATURE_ANNOTATION)
@@ -149,7 +188,7 @@ def verify_signatures(
         if not _same_repository(claim.docker_reference, reference):
             reason = f"the signature is for another repository ({claim.docker_reference[:200]})"
             continue
-        return Verified(digest, keys.key_id(key), claim.docker_reference)
+        return Verified(digest, keys.key_id(key), claim.docker_reference, signature)
     raise InvalidSignature(f"{reference.name}@{digest}: {reason}")
 
 
@@ -208,7 +247,8 @@ def sign_reference(
     with contextlib.ExitStack() as stack:
         if client is None:
             client = stack.enter_context(RegistryClient(reference.registry))
-        digest = resolve_digest(client, reference)
+        subject = _resolve(client, reference)
+        digest = str(subject["digest"])
         if expected_digest is not None and digest != expected_digest:
             raise InvalidSignature(
                 f"{reference} names {digest} in the registry, not the pushed {expected_digest}"
@@ -217,26 +257,34 @@ def sign_reference(
         payload = make_payload(identity, digest)
         signature = keys.sign(private_key, payload)
         repository = reference.repository
-        existing = _signature_manifest(client, repository, digest)
-        layers = [raw for raw in (existing or {}).get("layers", []) if isinstance(raw, dict)]
         payload_blob = _upload_blob(client, repository, payload)
-        layers.append(
-            {
-                "mediaType": SIMPLE_SIGNING,
-                "size": payload_blob.size,
-                "digest": payload_blob.digest,
-                "annotations": {SIGNATURE_ANNOTATION: base64.b64encode(signature).decode()},
-            }
-        )
-        layers = layers[-MAX_SIGNATURES:]
-        config = _upload_blob(
-            client, repository, _image_config([str(layer.get("digest")) for layer in layers])
-        )
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": mt.OCI_MANIFEST,
-            "config": {"mediaType": OCI_IMAGE_CONFIG, "size": config.size, "digest": config.digest},
-            "layers": layers,
+        layer = {
+            "mediaType": SIMPLE_SIGNING,
+            "size": payload_blob.size,
+            "digest": payload_blob.digest,
+            "annotations": {SIGNATURE_ANNOTATION: base64.b64encode(signature).decode()},
         }
-        client.put_manifest(repository, signature_tag(digest), json.dumps(manifest).encode(), mt.OCI_MANIFEST)
+        if referrers.referrers_index(client, repository, digest) is not None:
+            config = _upload_blob(client, repository, referrers.EMPTY_CONFIG)
+            manifest = referrers.referrer_manifest(subject, config.digest, layer)
+            client.put_manifest(repository, sha256_digest(manifest), manifest, mt.OCI_MANIFEST)
+        else:
+            _append_to_signature_tag(client, repository, digest, layer)
         return Verified(digest, keys.key_id(private_key.public_key()), identity)
+
+
+def _append_to_signature_tag(
+    client: RegistryClient, repository: str, digest: str, layer: dict[str, Any]
+) -> None:
+    """A registry without the referrers API: the signature joins the others in the `.sig` manifest."""
+    existing = _signature_manifest(client, repository, digest)
+    layers = [raw for raw in (existing or {}).get("layers", []) if isinstance(raw, dict)]
+    layers = [*layers, layer][-MAX_SIGNATURES:]
+    config = _upload_blob(client, repository, _image_config([str(raw.get("digest")) for raw in layers]))
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": mt.OCI_MANIFEST,
+        "config": {"mediaType": OCI_IMAGE_CONFIG, "size": config.size, "digest": config.digest},
+        "layers": layers,
+    }
+    client.put_manifest(repository, signature_tag(digest), json.dumps(manifest).encode(), mt.OCI_MANIFEST)

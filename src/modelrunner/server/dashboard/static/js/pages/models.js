@@ -90,9 +90,16 @@ export default {
   },
 };
 
+// The store's record of a verified signature (`verification` in /models, signing/record.py), if any.
+function signedMark(verification) {
+  if (!verification) return [];
+  const title = `Signed by ${verification.signer} for ${verification.dockerReference}, verified ${verification.verifiedAt}`;
+  return h("span", { class: "chip signed", text: "✓ verified", title });
+}
+
 function modelTable(models, onOpen) {
-  const head = ["Name", "Tags", "Format", "Parameters", "Quantization", "Context", "Size", "Created", "ID"];
-  const optional = new Set(["Tags", "Quantization", "Context", "Created", "ID"]);
+  const head = ["Name", "Tags", "Format", "Parameters", "Quantization", "Context", "Size", "Created", "ID", "Signed"];
+  const optional = new Set(["Tags", "Quantization", "Context", "Created", "ID", "Signed"]);
   const rows = models.map((m) => {
     const cfg = m.config || {};
     const row = h(
@@ -107,6 +114,7 @@ function modelTable(models, onOpen) {
       h("td", { text: cfg.size || "" }),
       h("td", { class: "opt", text: ago(typeof m.created === "number" ? m.created : Date.parse(m.created) / 1000) }),
       h("td", { class: "opt mono", text: shortId(m.id) }),
+      h("td", { class: "opt" }, signedMark(m.verification)),
     );
     row.addEventListener("click", () => onOpen(m));
     row.addEventListener("keydown", (event) => event.key === "Enter" && onOpen(m));
