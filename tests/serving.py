@@ -22,12 +22,14 @@ class FakeCall:
         answer: dict[str, Any] | None = None,
         fail: ModelRunnerError | None = None,
         raw: tuple[int, bytes] = (200, b"{}"),
+        path: str = "",
     ) -> None:
         self._events = events or []
         self._answer = answer or {}
         self._raw = raw  # the answer as the engine sent it, status included
         self._fail = fail  # raised after the events, as an engine that dies mid-stream
         self.load_seconds = 0.0
+        self.path = path  # the engine's path: chat completions for Messages served through chat
         self.tools: dict[str, Any] | None = None  # none declared: nothing rescued (compat/tool_rescue.py)
         self.closed = False
 

@@ -1,5 +1,7 @@
 """What Anthropic's Messages API does, without HTTP: check the request and the model, then relay the
-engine's answer (server/anthropic_api.py, the router, says why the engine's own `/v1/messages` serves it).
+engine's answer (server/anthropic_api.py, the router, says why the engine's own `/v1/messages` serves it),
+or, for a tool choice llama-server's Messages would lose, make the message of its chat completion
+(compat/anthropic_chat.py).
 Methods take the parsed body and return the engine's bytes or event stream, or raise the ModelRunnerError
 that server/errors.py answers in Anthropic's shape.
 """
@@ -12,6 +14,8 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from modelrunner.compat import anthropic as shapes
+from modelrunner.compat import anthropic_chat
+from modelrunner.compat.assemble import CHAT
 from modelrunner.compat.tool_rescue import MessageStreamRescue
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelNotFound, ModelRunnerError
@@ -19,7 +23,7 @@ from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.server import keepalive
 from modelrunner.server.errors import ANTHROPIC, exception_payload
 from modelrunner.server.lifecycle import Inference
-from modelrunner.server.serving import EventStream, RawAnswer
+from modelrunner.server.serving import Document, EventStream, RawAnswer
 from modelrunner.server.upstream import READ_ERRORS, EngineCall, call_engine
 from modelrunner.wire import SSEDecoder
 
@@ -32,7 +36,7 @@ class AnthropicServing:
 
     async def messages(
         self, doc: dict[str, Any], backend: str | None = None, count_tokens: bool = False
-    ) -> RawAnswer | EventStream:
+    ) -> RawAnswer | Document | EventStream:
         """`doc`, the request's JSON object, goes to the engine as it is, less our `keep_alive`."""
         checked = shapes.check_request(doc, count_tokens)
         try:
@@ -46,6 +50,8 @@ class AnthropicServing:
             return await streamed(start, checked.model)
         call = await start
         try:
+            if call.path == CHAT:  # served through chat completions (compat/anthropic_chat.py)
+                return anthropic_chat.message(await call.json(), checked.model)
             status, body = await call.answer()
         finally:
             await call.close()
@@ -58,6 +64,8 @@ async def streamed(start: Coroutine[Any, Any, EngineCall], model: str) -> EventS
     started = await keepalive.within(start, every, EngineCall.close)
 
     def events(call: EngineCall) -> AsyncIterator[bytes]:
+        if call.path == CHAT:
+            return chat_events(call, model)
         return rescued_events(call, model) if call.tools is not None else relay_events(call, model)
 
     if isinstance(started, asyncio.Task):  # the stream's head goes out now, pings while it waits
@@ -128,3 +136,17 @@ async def rescued_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
         yield b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
     finally:
         await call.close()
+
+
+async def chat_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
+    """The events of a message served through chat completions (compat/anthropic_chat.py): the whole
+    answer first (its call is rescued from the whole text), then its events; a failure is an `error`."""
+    try:
+        done = anthropic_chat.message(await call.json(), model)
+    except ModelRunnerError as exc:
+        yield _error_event(exc)
+        return
+    finally:
+        await call.close()
+    for event in anthropic_chat.message_events(done):
+        yield event

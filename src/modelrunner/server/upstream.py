@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from modelrunner.compat import assemble, billing, structured, tool_choice, tool_rescue
+from modelrunner.compat import anthropic_chat, assemble, billing, structured, tool_choice, tool_rescue
 from modelrunner.compat.context_overflow import refusal
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
@@ -360,6 +360,8 @@ async def call_engine(
     started = time.monotonic()
     runner = await inference.acquire(name, mode, keep_alive, backend, needs=capabilities.needs_of(path, body))
     call = EngineCall(lifecycle.current(), runner, time.monotonic() - started)
+    if anthropic_chat.through_chat(runner.key.engine, path, body):  # a choice the engine's Messages loses
+        path, body = assemble.CHAT, anthropic_chat.chat_request(body)
     if schema is not None:
         constraint = structured.Constraint.for_engine(runner.key.engine, schema)
         call.constrain(constraint)
