@@ -48,6 +48,9 @@ class FakeCall:
     async def chunks(self) -> AsyncIterator[bytes]:
         yield self._raw[1]
 
+    async def beside(self, path: str, doc: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # a request beside the call (a count of tokens) that got no answer
+
     async def close(self) -> None:
         self.closed = True
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from modelrunner.compat import anthropic as shapes
-from modelrunner.compat import anthropic_chat
+from modelrunner.compat import anthropic_chat, billing
 from modelrunner.compat.assemble import CHAT
 from modelrunner.compat.tool_rescue import MessageStreamRescue
 from modelrunner.engines.base import Mode
@@ -47,7 +47,7 @@ class AnthropicServing:
         path = "/v1/messages/count_tokens" if count_tokens else "/v1/messages"
         start = call_engine(self.ctx, checked.model, path, doc, Mode.COMPLETION, keep_alive, backend)
         if doc.get("stream") and not count_tokens:
-            return await streamed(start, checked.model)
+            return await streamed(start, checked.model, doc)
         call = await start
         try:
             if call.path == CHAT:  # served through chat completions (compat/anthropic_chat.py)
@@ -58,15 +58,17 @@ class AnthropicServing:
         return RawAnswer(status, body)
 
 
-async def streamed(start: Coroutine[Any, Any, EngineCall], model: str) -> EventStream:
-    """The stream of a started engine call, with `event: ping` while it waits (server/keepalive.py)."""
+async def streamed(start: Coroutine[Any, Any, EngineCall], model: str, doc: dict[str, Any]) -> EventStream:
+    """The stream of a started engine call (of `doc`), with `event: ping` while it waits
+    (server/keepalive.py)."""
     every = keepalive.interval()
     started = await keepalive.within(start, every, EngineCall.close)
 
     def events(call: EngineCall) -> AsyncIterator[bytes]:
         if call.path == CHAT:
             return chat_events(call, model)
-        return rescued_events(call, model) if call.tools is not None else relay_events(call, model)
+        opening = Opening(call, model, doc)
+        return rescued_events(call, opening) if call.tools is not None else relay_events(call, opening)
 
     if isinstance(started, asyncio.Task):  # the stream's head goes out now, pings while it waits
         ping = keepalive.ANTHROPIC_PING
@@ -78,7 +80,23 @@ def _error_event(exc: ModelRunnerError) -> bytes:
     return b"event: error\ndata: " + json.dumps(exception_payload(ANTHROPIC, exc)).encode() + b"\n\n"
 
 
-async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
+class Opening:
+    """The `message_start` of a stream that lacks one, with the prompt's tokens as the engine counts the
+    same request (`/v1/messages/count_tokens`, asked only then: no event of the stream carries them). The
+    count is the whole prompt, as `input_tokens`: what of it the prefix cache served is not known here."""
+
+    def __init__(self, call: EngineCall, model: str, doc: dict[str, Any]) -> None:
+        self.call, self.model, self.doc = call, model, doc
+
+    async def event(self) -> bytes:
+        counted = await self.call.beside(
+            billing.COUNT_TOKENS, billing.neutralised(billing.COUNT_TOKENS, self.doc)
+        )
+        tokens = counted.get("input_tokens") if counted is not None else None
+        return shapes.message_start_event(self.model, tokens if isinstance(tokens, int) else 0)
+
+
+async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]:
     """The engine's event stream, as it comes, with two repairs: a stream that does not open with
     `message_start` gets one (llama-server b11434 skips it when the first tokens are an incomplete UTF-8
     sequence it holds back, and Anthropic's clients cannot build the message without it), and an engine
@@ -93,7 +111,7 @@ async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
                     continue
                 chunk, opening = opening, None
                 if not chunk.startswith(_MESSAGE_START):
-                    yield shapes.message_start_event(model)
+                    yield await start.event()
             yield chunk
             tail = (tail + chunk)[-2:]
         if opening:  # a stream shorter than the event name
@@ -106,7 +124,7 @@ async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
         await call.close()
 
 
-async def rescued_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
+async def rescued_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]:
     """The engine's event stream, for a request that declares tools: each event parsed and written anew,
     after calls written as text were made `tool_use` blocks (compat/tool_rescue.py), with the same two
     repairs as `relay_events` (an opening `message_start`, an `error` event for an engine that dies)."""
@@ -121,7 +139,7 @@ async def rescued_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
                 if not isinstance(doc, dict):
                     continue
                 if not opened and doc.get("type") != "message_start":
-                    yield shapes.message_start_event(model)
+                    yield await start.event()
                 opened = True
                 for out in rescue.feed(doc):
                     yield b"event: %s\ndata: %s\n\n" % (

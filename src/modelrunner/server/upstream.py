@@ -146,6 +146,30 @@ class EngineCall:
         except (OSError, UpstreamError) as exc:
             raise self.exchange.cut(exc) from None
 
+    async def beside(self, path: str, doc: dict[str, Any]) -> dict[str, Any] | None:
+        """A short JSON request to the same runner on a connection of its own, while this call holds the
+        runner (a count of tokens, answered by llama-server's HTTP thread, not a slot): its answer, None
+        when it fails. It ends with the call's exchange, as the call does."""
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(self.runner.socket), limit=MAX_HEAD)
+        except OSError:
+            return None
+        forget = self.exchange.opened(writer.close)
+        try:
+            answer = Answer(reader)
+            writer.write(request_bytes("POST", path, [], json.dumps(doc).encode()))
+            await writer.drain()
+            if (await answer.read_head()).status != 200:
+                return None
+            body = b"".join([chunk async for chunk in answer.chunks(self.idle)])
+            found = json.loads(body)
+            return found if isinstance(found, dict) else None
+        except (OSError, *READ_ERRORS):
+            return None
+        finally:
+            forget()
+            writer.close()
+
     def constrain(self, constraint: structured.Constraint) -> None:
         """Check the answer against a requested schema, and say so in the answer's head."""
         self.constraint = constraint
