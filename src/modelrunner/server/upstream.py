@@ -150,24 +150,32 @@ class EngineCall:
         """A short JSON request to the same runner on a connection of its own, while this call holds the
         runner (a count of tokens, answered by llama-server's HTTP thread, not a slot): its answer, None
         when it fails. It ends with the call's exchange, as the call does."""
+        if untrusted_socket(self.runner.socket) is not None:
+            return None
         try:
             reader, writer = await asyncio.open_unix_connection(str(self.runner.socket), limit=MAX_HEAD)
         except OSError:
             return None
-        forget = self.exchange.opened(writer.close)
+        forget: Any = None
         try:
+            forget = self.exchange.opened(writer.close)  # raises when the client already left
             answer = Answer(reader)
             writer.write(request_bytes("POST", path, [], json.dumps(doc).encode()))
             await writer.drain()
             if (await answer.read_head()).status != 200:
                 return None
-            body = b"".join([chunk async for chunk in answer.chunks(self.idle)])
+            body = bytearray()
+            async for chunk in answer.chunks(self.idle):
+                body += chunk
+                if len(body) > MAX_ERROR_BODY:
+                    return None
             found = json.loads(body)
             return found if isinstance(found, dict) else None
         except (OSError, *READ_ERRORS):
             return None
         finally:
-            forget()
+            if forget is not None:
+                forget()
             writer.close()
 
     def constrain(self, constraint: structured.Constraint) -> None:
