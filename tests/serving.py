@@ -31,6 +31,7 @@ class FakeCall:
         self.load_seconds = 0.0
         self.path = path  # the engine's path: chat completions for Messages served through chat
         self.tools: dict[str, Any] | None = None  # none declared: nothing rescued (compat/tool_rescue.py)
+        self.unopened = False  # an assembled message that lacked message_start
         self.closed = False
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:

@@ -2,7 +2,7 @@
 first tokens are an incomplete UTF-8 sequence) gets the daemon's, whose `input_tokens` is the prompt as the
 engine counts it (`/v1/messages/count_tokens`), not 0: the real daemon, the fake engine scripted to skip it
 (FAKE_NO_MESSAGE_START), through the official `anthropic` client, with tools declared or not (the two
-relays of server/anthropic_serving.py)."""
+relays of server/anthropic_serving.py); and so does an unstreamed answer assembled from such a stream."""
 
 from __future__ import annotations
 
@@ -48,5 +48,20 @@ def test_the_daemons_message_start_counts_the_prompt(
         message = stream.get_final_message()
     assert kinds[0] == "message_start" and message.content[0].type == "text"
     assert message.usage.input_tokens == INPUT_TOKENS and message.usage.output_tokens == 5
-    paths = [e["path"] for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "request"]
-    assert paths == ["/v1/messages", "/v1/messages/count_tokens"]  # counted beside the stream
+    assert engine_paths(log) == ["/v1/messages", "/v1/messages/count_tokens"]  # counted beside the stream
+
+
+def test_an_unstreamed_answer_assembled_from_such_a_stream_counts_the_prompt(
+    daemon: tuple[InProcessDaemon, Path],
+) -> None:
+    """On llama.cpp an unstreamed request is asked for as a stream and assembled (compat/assemble.py)."""
+    running, log = daemon
+    client = anthropic.Anthropic(base_url=running.url + "/anthropic", api_key="unused", max_retries=0)
+    message = client.messages.create(model="tiny", max_tokens=8, messages=HI)
+    assert message.content[0].type == "text" and message.stop_reason == "end_turn"
+    assert message.usage.input_tokens == INPUT_TOKENS and message.usage.output_tokens == 5
+    assert engine_paths(log) == ["/v1/messages", "/v1/messages/count_tokens"]
+
+
+def engine_paths(log: Path) -> list[str]:
+    return [e["path"] for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "request"]

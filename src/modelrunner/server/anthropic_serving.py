@@ -53,6 +53,8 @@ class AnthropicServing:
             if call.path == CHAT:  # served through chat completions (compat/anthropic_chat.py)
                 return anthropic_chat.message(await call.json(), checked.model)
             status, body = await call.answer()
+            if call.unopened:  # assembled from a stream without message_start
+                body = await Opening(call, checked.model, doc).counted(body)
         finally:
             await call.close()
         return RawAnswer(status, body)
@@ -81,19 +83,29 @@ def _error_event(exc: ModelRunnerError) -> bytes:
 
 
 class Opening:
-    """The `message_start` of a stream that lacks one, with the prompt's tokens as the engine counts the
-    same request (`/v1/messages/count_tokens`, asked only then: no event of the stream carries them). The
-    count is the whole prompt, as `input_tokens`: what of it the prefix cache served is not known here."""
+    """The `message_start` of a stream that lacks one (or the usage of a message assembled from one), with
+    the prompt's tokens as the engine counts the same request (`/v1/messages/count_tokens`, asked only
+    then: no event of the stream carries them). The count is the whole prompt, as `input_tokens`: what of
+    it the prefix cache served is not known here."""
 
     def __init__(self, call: EngineCall, model: str, doc: dict[str, Any]) -> None:
         self.call, self.model, self.doc = call, model, doc
 
-    async def event(self) -> bytes:
+    async def input_tokens(self) -> int:
         counted = await self.call.beside(
             billing.COUNT_TOKENS, billing.neutralised(billing.COUNT_TOKENS, self.doc)
         )
         tokens = counted.get("input_tokens") if counted is not None else None
-        return shapes.message_start_event(self.model, tokens if isinstance(tokens, int) else 0)
+        return tokens if isinstance(tokens, int) else 0
+
+    async def event(self) -> bytes:
+        return shapes.message_start_event(self.model, await self.input_tokens())
+
+    async def counted(self, body: bytes) -> bytes:
+        """An assembled message (`body`) with the prompt's tokens in its usage."""
+        message = json.loads(body)
+        message["usage"] = {**(message.get("usage") or {}), "input_tokens": await self.input_tokens()}
+        return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]:

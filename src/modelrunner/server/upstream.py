@@ -116,6 +116,7 @@ class EngineCall:
         self.shortening: Shortening | None = None  # what an embeddings request asked of the vectors
         self.constraint: structured.Constraint | None = None  # the JSON its answer must be (`constrain`)
         self.tools: tool_rescue.Tools | None = None  # declared: calls written as text are rescued
+        self.unopened = False  # an assembled message whose stream lacked `message_start`: no input count
         self.path = ""
         self.idle = engine_idle_timeout() or None
         self._answer: Answer | None = None
@@ -253,6 +254,7 @@ class EngineCall:
             async for chunk in self.chunks():
                 assembler.feed(chunk)
             doc = assembler.result()
+            self.unopened = isinstance(assembler, assemble.MessageAssembler) and not assembler.started
         except READ_ERRORS as exc:
             raise self.exchange.cut(exc) from None
         except assemble.AssemblyError as exc:
