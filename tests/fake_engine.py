@@ -25,7 +25,10 @@ the model calls, as llama-server streams a call (id and name first, the argument
 reason `tool_calls`), with FAKE_TOOL_ARGS (default: the last user message as `{"query": ...}`), until the
 request holds FAKE_TOOL_ROUNDS tool results (default 1); then the answer is `found: <each tool result>`.
 FAKE_TEXT scripts the answer's text (streamed in pieces of a few characters), e.g. a call written as text;
-`/v1/messages` answers it as an Anthropic message, streamed as llama-server streams one.
+`/v1/messages` answers it as an Anthropic message, streamed as llama-server streams one; with
+FAKE_NO_MESSAGE_START=1 that stream lacks its `message_start` (as llama-server b11434's does when its first
+tokens are an incomplete UTF-8 sequence). `/v1/messages/count_tokens` counts the 3 input tokens its
+messages report.
 FAKE_TOOLS_REJECT=1 answers any request with tools as llama-server does when the chat template cannot take
 them (500, a Jinja exception).
 """
@@ -57,6 +60,7 @@ from modelrunner.engines.base import (
 from modelrunner.errors import BadRequest
 
 SCRIPT = Path(__file__).resolve()
+INPUT_TOKENS = 3  # the prompt of every Anthropic message it answers, as counted and as reported
 
 
 class FakeEngine(Engine):
@@ -166,6 +170,9 @@ class Handler(BaseHTTPRequestHandler):
                 message = "Value is not callable: null at row 1, column 9 (Jinja Exception)"
                 self._json(500, {"error": {"code": 500, "message": message, "type": "server_error"}})
                 return
+        if self.path == "/v1/messages/count_tokens":
+            self._json(200, {"input_tokens": INPUT_TOKENS})
+            return
         if self.path == "/v1/messages":
             chunks = os.environ.get("FAKE_CHUNKS")  # a long answer, as on the chat route: t0 t1 ...
             default = "".join(f"t{i} " for i in range(int(chunks))) if chunks else "hi"
@@ -292,7 +299,7 @@ class Handler(BaseHTTPRequestHandler):
             "content": [{"type": "text", "text": text}],
             "stop_reason": "end_turn",
             "stop_sequence": None,
-            "usage": {"input_tokens": 3, "output_tokens": 5},
+            "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": 5},
         }
         pieces = [text[i : i + 7] for i in range(0, len(text), 7)]
         delay = float(os.environ.get("FAKE_CHUNK_DELAY", "0"))  # per piece, as the chat route's chunks
@@ -300,8 +307,9 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(delay * len(pieces))
             self._json(200, message)
             return
+        start = {"type": "message_start", "message": {**message, "content": [], "stop_reason": None}}
         events: list[dict[str, Any]] = [
-            {"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
+            *([] if os.environ.get("FAKE_NO_MESSAGE_START") else [start]),
             {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
             *(
                 {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}

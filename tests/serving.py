@@ -22,13 +22,16 @@ class FakeCall:
         answer: dict[str, Any] | None = None,
         fail: ModelRunnerError | None = None,
         raw: tuple[int, bytes] = (200, b"{}"),
+        path: str = "",
     ) -> None:
         self._events = events or []
         self._answer = answer or {}
         self._raw = raw  # the answer as the engine sent it, status included
         self._fail = fail  # raised after the events, as an engine that dies mid-stream
         self.load_seconds = 0.0
+        self.path = path  # the engine's path: chat completions for Messages served through chat
         self.tools: dict[str, Any] | None = None  # none declared: nothing rescued (compat/tool_rescue.py)
+        self.unopened = False  # an assembled message that lacked message_start
         self.closed = False
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
@@ -45,6 +48,9 @@ class FakeCall:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         yield self._raw[1]
+
+    async def beside(self, path: str, doc: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # a request beside the call (a count of tokens) that got no answer
 
     async def close(self) -> None:
         self.closed = True

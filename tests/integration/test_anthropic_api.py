@@ -46,8 +46,8 @@ def test_system_as_a_string_and_as_blocks(daemon: Daemon) -> None:
         [{"type": "text", "text": "Be brief."}, {"type": "text", "text": " Really."}],
     ):
         # greedy: with random sampling the first token is sometimes an incomplete UTF-8 sequence, and then
-        # llama-server sends no message_start, so the prompt's token count is unknown (0; see
-        # tests/unit/test_assemble_messages.py)
+        # llama-server sends no message_start (the daemon then asks for the prompt's count:
+        # tests/integration/test_message_start.py)
         answer = client.messages.create(
             model="tiny", max_tokens=2, system=system, messages=HI, extra_body={"temperature": 0, "top_k": 1}
         )

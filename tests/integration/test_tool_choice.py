@@ -2,8 +2,9 @@
 whose template lists tools but renders no calls, driven by the official `openai` and `anthropic` clients.
 On chat completions and Responses, `required` and a named function always give a call of a declared tool
 whose arguments validate against its schema; `none` gives none (there and on Messages); a choice of an
-undeclared tool is a 400 in each API's shape. (Anthropic `any`/`tool` on llama.cpp are not kept yet: the
-engine's own `/v1/messages` takes no grammar; see compat/tool_choice.py.)"""
+undeclared tool is a 400 in each API's shape. On Messages, `any` and a named `tool` always give a `tool_use`
+block of a declared tool whose input validates (served through chat completions: compat/anthropic_chat.py),
+streamed or not, a conversation with a `tool_result` sent back included."""
 
 from __future__ import annotations
 
@@ -137,15 +138,65 @@ def test_a_forced_responses_choice_is_a_function_call(
         assert_valid_call(call.name, json.loads(call.arguments), allowed)
 
 
-def test_none_is_no_tool_use(messages: anthropic.Anthropic) -> None:
-    answer = messages.messages.create(
-        model=MODEL,
-        max_tokens=8,
-        messages=HI,
-        tools=ANTHROPIC_TOOLS,
-        tool_choice={"type": "none"},
-        extra_body=GREEDY,
+def create_message(client: anthropic.Anthropic, stream: bool, **fields: Any) -> anthropic.types.Message:
+    """A message, asked for whole or as a stream the SDK puts together."""
+    fields = {"model": MODEL, "tools": ANTHROPIC_TOOLS, "extra_body": GREEDY, **fields}
+    if not stream:
+        return client.messages.create(**fields)
+    with client.messages.stream(**fields) as events:
+        return events.get_final_message()
+
+
+def assert_tool_use(answer: anthropic.types.Message, allowed: set[str]) -> None:
+    uses = [block for block in answer.content if block.type == "tool_use"]
+    assert uses and answer.stop_reason == "tool_use"
+    for use in uses:
+        assert use.id.startswith("toolu_")
+        assert_valid_call(use.name, use.input, allowed)
+    assert answer.usage.input_tokens > 0 and answer.usage.output_tokens > 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    ("choice", "allowed"),
+    [({"type": "any"}, set(SCHEMAS)), ({"type": "tool", "name": "get_time"}, {"get_time"})],
+    ids=["any", "tool"],
+)
+def test_a_forced_messages_choice_is_a_valid_tool_use(
+    messages: anthropic.Anthropic, choice: Any, allowed: set[str], stream: bool
+) -> None:
+    answer = create_message(messages, stream, max_tokens=120, messages=HI, tool_choice=choice)
+    assert_tool_use(answer, allowed)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_tool_result_sent_back_then_a_forced_call(messages: anthropic.Anthropic, stream: bool) -> None:
+    first = create_message(
+        messages, False, max_tokens=120, messages=HI, tool_choice={"type": "tool", "name": "get_weather"}
     )
+    assert_tool_use(first, {"get_weather"})
+    [use] = [block for block in first.content if block.type == "tool_use"]
+    turns: Any = [
+        *HI,
+        {"role": "assistant", "content": [block.model_dump() for block in first.content]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": "9 degrees"},
+                {"type": "text", "text": "and the time?"},
+            ],
+        },
+    ]
+    second = create_message(messages, stream, max_tokens=120, messages=turns, tool_choice={"type": "any"})
+    assert_tool_use(second, set(SCHEMAS))
+    assert second.usage.input_tokens + (second.usage.cache_read_input_tokens or 0) > (
+        first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0)
+    )  # the call and its result are part of the prompt
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_none_is_no_tool_use(messages: anthropic.Anthropic, stream: bool) -> None:
+    answer = create_message(messages, stream, max_tokens=8, messages=HI, tool_choice={"type": "none"})
     assert all(block.type != "tool_use" for block in answer.content) and answer.stop_reason != "tool_use"
 
 

@@ -4,9 +4,11 @@ the model checked before the engine is asked, the engine's answer relayed as it 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
+from modelrunner.compat.assemble import CHAT
 from modelrunner.errors import BadRequest, ModelNotFound
 from modelrunner.server import anthropic_serving
 from modelrunner.server.anthropic_serving import AnthropicServing
@@ -14,6 +16,7 @@ from modelrunner.server.lifecycle import Inference
 from modelrunner.server.serving import EventStream, RawAnswer
 from modelrunner.store.store import ModelStore
 from tests.serving import EngineCalls, FakeCall, FakeScheduler, collect
+from tests.unit.test_anthropic_chat import COMPLETION
 
 MESSAGE = {"model": "ai/tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -64,3 +67,24 @@ def test_an_unknown_model_or_a_bad_body_never_reaches_the_engine(
     with pytest.raises(BadRequest, match="max_tokens"):
         asyncio.run(serving(store).messages({"model": "ai/tiny", "messages": MESSAGE["messages"]}))
     assert calls.sent == []
+
+
+def test_an_answer_through_chat_is_an_anthropic_message(
+    store: ModelStore, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forced choice on llama.cpp (compat/anthropic_chat.py): the chat completion comes back as a
+    message with its call as a `tool_use` block, unstreamed and streamed."""
+    unstreamed, streamed = FakeCall(answer=COMPLETION, path=CHAT), FakeCall(answer=COMPLETION, path=CHAT)
+    EngineCalls(monkeypatch, anthropic_serving, unstreamed, streamed)
+    answer = asyncio.run(serving(store).messages(dict(MESSAGE)))
+    assert isinstance(answer, dict) and answer["stop_reason"] == "tool_use"
+    assert [block["type"] for block in answer["content"]] == ["tool_use"] and unstreamed.closed
+    result = asyncio.run(serving(store).messages(MESSAGE | {"stream": True}))
+    assert isinstance(result, EventStream)
+    events = asyncio.run(collect(result.events)).split(b"\n\n")
+    assert (
+        events[0].startswith(b"event: message_start")
+        and events[-2] == b'event: message_stop\ndata: {"type": "message_stop"}'
+    )
+    delta = json.loads(events[-3].split(b"data: ", 1)[1])
+    assert delta["delta"]["stop_reason"] == "tool_use" and streamed.closed

@@ -11,7 +11,7 @@ import pytest
 
 from modelrunner.compat import anthropic as shapes
 from modelrunner.errors import BadRequest
-from modelrunner.server.anthropic_serving import relay_events
+from modelrunner.server.anthropic_serving import Opening, relay_events
 
 
 def test_error_types_follow_the_status() -> None:
@@ -52,6 +52,11 @@ class _RecordedCall:
     def __init__(self, chunks: list[bytes]) -> None:
         self._chunks = chunks
         self.closed = False
+        self.asked: list[tuple[str, dict[str, Any]]] = []  # requests beside it: counts of the prompt
+
+    async def beside(self, path: str, doc: dict[str, Any]) -> dict[str, Any] | None:
+        self.asked.append((path, doc))
+        return {"input_tokens": 7}
 
     async def _iterate(self) -> AsyncIterator[bytes]:
         for chunk in self._chunks:
@@ -64,11 +69,16 @@ class _RecordedCall:
         self.closed = True
 
 
-def relayed(chunks: list[bytes]) -> list[dict[str, Any]]:
-    call = _RecordedCall(chunks)
+BILLING = "x-anthropic-billing-header: cc_version=2.1.177.a3f; cch=1b2c3;"
+REQUEST = {"model": "tiny", "max_tokens": 4, "stream": True, "system": BILLING, "messages": []}
+
+
+def relayed(chunks: list[bytes], call: _RecordedCall | None = None) -> list[dict[str, Any]]:
+    call = call or _RecordedCall(chunks)
+    opening = Opening(call, "tiny", REQUEST)  # type: ignore[arg-type]
 
     async def collect() -> bytes:
-        return b"".join([c async for c in relay_events(call, "tiny")])  # type: ignore[arg-type]
+        return b"".join([c async for c in relay_events(call, opening)])  # type: ignore[arg-type]
 
     text = asyncio.run(collect()).decode()
     assert call.closed
@@ -114,18 +124,23 @@ def test_the_model_list_pages_as_anthropics_newest_first() -> None:
         shapes.model_page(models, 2, "absent", None)
 
 
-def test_a_stream_without_message_start_gets_one() -> None:
-    events = relayed(WITHOUT_START)
+def test_a_stream_without_message_start_gets_one_with_the_prompts_tokens() -> None:
+    call = _RecordedCall(WITHOUT_START)
+    events = relayed(WITHOUT_START, call)
     assert [e["type"] for e in events][:2] == ["message_start", "content_block_start"]
     message = events[0]["message"]
     assert message["model"] == "tiny" and message["role"] == "assistant" and message["id"].startswith("msg_")
-    assert message["content"] == [] and message["usage"]["output_tokens"] == 0
+    assert message["content"] == [] and message["usage"] == {"input_tokens": 7, "output_tokens": 0}
+    # counted as the engine got the request: without Claude Code's billing line (compat/billing.py)
+    assert call.asked == [("/v1/messages/count_tokens", {k: v for k, v in REQUEST.items() if k != "system"})]
 
 
 def test_a_stream_with_message_start_is_passed_on_unchanged_however_it_is_cut() -> None:
     whole = START + b"".join(WITHOUT_START)
     for pieces in ([whole], [whole[:5], whole[5:30], whole[30:]], [bytes([b]) for b in whole]):
-        events = relayed(pieces)
+        call = _RecordedCall(pieces)
+        events = relayed(pieces, call)
+        assert not call.asked  # the engine's own message_start counts its prompt
         assert [e["type"] for e in events].count("message_start") == 1 and events[0]["message"][
             "id"
         ] == "msg_1"

@@ -41,10 +41,10 @@ def error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type(status), "message": message}}
 
 
-def new_message(model: str) -> dict[str, Any]:
+def new_message(model: str, input_tokens: int = 0) -> dict[str, Any]:
     """The message a `message_start` event opens, for a stream that lacks one (llama-server b11434 skips it
-    when the first tokens are an incomplete UTF-8 sequence it holds back). Token counts are not known
-    here: 0, as the engine's `message_delta` carries the output count."""
+    when the first tokens are an incomplete UTF-8 sequence it holds back), with the prompt's tokens when
+    they were counted (the engine's `message_delta` carries the output count)."""
     return {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
@@ -53,13 +53,13 @@ def new_message(model: str) -> dict[str, Any]:
         "model": model,
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": 0, "output_tokens": 0},
+        "usage": {"input_tokens": input_tokens, "output_tokens": 0},
     }
 
 
-def message_start_event(model: str) -> bytes:
+def message_start_event(model: str, input_tokens: int = 0) -> bytes:
     """A `message_start` event for a stream that lacks one (`new_message`)."""
-    data = json.dumps({"type": "message_start", "message": new_message(model)})
+    data = json.dumps({"type": "message_start", "message": new_message(model, input_tokens)})
     return b"event: message_start\ndata: " + data.encode() + b"\n\n"
 
 

@@ -11,10 +11,9 @@ calls written as text (compat/tool_rescue.py), which checks the name and the arg
 
 A choice that names a tool the request does not declare is refused before a model loads, as the APIs do.
 
-Not kept yet: Anthropic `any` / `tool` on llama.cpp. The daemon relays Messages to llama-server's own
-`/v1/messages`, whose translation (tools/server/server-chat.cpp) maps both to "required" and passes on no
-`response_format` or grammar, so only a template with a call format gets a grammar, and a named tool is not
-told apart; keeping them needs the daemon to send such a request to `/v1/chat/completions` itself.
+Anthropic `any` / `tool` (and `none`) on llama.cpp: llama-server's own `/v1/messages` passes on no
+grammar and does not tell them apart, so the daemon serves such a request through chat completions, and so
+through this same path (compat/anthropic_chat.py).
 """
 
 from __future__ import annotations

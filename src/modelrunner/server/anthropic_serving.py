@@ -1,5 +1,7 @@
 """What Anthropic's Messages API does, without HTTP: check the request and the model, then relay the
-engine's answer (server/anthropic_api.py, the router, says why the engine's own `/v1/messages` serves it).
+engine's answer (server/anthropic_api.py, the router, says why the engine's own `/v1/messages` serves it),
+or, for a tool choice llama-server's Messages would lose, make the message of its chat completion
+(compat/anthropic_chat.py).
 Methods take the parsed body and return the engine's bytes or event stream, or raise the ModelRunnerError
 that server/errors.py answers in Anthropic's shape.
 """
@@ -12,6 +14,8 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from modelrunner.compat import anthropic as shapes
+from modelrunner.compat import anthropic_chat, billing
+from modelrunner.compat.assemble import CHAT
 from modelrunner.compat.tool_rescue import MessageStreamRescue
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelNotFound, ModelRunnerError
@@ -19,7 +23,7 @@ from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.server import keepalive
 from modelrunner.server.errors import ANTHROPIC, exception_payload
 from modelrunner.server.lifecycle import Inference
-from modelrunner.server.serving import EventStream, RawAnswer
+from modelrunner.server.serving import Document, EventStream, RawAnswer
 from modelrunner.server.upstream import READ_ERRORS, EngineCall, call_engine
 from modelrunner.wire import SSEDecoder
 
@@ -32,7 +36,7 @@ class AnthropicServing:
 
     async def messages(
         self, doc: dict[str, Any], backend: str | None = None, count_tokens: bool = False
-    ) -> RawAnswer | EventStream:
+    ) -> RawAnswer | Document | EventStream:
         """`doc`, the request's JSON object, goes to the engine as it is, less our `keep_alive`."""
         checked = shapes.check_request(doc, count_tokens)
         try:
@@ -43,22 +47,30 @@ class AnthropicServing:
         path = "/v1/messages/count_tokens" if count_tokens else "/v1/messages"
         start = call_engine(self.ctx, checked.model, path, doc, Mode.COMPLETION, keep_alive, backend)
         if doc.get("stream") and not count_tokens:
-            return await streamed(start, checked.model)
+            return await streamed(start, checked.model, doc)
         call = await start
         try:
+            if call.path == CHAT:  # served through chat completions (compat/anthropic_chat.py)
+                return anthropic_chat.message(await call.json(), checked.model)
             status, body = await call.answer()
+            if call.unopened:  # assembled from a stream without message_start
+                body = await Opening(call, checked.model, doc).counted(body)
         finally:
             await call.close()
         return RawAnswer(status, body)
 
 
-async def streamed(start: Coroutine[Any, Any, EngineCall], model: str) -> EventStream:
-    """The stream of a started engine call, with `event: ping` while it waits (server/keepalive.py)."""
+async def streamed(start: Coroutine[Any, Any, EngineCall], model: str, doc: dict[str, Any]) -> EventStream:
+    """The stream of a started engine call (of `doc`), with `event: ping` while it waits
+    (server/keepalive.py)."""
     every = keepalive.interval()
     started = await keepalive.within(start, every, EngineCall.close)
 
     def events(call: EngineCall) -> AsyncIterator[bytes]:
-        return rescued_events(call, model) if call.tools is not None else relay_events(call, model)
+        if call.path == CHAT:
+            return chat_events(call, model)
+        opening = Opening(call, model, doc)
+        return rescued_events(call, opening) if call.tools is not None else relay_events(call, opening)
 
     if isinstance(started, asyncio.Task):  # the stream's head goes out now, pings while it waits
         ping = keepalive.ANTHROPIC_PING
@@ -70,7 +82,33 @@ def _error_event(exc: ModelRunnerError) -> bytes:
     return b"event: error\ndata: " + json.dumps(exception_payload(ANTHROPIC, exc)).encode() + b"\n\n"
 
 
-async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
+class Opening:
+    """The `message_start` of a stream that lacks one (or the usage of a message assembled from one), with
+    the prompt's tokens as the engine counts the same request (`/v1/messages/count_tokens`, asked only
+    then: no event of the stream carries them). The count is the whole prompt, as `input_tokens`: what of
+    it the prefix cache served is not known here."""
+
+    def __init__(self, call: EngineCall, model: str, doc: dict[str, Any]) -> None:
+        self.call, self.model, self.doc = call, model, doc
+
+    async def input_tokens(self) -> int:
+        counted = await self.call.beside(
+            billing.COUNT_TOKENS, billing.neutralised(billing.COUNT_TOKENS, self.doc)
+        )
+        tokens = counted.get("input_tokens") if counted is not None else None
+        return tokens if isinstance(tokens, int) else 0
+
+    async def event(self) -> bytes:
+        return shapes.message_start_event(self.model, await self.input_tokens())
+
+    async def counted(self, body: bytes) -> bytes:
+        """An assembled message (`body`) with the prompt's tokens in its usage."""
+        message = json.loads(body)
+        message["usage"] = {**(message.get("usage") or {}), "input_tokens": await self.input_tokens()}
+        return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]:
     """The engine's event stream, as it comes, with two repairs: a stream that does not open with
     `message_start` gets one (llama-server b11434 skips it when the first tokens are an incomplete UTF-8
     sequence it holds back, and Anthropic's clients cannot build the message without it), and an engine
@@ -85,7 +123,7 @@ async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
                     continue
                 chunk, opening = opening, None
                 if not chunk.startswith(_MESSAGE_START):
-                    yield shapes.message_start_event(model)
+                    yield await start.event()
             yield chunk
             tail = (tail + chunk)[-2:]
         if opening:  # a stream shorter than the event name
@@ -98,7 +136,7 @@ async def relay_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
         await call.close()
 
 
-async def rescued_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
+async def rescued_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]:
     """The engine's event stream, for a request that declares tools: each event parsed and written anew,
     after calls written as text were made `tool_use` blocks (compat/tool_rescue.py), with the same two
     repairs as `relay_events` (an opening `message_start`, an `error` event for an engine that dies)."""
@@ -113,7 +151,7 @@ async def rescued_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
                 if not isinstance(doc, dict):
                     continue
                 if not opened and doc.get("type") != "message_start":
-                    yield shapes.message_start_event(model)
+                    yield await start.event()
                 opened = True
                 for out in rescue.feed(doc):
                     yield b"event: %s\ndata: %s\n\n" % (
@@ -128,3 +166,17 @@ async def rescued_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
         yield b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
     finally:
         await call.close()
+
+
+async def chat_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
+    """The events of a message served through chat completions (compat/anthropic_chat.py): the whole
+    answer first (its call is rescued from the whole text), then its events; a failure is an `error`."""
+    try:
+        done = anthropic_chat.message(await call.json(), model)
+    except ModelRunnerError as exc:
+        yield _error_event(exc)
+        return
+    finally:
+        await call.close()
+    for event in anthropic_chat.message_events(done):
+        yield event

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from modelrunner.compat import assemble, billing, structured, tool_choice, tool_rescue
+from modelrunner.compat import anthropic_chat, assemble, billing, structured, tool_choice, tool_rescue
 from modelrunner.compat.context_overflow import refusal
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Mode
@@ -116,6 +116,7 @@ class EngineCall:
         self.shortening: Shortening | None = None  # what an embeddings request asked of the vectors
         self.constraint: structured.Constraint | None = None  # the JSON its answer must be (`constrain`)
         self.tools: tool_rescue.Tools | None = None  # declared: calls written as text are rescued
+        self.unopened = False  # an assembled message whose stream lacked `message_start`: no input count
         self.path = ""
         self.idle = engine_idle_timeout() or None
         self._answer: Answer | None = None
@@ -145,6 +146,38 @@ class EngineCall:
             self.status, self.headers = head.status, head.headers
         except (OSError, UpstreamError) as exc:
             raise self.exchange.cut(exc) from None
+
+    async def beside(self, path: str, doc: dict[str, Any]) -> dict[str, Any] | None:
+        """A short JSON request to the same runner on a connection of its own, while this call holds the
+        runner (a count of tokens, answered by llama-server's HTTP thread, not a slot): its answer, None
+        when it fails. It ends with the call's exchange, as the call does."""
+        if untrusted_socket(self.runner.socket) is not None:
+            return None
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(self.runner.socket), limit=MAX_HEAD)
+        except OSError:
+            return None
+        forget: Any = None
+        try:
+            forget = self.exchange.opened(writer.close)  # raises when the client already left
+            answer = Answer(reader)
+            writer.write(request_bytes("POST", path, [], json.dumps(doc).encode()))
+            await writer.drain()
+            if (await answer.read_head()).status != 200:
+                return None
+            body = bytearray()
+            async for chunk in answer.chunks(self.idle):
+                body += chunk
+                if len(body) > MAX_ERROR_BODY:
+                    return None
+            found = json.loads(body)
+            return found if isinstance(found, dict) else None
+        except (OSError, *READ_ERRORS):
+            return None
+        finally:
+            if forget is not None:
+                forget()
+            writer.close()
 
     def constrain(self, constraint: structured.Constraint) -> None:
         """Check the answer against a requested schema, and say so in the answer's head."""
@@ -221,6 +254,7 @@ class EngineCall:
             async for chunk in self.chunks():
                 assembler.feed(chunk)
             doc = assembler.result()
+            self.unopened = isinstance(assembler, assemble.MessageAssembler) and not assembler.started
         except READ_ERRORS as exc:
             raise self.exchange.cut(exc) from None
         except assemble.AssemblyError as exc:
@@ -360,6 +394,8 @@ async def call_engine(
     started = time.monotonic()
     runner = await inference.acquire(name, mode, keep_alive, backend, needs=capabilities.needs_of(path, body))
     call = EngineCall(lifecycle.current(), runner, time.monotonic() - started)
+    if anthropic_chat.through_chat(runner.key.engine, path, body):  # a choice the engine's Messages loses
+        path, body = assemble.CHAT, anthropic_chat.chat_request(body)
     if schema is not None:
         constraint = structured.Constraint.for_engine(runner.key.engine, schema)
         call.constrain(constraint)
