@@ -339,7 +339,8 @@ def test_chat_streams_and_the_stop_button_ends_the_engines_generation(
     page.wait_for_function("() => document.querySelectorAll('.msg.assistant[data-state=done]').length === 2")
     for pane in ("0", "1"):
         stats = page.inner_text(f".pane[data-pane='{pane}'] .msg.assistant[data-state=done] .msg-stats")
-        assert "first token" in stats and "tokens/s" in stats and "8 tokens" in stats, stats
+        # at most max_tokens: the random-weight model's answer may end before it (CI saw 5 of 8 once)
+        assert "first token" in stats and "tokens/s" in stats and re.search(r"\b[1-8] tokens\b", stats), stats
     page.reload()
     page.wait_for_selector(".pane[data-pane='1'] .msg.assistant[data-state=done]")
     assert len(page.query_selector_all(".msg.user")) == 3
