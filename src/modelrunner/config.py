@@ -6,6 +6,7 @@ dataclasses (importing dataclasses costs ~9 ms, most of `model ls`'s budget), pl
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -51,6 +52,18 @@ def daemon_port() -> int:
     if not 0 < port < 65536:
         raise ValueError(f"MODEL_RUNNER_PORT must be between 1 and 65535, got {port}")
     return port
+
+
+def env_seconds(name: str, default: float) -> float:
+    """Seconds from environment variable `name` (0 allowed), `default` when unset; ValueError otherwise."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be 0 or a number of seconds, got {raw!r}")
+    return value
 
 
 def _flag(name: str, default: bool = False) -> bool:

@@ -18,11 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
-import os
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
+from modelrunner.config import env_seconds
 from modelrunner.errors import ModelRunnerError
 from modelrunner.server.proxy import EVENT_STREAM_HEADERS, Message, Send, stream_end_event
 from modelrunner.wire import error_message
@@ -37,14 +36,7 @@ SSE_COMMENT = b": keep-alive\n\n"
 
 def interval() -> float:
     """`MODEL_RUNNER_STREAM_KEEPALIVE`: seconds a stream may stay silent before a ping (0: never)."""
-    raw = os.environ.get(ENV, "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_INTERVAL
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{ENV} must be 0 or a number of seconds, got {raw!r}")
-    return value
+    return env_seconds(ENV, DEFAULT_INTERVAL)
 
 
 async def discard(task: asyncio.Task[Any], close: Callable[[Any], Coroutine[Any, Any, None]]) -> None:

@@ -15,8 +15,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
-import os
 import re
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -25,6 +23,7 @@ from typing import Any
 from modelrunner.compat import anthropic_chat, assemble, billing, structured, tool_choice, tool_rescue
 from modelrunner.compat.context_overflow import refusal
 from modelrunner.compat.embeddings import Shortening
+from modelrunner.config import env_seconds
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelRunnerError
 from modelrunner.eventlog import event
@@ -53,14 +52,7 @@ def engine_idle_timeout() -> float:
     body (a stream's prefill included: engines send a stream's head first) before the request ends with
     the engine's error and its runner is released; 0: no limit; 600 by default. The wait for the head is
     not limited: an engine that answers a request unstreamed sends its head only when its answer is done."""
-    raw = os.environ.get("MODEL_RUNNER_ENGINE_IDLE_TIMEOUT", "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_ENGINE_IDLE
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"MODEL_RUNNER_ENGINE_IDLE_TIMEOUT must be 0 or a number of seconds, got {raw!r}")
-    return value
+    return env_seconds("MODEL_RUNNER_ENGINE_IDLE_TIMEOUT", DEFAULT_ENGINE_IDLE)
 
 
 class EngineUnreachable(ModelRunnerError):
