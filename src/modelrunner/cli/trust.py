@@ -56,6 +56,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from modelrunner.errors import ModelRunnerError
 
     try:
+        if args.certificate_identity or args.certificate_oidc_issuer:
+            return _verify_keyless(args)
+        if not args.key:
+            raise UsageError("--key, or --certificate-identity and --certificate-oidc-issuer, is needed")
         public_keys = load_public_keys(args.key)
         if args.local or args.deep:
             return _verify_in_store(args)
@@ -66,6 +70,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except ModelRunnerError as exc:
         print(f"{VERIFY_FAILURE}: {exc.message}", file=sys.stderr)
         return 1
+    print(f"Verified {args.model}@{verified.digest}")
+    print(f"Signed by {verified.signer} for {verified.docker_reference}")
+    return 0
+
+
+def _verify_keyless(args: argparse.Namespace) -> int:
+    """A Sigstore bundle beside the model in its registry, against the identity and the trusted root."""
+    from modelrunner.reference import parse_reference
+    from modelrunner.signing import keyless
+
+    if not (args.certificate_identity and args.certificate_oidc_issuer):
+        raise UsageError("--certificate-identity and --certificate-oidc-issuer go together")
+    if args.key or args.local or args.deep:
+        raise UsageError("keyless verification reads the registry: no --key, --local or --deep")
+    root_text = keyless.read_trusted_root(Path(args.trusted_root)) if args.trusted_root else None
+    identity = keyless.Identity(args.certificate_identity, args.certificate_oidc_issuer)
+    reference = parse_reference(args.model)
+    verified = keyless.verify_reference_keyless(reference, [identity], keyless.load_trusted_root(root_text))
     print(f"Verified {args.model}@{verified.digest}")
     print(f"Signed by {verified.signer} for {verified.docker_reference}")
     return 0
@@ -102,12 +124,27 @@ def cmd_trust_set(args: argparse.Namespace) -> int:
         pem = keys.read_key_file(Path(path))
         keys.load_public_key(pem)  # a key in a wrong format is refused before the policy changes
         pems.append(pem.decode("ascii").strip() + "\n")
-    if args.mode != "off" and not pems:
-        raise UsageError("--key is needed unless --mode off")
-    rule = Rule(normalise_pattern(args.pattern), tuple(pems), args.mode)
+    identities, root = _keyless_signer(args)
+    if args.mode != "off" and not pems and not identities:
+        raise UsageError("--key or --certificate-identity is needed unless --mode off")
+    rule = Rule(normalise_pattern(args.pattern), tuple(pems), args.mode, identities, root)
     set_rule(_policy_file(), rule)
-    print(f"Trust rule set: {rule.pattern} ({rule.mode}, {len(pems)} key(s))")
+    print(f"Trust rule set: {rule.pattern} ({rule.mode}, {len(pems)} key(s), {len(identities)} identity)")
     return 0
+
+
+def _keyless_signer(args: argparse.Namespace) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """`trust set`'s keyless signer, its trusted root checked (and kept as text) before the policy changes."""
+    if not args.certificate_identity and not args.certificate_oidc_issuer:
+        if args.trusted_root:
+            raise UsageError("--trusted-root goes with --certificate-identity")
+        return (), None
+    if not (args.certificate_identity and args.certificate_oidc_issuer):
+        raise UsageError("--certificate-identity and --certificate-oidc-issuer go together")
+    from modelrunner.signing import keyless
+
+    root = keyless.read_trusted_root(Path(args.trusted_root)) if args.trusted_root else None
+    return ((args.certificate_identity, args.certificate_oidc_issuer),), root
 
 
 def cmd_trust_ls(args: argparse.Namespace) -> int:
@@ -118,10 +155,11 @@ def cmd_trust_ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([rule.to_json() for rule in rules], indent=2))
         return 0
-    print(f"{'PATTERN':<40} {'MODE':<8} KEYS")
+    print(f"{'PATTERN':<40} {'MODE':<8} KEYS / IDENTITIES")
     for rule in rules:
-        ids = ", ".join(keys.key_id(k)[:19] for k in rule.public_keys()) or "-"
-        print(f"{rule.pattern:<40} {rule.mode:<8} {ids}")
+        signers = [keys.key_id(k)[:19] for k in rule.public_keys()]
+        signers += [f"{identity} ({issuer})" for identity, issuer in rule.identities]
+        print(f"{rule.pattern:<40} {rule.mode:<8} {', '.join(signers) or '-'}")
     return 0
 
 
@@ -145,6 +183,9 @@ def add_commands(commands: Any) -> None:
     set_ = verbs.add_parser("set", help="Require signatures by these keys for models matching PATTERN.")
     set_.add_argument("pattern", help="a normalised reference, `*` for any characters: docker.io/myorg/*, *")
     set_.add_argument("--key", action="append", help="PEM public key (repeat for more)")
+    set_.add_argument("--certificate-identity", help="keyless: a signer's identity (certificate SAN)")
+    set_.add_argument("--certificate-oidc-issuer", help="keyless: the OIDC issuer of that identity")
+    set_.add_argument("--trusted-root", help="keyless: trusted_root.json (default: Sigstore's public-good)")
     set_.add_argument("--mode", choices=("enforce", "warn", "off"), default="enforce")
     set_.set_defaults(handler=cmd_trust_set)
     ls = verbs.add_parser("ls", help="List the trust rules.")
@@ -161,7 +202,12 @@ def add_commands(commands: Any) -> None:
 
     verify = commands.add_parser("verify", help="Verify a model's signature in its registry or the store.")
     verify.add_argument("model", help="the model's reference")
-    verify.add_argument("--key", required=True, action="append", help="PEM public key (repeat for more)")
+    verify.add_argument("--key", action="append", help="PEM public key (repeat for more)")
+    verify.add_argument("--certificate-identity", help="keyless: the signer's identity (certificate SAN)")
+    verify.add_argument("--certificate-oidc-issuer", help="keyless: the OIDC issuer of that identity")
+    verify.add_argument(
+        "--trusted-root", help="keyless: trusted_root.json of the Sigstore instance (default: public-good)"
+    )
     verify.add_argument(
         "--local", action="store_true", help="the model in the store, offline, by the signature its pull kept"
     )

@@ -1,9 +1,10 @@
 """The trust policy applied to a pull: after the manifest is resolved and before any blob is stored, the
-signatures of its digest are checked against the keys of the rule that matches (signing/policy.py).
-`enforce` refuses the pull (HTTP 403, in the stream and the CLI), `warn` pulls and says so, in the stream
-and in the log. The signature check costs the `.sig` manifest and one small payload per signature, never a
-second hash of the blobs: the store verifies each blob's digest as it arrives, and the digests are what the
-signed manifest names.
+signatures of its digest are checked against the keys of the rule that matches (signing/policy.py), or
+its Sigstore bundles against the rule's keyless identities (signing/keyless.py). `enforce` refuses the
+pull (HTTP 403, in the stream and the CLI), `warn` pulls and says so, in the stream and in the log. The
+signature check costs the `.sig` manifest and one small payload per signature, never a second hash of
+the blobs: the store verifies each blob's digest as it arrives, and the digests are what the signed
+manifest names.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import logging
 from modelrunner import config
 from modelrunner.distribution.progress import ProgressReporter
 from modelrunner.distribution.pull import RegistryPull
+from modelrunner.distribution.registry import RegistryClient
 from modelrunner.errors import ModelRunnerError
 from modelrunner.reference import Reference
-from modelrunner.signing.policy import UntrustedModel, load_rules, policy_path, rule_for
+from modelrunner.signing.policy import Rule, UntrustedModel, load_rules, policy_path, rule_for
 from modelrunner.signing.record import record_verification
 from modelrunner.signing.registry import Verified, read_signatures, verify_signatures
 
@@ -31,8 +33,7 @@ def check_pull(pull: RegistryPull, reporter: ProgressReporter) -> Verified | Non
     assert pull.client is not None
     digest, reference = pull.model_id, pull.reference
     try:
-        signatures = read_signatures(pull.client, reference.repository, digest)
-        verified = verify_signatures(signatures, reference, digest, rule.public_keys())
+        verified = verify_for_rule(pull.client, reference, digest, rule)
     except ModelRunnerError as exc:
         message = f"{reference.name}: signature check failed (trust policy {rule.pattern}): {exc.message}"
         if rule.mode == "enforce":
@@ -44,6 +45,25 @@ def check_pull(pull: RegistryPull, reporter: ProgressReporter) -> Verified | Non
     log.info("pull of %s@%s: signature verified, signer %s", reference.name, digest, verified.signer)
     reporter.status(f"Signature verified: signed by {verified.signer}")
     return verified
+
+
+def verify_for_rule(client: RegistryClient, reference: Reference, digest: str, rule: Rule) -> Verified:
+    """A signature by one of the rule's keys, else a Sigstore bundle by one of its identities (the
+    reason the last tried failed otherwise)."""
+    if rule.keys:
+        try:
+            signatures = read_signatures(client, reference.repository, digest)
+            return verify_signatures(signatures, reference, digest, rule.public_keys())
+        except ModelRunnerError:
+            if not rule.identities:
+                raise
+    from modelrunner.signing import keyless
+
+    identities = [keyless.Identity(identity, issuer) for identity, issuer in rule.identities]
+    bundles = keyless.read_bundles(client, reference.repository, digest)
+    return keyless.verify_bundles(
+        bundles, reference, digest, identities, keyless.load_trusted_root(rule.trusted_root)
+    )
 
 
 def check_unsigned_source(reference: Reference, reporter: ProgressReporter) -> None:

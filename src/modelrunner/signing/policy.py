@@ -1,6 +1,7 @@
-"""The trust policy: which keys must have signed a model, by reference pattern, and what a missing or bad
-signature does (`enforce` refuses, `warn` says so, `off` does not look). One JSON file in the runner home,
-written by `model trust set/rm`, read by the daemon on every pull.
+"""The trust policy: which keys (or keyless identities: signing/keyless.py) must have signed a model, by
+reference pattern, and what a missing or bad signature does (`enforce` refuses, `warn` says so, `off` does
+not look). One JSON file in the runner home, written by `model trust set/rm`, read by the daemon on every
+pull.
 
 Patterns match normalised references without tag or digest (`docker.io/myorg/model`), `*` matching any
 characters (`/` included): `docker.io/myorg/*`, `hf.co/*`, `*`. The longest matching pattern wins.
@@ -38,12 +39,20 @@ class Rule:
     pattern: str
     keys: tuple[str, ...]  # PEM public keys
     mode: str
+    # keyless signers instead of (or beside) keys: (certificate identity, OIDC issuer) pairs, checked
+    # against `trusted_root` (trusted_root.json's text; None: Sigstore's public-good instance)
+    identities: tuple[tuple[str, str], ...] = ()
+    trusted_root: str | None = None
 
     def public_keys(self) -> list[Any]:
         return [keys.load_public_key(pem.encode()) for pem in self.keys]
 
     def to_json(self) -> dict[str, Any]:
-        return {"pattern": self.pattern, "keys": list(self.keys), "mode": self.mode}
+        document: dict[str, Any] = {"pattern": self.pattern, "keys": list(self.keys), "mode": self.mode}
+        if self.identities:  # absent otherwise: a rule of keys reads as before
+            document["identities"] = [{"identity": i, "issuer": o} for i, o in self.identities]
+            document["trustedRoot"] = self.trusted_root
+        return document
 
 
 def policy_path(home: Path) -> Path:
@@ -89,18 +98,32 @@ def _rule(raw: Any, index: int) -> Rule:
         raise InvalidPolicy(
             f"the trust policy's rule {index} needs a pattern and a mode ({', '.join(MODES)})"
         )
+    identities = _identities(raw, index)
     if (
         not isinstance(pems, list)
         or not all(isinstance(p, str) for p in pems)
-        or (mode != "off" and not pems)
+        or (mode != "off" and not pems and not identities)
     ):
-        raise InvalidPolicy(f"the trust policy's rule {index} needs a list of PEM public keys")
-    rule = Rule(normalise_pattern(pattern), tuple(pems), mode)
+        raise InvalidPolicy(f"the trust policy's rule {index} needs a list of PEM public keys or identities")
+    trusted_root = raw.get("trustedRoot")
+    if trusted_root is not None and not isinstance(trusted_root, str):
+        raise InvalidPolicy(f"the trust policy's rule {index}: trustedRoot is not trusted_root.json's text")
+    rule = Rule(normalise_pattern(pattern), tuple(pems), mode, identities, trusted_root)
     try:
         rule.public_keys()
     except keys.InvalidKey as exc:
         raise InvalidPolicy(f"the trust policy's rule {index} ({rule.pattern}): {exc.message}") from None
     return rule
+
+
+def _identities(raw: dict[str, Any], index: int) -> tuple[tuple[str, str], ...]:
+    listed = raw.get("identities", [])
+    if not isinstance(listed, list) or not all(isinstance(i, dict) for i in listed):
+        raise InvalidPolicy(f"the trust policy's rule {index}: identities is not a list of objects")
+    pairs = [(i.get("identity"), i.get("issuer")) for i in listed]
+    if not all(isinstance(i, str) and i and isinstance(o, str) and o for i, o in pairs):
+        raise InvalidPolicy(f"the trust policy's rule {index}: each identity needs an identity and an issuer")
+    return tuple((str(i), str(o)) for i, o in pairs)
 
 
 def load_rules(path: Path) -> list[Rule]:

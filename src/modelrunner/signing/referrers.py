@@ -34,12 +34,14 @@ MAX_SIGNATURE_REFERRERS = 64
 _UNSUPPORTED = (400, 404, 405, 406)  # what registries without the referrers API answer on that route
 
 
-def referrers_index(client: RegistryClient, repository: str, digest: str) -> list[Any] | None:
-    """The `manifests` of the registry's referrers index of `digest`; None where the registry has no
-    referrers API."""
+def referrers_index(
+    client: RegistryClient, repository: str, digest: str, artifact_type: str = SIGNATURE_ARTIFACT_TYPE
+) -> list[Any] | None:
+    """The `manifests` of the registry's referrers index of `digest` (of `artifact_type`: the registry
+    may filter); None where the registry has no referrers API."""
     response = client.request(
         "GET",
-        f"/v2/{repository}/referrers/{digest}?artifactType={quote(SIGNATURE_ARTIFACT_TYPE, safe='')}",
+        f"/v2/{repository}/referrers/{digest}?artifactType={quote(artifact_type, safe='')}",
         [pull_scope(repository)],
         headers={"Accept": OCI_INDEX},
         stream=True,
@@ -65,11 +67,14 @@ def referrers_index(client: RegistryClient, repository: str, digest: str) -> lis
     return manifests
 
 
-def signature_referrers(manifests: list[Any], digest: str) -> list[str]:
-    """The digests of the index's signature referrers, each once; a loop or too many is refused."""
+def signature_referrers(
+    manifests: list[Any], digest: str, artifact_type: str = SIGNATURE_ARTIFACT_TYPE
+) -> list[str]:
+    """The digests of the index's referrers of `artifact_type` (cosign's signatures, or Sigstore bundles:
+    signing/keyless.py), each once; a loop or too many is refused."""
     found: list[str] = []
     for entry in manifests:
-        if not isinstance(entry, dict) or entry.get("artifactType") != SIGNATURE_ARTIFACT_TYPE:
+        if not isinstance(entry, dict) or entry.get("artifactType") != artifact_type:
             continue
         referrer = entry.get("digest")
         if not isinstance(referrer, str):

@@ -96,12 +96,17 @@ def _parse_signature_manifest(data: bytes) -> dict[str, Any]:
     return document
 
 
-def _referrer_manifests(client: RegistryClient, repository: str, digest: str) -> list[dict[str, Any]]:
-    """The signature referrers of `digest`, each hash-checked and naming it as subject; [] where the
-    registry has no referrers API."""
-    listed = referrers.referrers_index(client, repository, digest)
+def referrer_manifests(
+    client: RegistryClient,
+    repository: str,
+    digest: str,
+    artifact_type: str = referrers.SIGNATURE_ARTIFACT_TYPE,
+) -> list[dict[str, Any]]:
+    """The referrers of `digest` of `artifact_type`, each hash-checked and naming it as subject; [] where
+    the registry has no referrers API."""
+    listed = referrers.referrers_index(client, repository, digest, artifact_type)
     documents = []
-    for referrer in referrers.signature_referrers(listed or [], digest):
+    for referrer in referrers.signature_referrers(listed or [], digest, artifact_type):
         try:
             data, _ = client.get_manifest(repository, referrer)
         except InvalidArtifact:
@@ -114,7 +119,7 @@ def _referrer_manifests(client: RegistryClient, repository: str, digest: str) ->
     return documents
 
 
-def _layers(document: dict[str, Any]) -> list[Descriptor]:
+def layers_of(document: dict[str, Any]) -> list[Descriptor]:
     try:
         return [_descriptor(raw, f"signature {i}") for i, raw in enumerate(document["layers"])]
     except InvalidArtifact as exc:
@@ -124,7 +129,7 @@ def _layers(document: dict[str, Any]) -> list[Descriptor]:
 def read_signatures(client: RegistryClient, repository: str, digest: str) -> list[Signature]:
     """The signatures stored for `digest`, its referrers' then its `.sig` tag's (payloads fetched and
     hash-checked); [] when there are none."""
-    documents = _referrer_manifests(client, repository, digest)
+    documents = referrer_manifests(client, repository, digest)
     tagged = _signature_manifest(client, repository, digest)
     found = []
     for document in [*documents, *([tagged] if tagged is not None else [])]:
@@ -134,7 +139,7 @@ def read_signatures(client: RegistryClient, repository: str, digest: str) -> lis
 
 def _signatures_in(client: RegistryClient, repository: str, document: dict[str, Any]) -> list[Signature]:
     found = []
-    for layer in _layers(document):
+    for layer in layers_of(document):
         encoded = layer.annotations.get(SIGNATURE_ANNOTATION)
         if layer.media_type != SIMPLE_SIGNING or encoded is None:
             continue
@@ -144,16 +149,22 @@ def _signatures_in(client: RegistryClient, repository: str, document: dict[str, 
             signature = base64.b64decode(encoded, validate=True)
         except ValueError:
             raise InvalidSignature("a signature annotation is not base64") from None
-        response = client.open_blob(repository, layer.digest, 0)
-        with contextlib.closing(response):
-            try:
-                payload = read_capped(response.chunks(), layer.size, "signature payload")
-            except InvalidArtifact:
-                raise InvalidSignature("a signature payload is larger than its manifest says") from None
-        if len(payload) != layer.size or sha256_digest(payload) != layer.digest:
-            raise InvalidSignature("a signature payload does not match its digest")
-        found.append(Signature(payload, signature))
+        found.append(Signature(read_layer(client, repository, layer, "signature payload"), signature))
     return found
+
+
+def read_layer(client: RegistryClient, repository: str, layer: Descriptor, what: str) -> bytes:
+    """A small layer of a signature manifest (its size checked by the caller), read no further than its
+    declared size and hash-checked."""
+    response = client.open_blob(repository, layer.digest, 0)
+    with contextlib.closing(response):
+        try:
+            data = read_capped(response.chunks(), layer.size, what)
+        except InvalidArtifact:
+            raise InvalidSignature(f"a {what} is larger than its manifest says") from None
+    if len(data) != layer.size or sha256_digest(data) != layer.digest:
+        raise InvalidSignature(f"a {what} does not match its digest")
+    return data
 
 
 def _same_repository(docker_reference: str, reference: Reference) -> bool:
