@@ -133,7 +133,9 @@ def verify_bundles(
     from sigstore.verify.policy import AnyOf, VerificationPolicy
     from sigstore.verify.policy import Identity as IdentityPolicy
 
-    policies: list[VerificationPolicy] = [IdentityPolicy(identity=i.identity, issuer=i.issuer) for i in identities]
+    policies: list[VerificationPolicy] = [
+        IdentityPolicy(identity=i.identity, issuer=i.issuer) for i in identities
+    ]
     policy = policies[0] if len(policies) == 1 else AnyOf(policies)  # one: its own reason on failure
     errors = (sigstore.errors.Error, *_LIBRARY_ERRORS)
     verifier = sigstore.verify.Verifier(trusted_root=trusted_root)
