@@ -15,6 +15,7 @@ from modelrunner.engines import build, gpu, llamacpp_memory
 from modelrunner.engines.base import InstallState, Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.llamacpp import LlamaCppEngine, command_line, default_threads
 from modelrunner.engines.llamacpp_flags import validate_runtime_flags
+from modelrunner.engines.llamacpp_settings import LlamaCppSettings
 from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.errors import (
     BadRequest,
@@ -24,6 +25,7 @@ from modelrunner.errors import (
     ModelRunnerError,
     UnknownEngine,
 )
+from tests.engine_settings import runner_settings
 from tests.models import write_tiny_gguf
 
 SERVER = Path("/opt/llama/llama-server")
@@ -55,7 +57,7 @@ def make_bundle(root: Path, *, template: bool = False, mmproj: bool = False) -> 
 
 
 def argv(model: ModelForEngine, mode: Mode = Mode.COMPLETION, **settings: object) -> list[str]:
-    return command_line(SERVER, model, mode, RunnerSettings(**settings), SOCKET)  # type: ignore[arg-type]
+    return command_line(SERVER, model, mode, runner_settings(LlamaCppSettings, **settings), SOCKET)
 
 
 def base() -> list[str]:
@@ -497,7 +499,9 @@ def test_embedding_runners_embed_inputs_as_long_as_their_context(tmp_path: Path)
     model = make_bundle(tmp_path)
 
     def batch_flags(mode: Mode, trained: int | None = None, **settings: object) -> list[str]:
-        line = command_line(SERVER, model, mode, RunnerSettings(**settings), SOCKET, trained)  # type: ignore[arg-type]
+        line = command_line(
+            SERVER, model, mode, runner_settings(LlamaCppSettings, **settings), SOCKET, trained
+        )
         return [
             f
             for i, f in enumerate(line)

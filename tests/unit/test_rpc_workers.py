@@ -17,8 +17,10 @@ from modelrunner.config import is_loopback_host
 from modelrunner.engines import build, llamacpp_memory, rpc_workers
 from modelrunner.engines.base import Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.llamacpp import LlamaCppEngine
+from modelrunner.engines.llamacpp_settings import LlamaCppSettings
 from modelrunner.errors import BadRequest, EngineInstallError, EngineNotInstalled, EngineUnavailable
 from modelrunner.scheduler.settings import ModelSettings, SettingsStore
+from tests.engine_settings import runner_settings
 from tests.models import write_tiny_gguf
 
 SOCKET = Path("/run/mr/inference-runner-1.sock")
@@ -74,9 +76,16 @@ def test_bad_workers_are_refused(value: object, why: str) -> None:
 
 def test_workers_persist_with_the_model(tmp_path: Path) -> None:
     settings = SettingsStore(tmp_path)
-    settings.put("llama.cpp", ID, Mode.COMPLETION, ModelSettings(rpc_workers=["10.0.0.2:50052"]))
+    settings.put(
+        "llama.cpp",
+        ID,
+        Mode.COMPLETION,
+        ModelSettings(engines=(LlamaCppSettings(rpc_workers=("10.0.0.2:50052",)),)),
+    )
     stored = settings.get("llama.cpp", ID, Mode.COMPLETION)
-    assert stored is not None and stored.runner_settings().rpc_workers == ("10.0.0.2:50052",)
+    assert stored is not None and stored.runner_settings().of(LlamaCppSettings).rpc_workers == (
+        "10.0.0.2:50052",
+    )
     assert "rpc_workers" not in ModelSettings().to_json()  # nothing stored when none are set
 
 
@@ -87,7 +96,9 @@ def test_the_command_line_names_the_workers_and_the_spec_checks_them_first(
     engine = LlamaCppEngine(install_root=tmp_path / "engines")
     monkeypatch.setattr(engine, "server_path", lambda: Path("/opt/llama/llama-server"))
     workers = ("127.0.0.1:1", "127.0.0.1:2")
-    spec = engine.launch_spec(model, Mode.COMPLETION, RunnerSettings(rpc_workers=workers), SOCKET)
+    spec = engine.launch_spec(
+        model, Mode.COMPLETION, runner_settings(LlamaCppSettings, rpc_workers=workers), SOCKET
+    )
     assert spec.argv[spec.argv.index("--rpc") + 1] == "127.0.0.1:1,127.0.0.1:2"
     assert spec.layout == {"rpc_workers": ["127.0.0.1:1", "127.0.0.1:2"]}
     assert spec.preflight is not None
@@ -104,7 +115,7 @@ def test_only_the_local_share_counts_against_the_budget(tmp_path: Path) -> None:
     assert len(info.block_tensor_bytes) == info.block_count == 2
     assert info.output_tensor_bytes > 0 and 0 < sum(info.block_tensor_bytes) < info.tensor_data_bytes
     local = RunnerSettings(context_size=512)
-    spread = RunnerSettings(context_size=512, rpc_workers=("10.0.0.2:50052",))
+    spread = runner_settings(LlamaCppSettings, context_size=512, rpc_workers=("10.0.0.2:50052",))
     assert engine.estimate_memory(model, spread) < engine.estimate_memory(model, local)
     kv = llamacpp_memory.kv_settings([], 512)
     everything_away = llamacpp_memory.local_share(info, kv, None)

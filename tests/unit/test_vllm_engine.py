@@ -12,7 +12,9 @@ from modelrunner.engines.base import InstallState, Mode, ModelForEngine, RunnerS
 from modelrunner.engines.gpu import Accelerator
 from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.engines.vllm_flags import validate_runtime_flags
+from modelrunner.engines.vllm_settings import VllmSettings
 from modelrunner.errors import BadRequest, EngineNotInstalled
+from tests.engine_settings import runner_settings
 
 SOCKET = Path("/run/x/inference-runner-0.sock")
 ID = "sha256:" + "a" * 64
@@ -40,7 +42,9 @@ def bundle(tmp_path: Path, template: bool = True) -> ModelForEngine:
 def argv(
     model: ModelForEngine, mode: Mode = Mode.COMPLETION, gpu: str = "cpu", **settings: object
 ) -> list[str]:
-    return vllm.command_line(Path("/venv"), gpu, model, mode, RunnerSettings(**settings), SOCKET)  # type: ignore[arg-type]
+    return vllm.command_line(
+        Path("/venv"), gpu, model, mode, runner_settings(VllmSettings, **settings), SOCKET
+    )
 
 
 def test_command_line_follows_dmr_order_with_enforce_eager_on_cpu(tmp_path: Path) -> None:

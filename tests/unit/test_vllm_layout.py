@@ -12,9 +12,12 @@ import pytest
 
 from modelrunner.engines import ray_cluster, vllm
 from modelrunner.engines.base import InstallState, Mode, ModelForEngine, RunnerSettings
+from modelrunner.engines.llamacpp_settings import LlamaCppSettings
+from modelrunner.engines.vllm_settings import VllmSettings
 from modelrunner.errors import BadRequest, EngineUnavailable
 from modelrunner.scheduler.settings import ModelSettings, SettingsStore
 from modelrunner.server.admin_api import ConfigureRequest, settings_from_request
+from tests.engine_settings import runner_settings
 
 SOCKET = Path("/run/x/inference-runner-0.sock")
 ID = "sha256:" + "c" * 64
@@ -61,7 +64,9 @@ def test_parallel_sizes_reach_the_command_line_after_the_runtime_flags(
     engine: vllm.VllmEngine, tmp_path: Path
 ) -> None:
     model = bundle(tmp_path)
-    settings = RunnerSettings(runtime_flags=("-tp", "4"), tensor_parallel_size=2, pipeline_parallel_size=3)
+    settings = runner_settings(
+        VllmSettings, runtime_flags=("-tp", "4"), tensor_parallel_size=2, pipeline_parallel_size=3
+    )
     spec = engine.launch_spec(model, Mode.COMPLETION, settings, SOCKET)
     tail = spec.argv[spec.argv.index("-tp") :]
     assert tail[:2] == ["-tp", "4"]  # the user's flag, overridden by the setting that follows it
@@ -80,14 +85,18 @@ def test_a_ray_address_runs_the_workers_on_the_cluster(
 ) -> None:
     model = bundle(tmp_path)
     monkeypatch.setenv(ray_cluster.ADDRESS_ENV, "10.0.0.1:6379")
-    spec = engine.launch_spec(model, Mode.COMPLETION, RunnerSettings(pipeline_parallel_size=2), SOCKET)
+    spec = engine.launch_spec(
+        model, Mode.COMPLETION, runner_settings(VllmSettings, pipeline_parallel_size=2), SOCKET
+    )
     assert spec.argv[spec.argv.index("--distributed-executor-backend") + 1] == "ray"
     assert spec.env["RAY_ADDRESS"] == "10.0.0.1:6379" and spec.env["RAY_USAGE_STATS_ENABLED"] == "0"
     assert vllm.THREADS_BIND_ENV not in spec.env  # one worker here
     assert spec.layout["executor"] == "ray" and spec.layout["local_workers"] == 1
     assert spec.preflight is not None
     # the model's own address wins over the environment's
-    own = engine.launch_spec(model, Mode.COMPLETION, RunnerSettings(ray_address="10.0.0.9:7000"), SOCKET)
+    own = engine.launch_spec(
+        model, Mode.COMPLETION, runner_settings(VllmSettings, ray_address="10.0.0.9:7000"), SOCKET
+    )
     assert own.env["RAY_ADDRESS"] == "10.0.0.9:7000"
     assert "--pipeline-parallel-size" not in own.argv  # sizes of 1 are vLLM's defaults
 
@@ -98,9 +107,11 @@ def test_the_memory_estimate_counts_only_this_machines_workers(
     model = bundle(tmp_path)
     one = engine.estimate_memory(model, RunnerSettings())
     assert one == 4000 + vllm.GIB + vllm.CPU_OVERHEAD_BYTES
-    local_two = engine.estimate_memory(model, RunnerSettings(tensor_parallel_size=2))
+    local_two = engine.estimate_memory(model, runner_settings(VllmSettings, tensor_parallel_size=2))
     assert local_two == 4000 + 2 * vllm.GIB + vllm.CPU_OVERHEAD_BYTES + vllm.CPU_WORKER_OVERHEAD_BYTES
-    on_ray = engine.estimate_memory(model, RunnerSettings(pipeline_parallel_size=2, ray_address="10.0.0.1:1"))
+    on_ray = engine.estimate_memory(
+        model, runner_settings(VllmSettings, pipeline_parallel_size=2, ray_address="10.0.0.1:1")
+    )
     assert on_ray == 2000 + vllm.GIB + vllm.CPU_OVERHEAD_BYTES  # half the weights, one worker's KV
 
 
@@ -174,17 +185,19 @@ def test_configure_keys_for_the_layouts(tmp_path: Path) -> None:
         "vllm",
         vllm={"tensor-parallel-size": 2, "pipeline-parallel-size": 1, "ray-address": "10.0.0.1"},
     )
-    assert (settings.tensor_parallel_size, settings.pipeline_parallel_size) == (2, None)
-    assert settings.ray_address == "10.0.0.1:6379"
+    own = settings.of(VllmSettings)
+    assert (own.tensor_parallel_size, own.pipeline_parallel_size) == (2, None)
+    assert own.ray_address == "10.0.0.1:6379"
     store = SettingsStore(tmp_path)
     store.put("vllm", ID, Mode.COMPLETION, settings)
     persisted = json.loads((tmp_path / (ID[7:] + ".json")).read_text())["vllm/completion"]
     assert persisted == {"tensor_parallel_size": 2, "ray_address": "10.0.0.1:6379"}
     stored = store.get("vllm", ID, Mode.COMPLETION)
-    assert stored is not None and stored.runner_settings().ray_address == "10.0.0.1:6379"
+    assert stored is not None and stored.runner_settings().of(VllmSettings).ray_address == "10.0.0.1:6379"
     cleared = configure("vllm", vllm={"ray-address": ""})
-    assert cleared.ray_address is None
-    assert configure("llama.cpp", llamacpp={"rpc": "10.0.0.2:50052"}).rpc_workers == ["10.0.0.2:50052"]
+    assert cleared.of(VllmSettings).ray_address is None and cleared.engines == ()
+    workers = configure("llama.cpp", llamacpp={"rpc": "10.0.0.2:50052"}).of(LlamaCppSettings).rpc_workers
+    assert workers == ("10.0.0.2:50052",)
 
 
 @pytest.mark.parametrize(

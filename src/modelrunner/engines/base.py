@@ -12,6 +12,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
+
+from modelrunner.engines.settings import EngineSettings, S, settings_of
 
 
 class Mode(enum.StrEnum):
@@ -47,19 +50,16 @@ class RunnerSettings:
 
     context_size: int | None = None
     runtime_flags: tuple[str, ...] = ()
-    reasoning_budget: int | None = None
-    hf_overrides: dict[str, object] | None = None
-    gpu_memory_utilization: float | None = None
     # speculative decoding: the draft model's bundle (found by the scheduler), tokens drafted per step,
     # minimum draft probability
     draft_bundle: Path | None = None
     draft_tokens: int | None = None
     draft_min_probability: float | None = None
-    # beyond this machine: llama.cpp RPC workers (HOST:PORT); vLLM parallel sizes and its Ray cluster
-    rpc_workers: tuple[str, ...] = ()
-    tensor_parallel_size: int | None = None
-    pipeline_parallel_size: int | None = None
-    ray_address: str | None = None
+    # the engines' own settings (each engine reads its `settings_type` with `of`)
+    engines: tuple[EngineSettings, ...] = ()
+
+    def of(self, kind: type[S]) -> S:
+        return settings_of(self.engines, kind)
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,9 @@ class Engine(ABC):
     name: str
     formats: frozenset[str]
     modes: frozenset[Mode]
+    # Its own settings (the object of the configure request named by `settings_type.key`), read and
+    # written by that type: nothing above the engines knows its keys.
+    settings_type: ClassVar[type[EngineSettings]] = EngineSettings
 
     @abstractmethod
     def status(self) -> EngineStatus: ...

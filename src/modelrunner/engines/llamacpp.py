@@ -41,10 +41,11 @@ from modelrunner.engines.llamacpp_binary import (
     server_version,
 )
 from modelrunner.engines.llamacpp_flags import llama_args_from_env, validate_runtime_flags
+from modelrunner.engines.llamacpp_settings import NAME as NAME  # defined with its settings
+from modelrunner.engines.llamacpp_settings import LlamaCppSettings
 from modelrunner.errors import BadRequest, EngineInstallError, EngineNotInstalled, ModelRunnerError
 from modelrunner.fileio import link_or_copy
 
-NAME = "llama.cpp"
 INSTALL_INFO = "install.json"
 _VERSION_ALIASES = {None, "", "latest", build.VERSION, str(build.LLAMA_CPP_BUILD)}
 
@@ -133,13 +134,14 @@ def command_line(
             argv += ["--pooling", "mean"]  # a generative GGUF has none, and /v1/embeddings needs one
     else:
         argv += ["--embeddings", "--reranking"]
-    if settings.reasoning_budget is not None:
-        argv += ["--reasoning-budget", str(settings.reasoning_budget)]
+    own = settings.of(LlamaCppSettings)
+    if own.reasoning_budget is not None:
+        argv += ["--reasoning-budget", str(own.reasoning_budget)]
     context = settings.context_size if settings.context_size is not None else model.context_size
     if context is not None:
         argv += ["--ctx-size", str(context)]
-    if settings.rpc_workers:  # layers spread over llama.cpp RPC workers (engines/rpc_workers.py)
-        argv += ["--rpc", ",".join(settings.rpc_workers)]
+    if own.rpc_workers:  # layers spread over llama.cpp RPC workers (engines/rpc_workers.py)
+        argv += ["--rpc", ",".join(own.rpc_workers)]
     batch = context if context is not None and context > 0 else trained_context
     if mode is not Mode.COMPLETION and batch and not any(f in settings.runtime_flags for f in _BATCH_FLAGS):
         argv += ["--batch-size", str(batch), "--ubatch-size", str(batch)]
@@ -161,6 +163,7 @@ class LlamaCppEngine(Engine):
     name = NAME
     formats = frozenset({"gguf"})
     modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
+    settings_type = LlamaCppSettings
 
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/llama.cpp, read when needed
@@ -289,9 +292,9 @@ class LlamaCppEngine(Engine):
     ) -> LaunchSpec:
         trained = self.gguf_info(model).context_size if mode is not Mode.COMPLETION else None
         argv = command_line(self.server_path(), model, mode, settings, socket, trained)
-        if not settings.rpc_workers:
+        workers = list(settings.of(LlamaCppSettings).rpc_workers)
+        if not workers:
             return LaunchSpec(argv=argv, socket=socket)
-        workers = list(settings.rpc_workers)
         return LaunchSpec(
             argv=argv,
             socket=socket,
@@ -337,7 +340,9 @@ class LlamaCppEngine(Engine):
             context = info.context_size or 4096
         flags = [*base_args(), *settings.runtime_flags]
         kv = llamacpp_memory.kv_settings(flags, context)
-        if settings.rpc_workers:  # only what stays here counts against this machine's budget
+        if settings.of(
+            LlamaCppSettings
+        ).rpc_workers:  # only what stays here counts against this machine's budget
             total = llamacpp_memory.local_share(info, kv, llamacpp_memory.gpu_layers(flags)).total
         else:
             total = llamacpp_memory.estimate(info, kv).total

@@ -10,6 +10,7 @@ A new engine is one module (an `Engine` with its `name`, `formats` and `modes`) 
 
 from __future__ import annotations
 
+import functools
 import platform
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -27,6 +28,7 @@ from modelrunner.engines.base import (
 )
 from modelrunner.engines.diffusers import DiffusersEngine
 from modelrunner.engines.llamacpp import LlamaCppEngine
+from modelrunner.engines.settings import EngineSettings
 from modelrunner.engines.vllm import VllmEngine
 from modelrunner.errors import EngineNotInstalled, EngineUnsupported, UnknownEngine
 
@@ -102,6 +104,15 @@ def default_registry() -> list[Engine]:
     """Every engine DMR names, in its order (contract 2.2): llama.cpp, vllm, the status-only entries,
     diffusers. The first is the default backend; for a format, the first engine that serves it wins."""
     return [LlamaCppEngine(), VllmEngine(), *_placeholders(), DiffusersEngine()]
+
+
+@functools.cache
+def configuration_types() -> tuple[type[EngineSettings], ...]:
+    """The settings types of the engines that have an object in a model's configuration (`llamacpp`,
+    `vllm`), in registry order: what reads those objects of a configure request and of a stored entry,
+    whichever engine runs the model (DMR keeps every engine's object in each configuration)."""
+    kinds = (engine.settings_type for engine in default_registry())
+    return tuple(dict.fromkeys(kind for kind in kinds if kind.key is not None))
 
 
 class EngineRegistry(Mapping[str, Engine]):

@@ -50,6 +50,8 @@ from modelrunner.engines.install import (
     remove_install,
 )
 from modelrunner.engines.vllm_flags import validate_runtime_flags
+from modelrunner.engines.vllm_settings import NAME as NAME  # defined with its settings
+from modelrunner.engines.vllm_settings import VllmSettings
 from modelrunner.errors import (
     BadRequest,
     EngineInstallError,
@@ -58,7 +60,6 @@ from modelrunner.errors import (
     ModelRunnerError,
 )
 
-NAME = "vllm"
 INSTALL_INFO = "install.json"
 GIB = 1024**3
 # The CPU build's three processes (API server, engine core, worker) measured 2.58 GiB RSS with the tiny test
@@ -332,7 +333,7 @@ def _context(model: ModelForEngine, settings: RunnerSettings) -> int | None:
     """--max-model-len: the configured context size, else the model's; not the model's when hf_overrides
     are set, since they may change the maximum vLLM derives from config.json (a larger one is refused)."""
     context = settings.context_size
-    if context is None and not settings.hf_overrides:
+    if context is None and not settings.of(VllmSettings).hf_overrides:
         context = model.context_size
     return context if context is not None and context > 0 else None  # -1: the model's own maximum
 
@@ -351,11 +352,12 @@ def parallel_args(layout: ray_cluster.Layout) -> list[str]:
 
 def layout_of(gpu: str, settings: RunnerSettings) -> ray_cluster.Layout:
     # the GPUs are counted (nvidia-smi) only when they decide something: several workers and no Ray cluster
-    workers = (settings.tensor_parallel_size or 1) * (settings.pipeline_parallel_size or 1)
-    on_ray = bool(settings.ray_address or ray_cluster.address_from_env())
+    own = settings.of(VllmSettings)
+    workers = (own.tensor_parallel_size or 1) * (own.pipeline_parallel_size or 1)
+    on_ray = bool(own.ray_address or ray_cluster.address_from_env())
     local_devices = cuda_device_count() if gpu == "cuda" and workers > 1 and not on_ray else 0
     return ray_cluster.layout_for(
-        settings.tensor_parallel_size, settings.pipeline_parallel_size, settings.ray_address, local_devices
+        own.tensor_parallel_size, own.pipeline_parallel_size, own.ray_address, local_devices
     )
 
 
@@ -419,10 +421,11 @@ def command_line(
     argv += list(settings.runtime_flags)
     if gpu == "cpu" and "--enforce-eager" not in settings.runtime_flags:
         argv += ["--enforce-eager"]
-    if settings.gpu_memory_utilization is not None:
-        argv += ["--gpu-memory-utilization", f"{settings.gpu_memory_utilization:g}"]
-    if settings.hf_overrides:
-        argv += ["--hf-overrides", json.dumps(settings.hf_overrides, separators=(",", ":"))]
+    own = settings.of(VllmSettings)
+    if own.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", f"{own.gpu_memory_utilization:g}"]
+    if own.hf_overrides:
+        argv += ["--hf-overrides", json.dumps(own.hf_overrides, separators=(",", ":"))]
     argv += parallel_args(layout)
     # Last, as DMR, so that a runtime --served-model-name cannot hide them; vLLM answers only to these names
     # and puts the first in its answers: the name the client used, then the ID (DMR has the ID first).
@@ -433,6 +436,7 @@ class VllmEngine(Engine):
     name = NAME
     formats = frozenset({"safetensors"})
     modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
+    settings_type = VllmSettings
 
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/vllm, read when needed
@@ -556,7 +560,8 @@ class VllmEngine(Engine):
         env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
         if gpu == "cpu":
             context = _context(model, settings)
-            env[KV_SPACE_ENV] = str(kv_space_gib(model_dir(model.bundle), context, settings.hf_overrides))
+            overrides = settings.of(VllmSettings).hf_overrides
+            env[KV_SPACE_ENV] = str(kv_space_gib(model_dir(model.bundle), context, overrides))
         if layout.world_size == 1 and layout.ray_address is None:
             return LaunchSpec(argv=argv, socket=socket, env=env, health_path="/health")
         here = local_workers(gpu, layout)
@@ -575,7 +580,7 @@ class VllmEngine(Engine):
 
     def cluster_status(self, settings: Sequence[RunnerSettings]) -> list[dict[str, object]]:
         """The Ray clusters configured (MODEL_RUNNER_RAY_ADDRESS and per model): nodes and resources."""
-        addresses = {s.ray_address for s in settings if s.ray_address}
+        addresses = {a for s in settings if (a := s.of(VllmSettings).ray_address)}
         from_env = ray_cluster.address_from_env()
         if from_env:
             addresses.add(from_env)
@@ -617,7 +622,7 @@ class VllmEngine(Engine):
         weights_here = weights * here // layout.world_size
         if gpu == "cuda":
             return weights_here + CUDA_HOST_OVERHEAD_BYTES  # KV lives on the GPUs
-        kv = kv_space_gib(folder, _context(model, settings), settings.hf_overrides) * GIB
+        kv = kv_space_gib(folder, _context(model, settings), settings.of(VllmSettings).hf_overrides) * GIB
         return weights_here + kv * here + CPU_OVERHEAD_BYTES + (here - 1) * CPU_WORKER_OVERHEAD_BYTES
 
 

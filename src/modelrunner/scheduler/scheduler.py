@@ -287,7 +287,7 @@ class Scheduler:
         spec = engine.launch_spec(model, mode, settings, socket)
         warm = None
         if self.warm is not None:
-            spec, warm = self.warm.prepare(engine, model, mode, spec, stored.kv_persist is not False)
+            spec, warm = self.warm.prepare(engine, model, mode, spec, stored.saves_prompt_cache)
         keep_alive = stored.keep_alive if stored.keep_alive is not None else self.limits.default_keep_alive
         # one engine log per (engine, model, mode): what a crash message quotes is that engine's own output
         log_path = self.logs_dir / f"engine-{engine.name}-{model.id.removeprefix('sha256:')[:12]}-{mode}.log"

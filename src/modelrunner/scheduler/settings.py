@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from modelrunner.engines.base import Mode, RunnerSettings
+from modelrunner.engines.registry import configuration_types
+from modelrunner.engines.settings import EngineSettings, S, settings_of
 from modelrunner.fileio import write_file_atomic
 from modelrunner.reference import validate_digest
 from modelrunner.scheduler.durations import format_keep_alive
@@ -22,59 +25,80 @@ from modelrunner.scheduler.durations import format_keep_alive
 
 @dataclass
 class ModelSettings:
-    """What `configure` stores for one (backend, model, mode)."""
+    """What `configure` stores for one (backend, model, mode): the settings every engine reads, and the
+    engines' own (each engine's `settings_type`: only those that are set, in registry order)."""
 
     context_size: int | None = None
     runtime_flags: list[str] = field(default_factory=list)
-    reasoning_budget: int | None = None
     keep_alive: float | None = None  # seconds; inf = never; None = the daemon's default
-    hf_overrides: dict[str, Any] | None = None
-    gpu_memory_utilization: float | None = None
     speculative_draft_model: str | None = None  # a model ID
     speculative_num_tokens: int | None = None
     speculative_min_acceptance_rate: float | None = None
-    rpc_workers: list[str] = field(default_factory=list)  # llama.cpp RPC workers, HOST:PORT
-    tensor_parallel_size: int | None = None  # vLLM
-    pipeline_parallel_size: int | None = None  # vLLM
-    ray_address: str | None = None  # vLLM: the Ray cluster (else MODEL_RUNNER_RAY_ADDRESS)
-    kv_persist: bool | None = None  # warm resume: save/restore the prompt cache (None: on)
+    engines: tuple[EngineSettings, ...] = ()
+
+    def of(self, kind: type[S]) -> S:
+        return settings_of(self.engines, kind)
+
+    @property
+    def saves_prompt_cache(self) -> bool:
+        """Warm resume: whether the runner's prompt cache is saved and restored (on unless turned off)."""
+        return all(own.saves_prompt_cache for own in self.engines)
 
     def runner_settings(self, draft_bundle: Path | None = None) -> RunnerSettings:
         return RunnerSettings(
             context_size=self.context_size,
             runtime_flags=tuple(self.runtime_flags),
-            reasoning_budget=self.reasoning_budget,
-            hf_overrides=self.hf_overrides,
-            gpu_memory_utilization=self.gpu_memory_utilization,
             draft_bundle=draft_bundle,
             draft_tokens=self.speculative_num_tokens,
             draft_min_probability=self.speculative_min_acceptance_rate,
-            rpc_workers=tuple(self.rpc_workers),
-            tensor_parallel_size=self.tensor_parallel_size,
-            pipeline_parallel_size=self.pipeline_parallel_size,
-            ray_address=self.ray_address,
+            engines=self.engines,
         )
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        """Flat: the common fields and each engine's own by name (as the file has always been written)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "engines"}
         if data["keep_alive"] == float("inf"):
             data["keep_alive"] = -1
+        for own in self.engines:
+            data.update(own.to_json())
         return {k: v for k, v in data.items() if v not in (None, [])}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSettings:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        settings = cls(**known)
+        """A stored entry; each engine's settings type takes its own keys (unknown keys are skipped)."""
+        common = {f.name for f in fields(cls)} - {"engines"}
+        settings = cls(**{k: v for k, v in data.items() if k in common})
         if settings.keep_alive is not None and settings.keep_alive < 0:
             settings.keep_alive = float("inf")
+        settings.engines = _set_only(kind.from_json(data) for kind in configuration_types())
         return settings
+
+
+def engine_settings_from_request(objects: Mapping[str, Any], engine: str) -> tuple[EngineSettings, ...]:
+    """The engines' objects of a configure request (`llamacpp`, `vllm`, ... by key), each read and checked
+    by its engine's settings type; `engine`: the engine that runs the model. An object no engine owns, and
+    an empty one, set nothing."""
+    return _set_only(
+        kind.from_request(objects[kind.key], engine)
+        for kind in configuration_types()
+        if kind.key is not None and objects.get(kind.key)
+    )
+
+
+def _set_only(found: Iterable[EngineSettings]) -> tuple[EngineSettings, ...]:
+    """Only the settings that differ from their defaults: what an unset object and none compare equal."""
+    return tuple(own for own in found if not own.is_default)
+
+
+# DMR's BackendConfiguration (pkg/inference/backend.go) writes its engines' objects in this order.
+_DMR_OBJECT_ORDER = ("vllm", "llamacpp")
 
 
 def backend_configuration(settings: ModelSettings, draft_name: str | None = None) -> dict[str, Any]:
     """Settings as DMR's BackendConfiguration (pkg/inference/backend.go): its keys, its order, unset fields
-    left out (`omitempty`), keep_alive in Go's duration format; then ours (RPC workers, vLLM's parallel
-    layout and Ray address) in the objects where DMR keeps each engine's settings. `draft_name`: how to name
-    the speculative draft model (its ID otherwise)."""
+    left out (`omitempty`), keep_alive in Go's duration format; then each engine's object as its settings
+    type writes it (ours, as RPC workers or vLLM's parallel layout, among DMR's keys). `draft_name`: how to
+    name the speculative draft model (its ID otherwise)."""
     out: dict[str, Any] = {}
     if settings.context_size is not None:
         out["context-size"] = settings.context_size
@@ -89,29 +113,16 @@ def backend_configuration(settings: ModelSettings, draft_name: str | None = None
         out["speculative"] = speculative
     if settings.keep_alive is not None:
         out["keep_alive"] = format_keep_alive(settings.keep_alive)
-    vllm: dict[str, Any] = {}
-    if settings.hf_overrides:
-        vllm["hf-overrides"] = settings.hf_overrides
-    if settings.gpu_memory_utilization is not None:
-        vllm["gpu-memory-utilization"] = settings.gpu_memory_utilization
-    if settings.tensor_parallel_size is not None:
-        vllm["tensor-parallel-size"] = settings.tensor_parallel_size
-    if settings.pipeline_parallel_size is not None:
-        vllm["pipeline-parallel-size"] = settings.pipeline_parallel_size
-    if settings.ray_address:
-        vllm["ray-address"] = settings.ray_address
-    if vllm:
-        out["vllm"] = vllm
-    llamacpp: dict[str, Any] = {}
-    if settings.reasoning_budget is not None:
-        llamacpp["reasoning-budget"] = settings.reasoning_budget
-    if settings.rpc_workers:
-        llamacpp["rpc"] = ",".join(settings.rpc_workers)
-    if settings.kv_persist is False:
-        llamacpp["kv-persist"] = False
-    if llamacpp:
-        out["llamacpp"] = llamacpp
+    ranked = sorted(settings.engines, key=lambda own: _rank(own.key))
+    for own in ranked:
+        written = own.configuration()
+        if own.key is not None and written:
+            out[own.key] = written
     return out
+
+
+def _rank(key: str | None) -> int:
+    return _DMR_OBJECT_ORDER.index(key) if key in _DMR_OBJECT_ORDER else len(_DMR_OBJECT_ORDER)
 
 
 class SettingsStore:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -21,22 +20,20 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.compat.bodies import json_body
-from modelrunner.engines import ray_cluster, rpc_workers
 from modelrunner.engines.base import Engine, InstallState, Mode
 from modelrunner.engines.registry import EngineRegistry
+from modelrunner.engines.settings import is_number
 from modelrunner.errors import BadRequest, ModelNotFound, PermissionDenied
 from modelrunner.eventlog import event
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.scheduler import Scheduler
-from modelrunner.scheduler.settings import ModelSettings
+from modelrunner.scheduler.settings import ModelSettings, engine_settings_from_request
 from modelrunner.server.admin_serving import AdminServing, UnloadRequest
 from modelrunner.server.lifecycle import Lifecycle, model_for_engine
 from modelrunner.server.localuser import caller_is_daemon_user
 from modelrunner.store.store import ModelStore, StoredModel
 
 log = logging.getLogger(__name__)
-
-_HF_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ConfigureRequest(BaseModel):
@@ -52,22 +49,6 @@ class ConfigureRequest(BaseModel):
     vllm: dict[str, Any] | None = None
     llamacpp: dict[str, Any] | None = None
     speculative: dict[str, Any] | None = None
-
-
-def check_hf_overrides(value: Any, depth: int = 0) -> None:
-    """Keys must be identifiers, recursively; values primitives, arrays or objects (contract 5.5)."""
-    if depth > 16:
-        raise BadRequest("hf_overrides is nested too deeply")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str) or not _HF_KEY.fullmatch(key):
-                raise BadRequest(f"invalid hf_overrides key {str(key)[:40]!r}")
-            check_hf_overrides(item, depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            check_hf_overrides(item, depth + 1)
-    elif value is not None and not isinstance(value, str | int | float | bool):
-        raise BadRequest("hf_overrides values must be strings, numbers, booleans, arrays or objects")
 
 
 def split_raw_flags(raw: str) -> list[str]:
@@ -114,57 +95,11 @@ def settings_from_request(
         settings.runtime_flags = flags
     if body.keep_alive is not None:
         settings.keep_alive = configured_keep_alive(body.keep_alive)
-    if body.llamacpp and "rpc" in body.llamacpp:  # RPC workers: [] or "" turns them off
-        if engine.name != "llama.cpp":
-            raise BadRequest("rpc workers are a llama.cpp setting, and this model runs on " + engine.name)
-        settings.rpc_workers = rpc_workers.parse_workers(body.llamacpp["rpc"])
-    if body.llamacpp and "reasoning-budget" in body.llamacpp:
-        budget = body.llamacpp["reasoning-budget"]
-        if not (_is_number(budget, int) and -1 <= budget <= 2**31 - 1):
-            raise BadRequest("reasoning-budget must be -1 (unlimited), 0 (off) or a number of tokens")
-        settings.reasoning_budget = budget
-    if body.llamacpp and "kv-persist" in body.llamacpp:
-        if not isinstance(body.llamacpp["kv-persist"], bool):
-            raise BadRequest("kv-persist must be true or false")
-        settings.kv_persist = None if body.llamacpp["kv-persist"] else False  # on is the default
-    if body.vllm:
-        overrides = body.vllm.get("hf-overrides")
-        if overrides is not None:
-            if not isinstance(overrides, dict):
-                raise BadRequest("hf-overrides must be a JSON object")
-            check_hf_overrides(overrides)
-            settings.hf_overrides = overrides
-        utilisation = body.vllm.get("gpu-memory-utilization")
-        if utilisation is not None:
-            if not (_is_number(utilisation, int | float) and 0 < utilisation <= 1):
-                raise BadRequest("gpu-memory-utilization must be a number in (0, 1]")
-            settings.gpu_memory_utilization = float(utilisation)
-        distributed_vllm_settings(body.vllm, engine, settings)
+    # the engines' objects (`llamacpp`, `vllm`), each read by its engine's settings type
+    settings.engines = engine_settings_from_request(body.model_dump(by_alias=True), engine.name)
     if body.speculative is not None:
         speculative_settings(body.speculative, engine, store, settings)
     return settings
-
-
-def distributed_vllm_settings(vllm: dict[str, Any], engine: Engine, settings: ModelSettings) -> None:
-    """`vllm: {tensor-parallel-size, pipeline-parallel-size, ray-address}`; 1, 1 and "" are the defaults."""
-    keys = [key for key in ("tensor-parallel-size", "pipeline-parallel-size", "ray-address") if key in vllm]
-    if keys and engine.name != "vllm":
-        raise BadRequest(f"{keys[0]} is a vLLM setting, and this model runs on {engine.name}")
-    for key in ("tensor-parallel-size", "pipeline-parallel-size"):
-        if key in vllm:
-            size = vllm[key]
-            if not (_is_number(size, int) and 1 <= size <= 1024):
-                raise BadRequest(f"{key} must be a number of workers from 1 to 1024")
-            setattr(settings, key.replace("-", "_"), None if size == 1 else size)
-    if "ray-address" in vllm:
-        address = vllm["ray-address"]
-        if not isinstance(address, str):
-            raise BadRequest("ray-address must be HOST:PORT of the Ray cluster's head")
-        settings.ray_address = ray_cluster.parse_address(address) if address.strip() else None
-
-
-def _is_number(value: Any, kind: Any) -> bool:
-    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def speculative_settings(
@@ -196,10 +131,10 @@ def speculative_settings(
     if model.config.format != "gguf":
         raise BadRequest(f"the draft model must be a GGUF model, and {draft[:200]} is {model.config.format}")
     tokens = spec.get("num_tokens")
-    if tokens is not None and not (_is_number(tokens, int) and 1 <= tokens <= 128):
+    if tokens is not None and not (is_number(tokens, int) and 1 <= tokens <= 128):
         raise BadRequest("num_tokens must be a number of tokens from 1 to 128")
     rate = spec.get("min_acceptance_rate")
-    if rate is not None and not (_is_number(rate, int | float) and 0 <= rate <= 1):
+    if rate is not None and not (is_number(rate, int | float) and 0 <= rate <= 1):
         raise BadRequest("min_acceptance_rate must be a number from 0 to 1")
     settings.speculative_draft_model = model.id
     settings.speculative_num_tokens = tokens
