@@ -25,6 +25,7 @@ the model calls, as llama-server streams a call (id and name first, the argument
 reason `tool_calls`), with FAKE_TOOL_ARGS (default: the last user message as `{"query": ...}`), until the
 request holds FAKE_TOOL_ROUNDS tool results (default 1); then the answer is `found: <each tool result>`.
 FAKE_TEXT scripts the answer's text (streamed in pieces of a few characters), e.g. a call written as text;
+FAKE_REASONING the reasoning before it (a chat stream's `reasoning_content` deltas, as llama-server's);
 `/v1/messages` answers it as an Anthropic message, streamed as llama-server streams one; with
 FAKE_NO_MESSAGE_START=1 that stream lacks its `message_start` (as llama-server b11434's does when its first
 tokens are an incomplete UTF-8 sequence). `/v1/messages/count_tokens` counts the 3 input tokens its
@@ -189,7 +190,11 @@ class Handler(BaseHTTPRequestHandler):
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": os.environ.get("FAKE_TEXT", "hi")},
+                            "message": {
+                                "role": "assistant",
+                                "content": os.environ.get("FAKE_TEXT", "hi"),
+                                **_reasoning(os.environ.get("FAKE_REASONING")),
+                            },
                         }
                     ],
                 },
@@ -216,6 +221,10 @@ class Handler(BaseHTTPRequestHandler):
             "object": "chat.completion.chunk",
         }
         try:
+            thought = os.environ.get("FAKE_REASONING", "")
+            for piece in (thought[i : i + 7] for i in range(0, len(thought), 7)):
+                data = json.dumps({**top, "choices": [{"index": 0, "delta": {"reasoning_content": piece}}]})
+                self._chunk(f"data: {data}\n\n".encode())
             for i in range(chunks):
                 if i == crash_after:
                     _event("crash")
@@ -332,6 +341,10 @@ class Handler(BaseHTTPRequestHandler):
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
+
+
+def _reasoning(text: str | None) -> dict[str, str]:
+    return {"reasoning_content": text} if text else {}
 
 
 class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
