@@ -14,8 +14,11 @@ body as the engine received it, byte for byte).
 Connections are kept alive (HTTP/1.1); each `request` event says how many requests its connection has
 carried (`served`). On a connection's second and later requests FAKE_REUSED scripts an engine's idle-close
 race: `drop` closes it unanswered, `cut` closes it after the head and one chunk (event `reused_closed`).
-FAKE_CONNECTION_CLOSE=1 answers streams with `Connection: close`. FAKE_FIRST_CHUNK_DELAY: seconds between a
-chat stream's head and its first chunk (llama-server sends the head as its prefill starts).
+FAKE_CONNECTION_CLOSE=1 answers streams with `Connection: close`;
+FAKE_STREAM_FRAMING frames a chat stream otherwise than chunked: `length` (the whole stream, then sent with
+its Content-Length), `close` (no length, the end of the connection ends it). FAKE_FIRST_CHUNK_DELAY:
+seconds between a chat stream's head and its first chunk (llama-server sends the head as its prefill
+starts).
 Hostile engines: FAKE_STALL_AFTER (after that many streamed chunks, send nothing more, the connection left
 open, /health still answered; event `stalled`), FAKE_BAD_CHUNK_AFTER (after that many, a chunk whose size
 line is invalid, then the connection closed; event `bad_chunk`).
@@ -149,6 +152,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": "not found"}})
 
     def do_POST(self) -> None:
+        self.framing = "chunked"  # of this answer's stream (FAKE_STREAM_FRAMING: the chat stream's)
         length = int(self.headers.get("Content-Length", "0"))
         raw = self.rfile.read(length)
         request = json.loads(raw or b"{}")
@@ -200,12 +204,16 @@ class Handler(BaseHTTPRequestHandler):
                 },
             )
             return
+        self.framing = os.environ.get("FAKE_STREAM_FRAMING", "chunked")
+        self.held = b""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        if os.environ.get("FAKE_CONNECTION_CLOSE"):
+        if self.framing == "chunked":
+            self.send_header("Transfer-Encoding", "chunked")
+        if os.environ.get("FAKE_CONNECTION_CLOSE") or self.framing == "close":
             self.send_header("Connection", "close")
-        self.end_headers()
+        if self.framing != "length":  # a sized stream's head goes with its whole body (`_chunk`)
+            self.end_headers()
         time.sleep(float(os.environ.get("FAKE_FIRST_CHUNK_DELAY", "0")))
         text = os.environ.get("FAKE_TEXT")
         pieces = [text[i : i + 7] for i in range(0, len(text), 7)] if text else []
@@ -339,8 +347,21 @@ class Handler(BaseHTTPRequestHandler):
         self._chunk(b"")
 
     def _chunk(self, data: bytes) -> None:
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        """A piece of the answer's body (b"": its end), framed as FAKE_STREAM_FRAMING says."""
+        framing = getattr(self, "framing", "chunked")
+        if framing == "length":
+            self.held += data
+            if data:
+                return
+            self.send_header("Content-Length", str(len(self.held)))
+            self.end_headers()
+            data = self.held
+        if framing == "chunked":
+            data = f"{len(data):x}\r\n".encode() + data + b"\r\n"
+        self.wfile.write(data)
         self.wfile.flush()
+        if framing == "close" and not data:
+            self.close_connection = True  # the end of the connection is the end of the answer
 
 
 def _reasoning(text: str | None) -> dict[str, str]:
