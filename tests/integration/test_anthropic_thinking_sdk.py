@@ -2,11 +2,13 @@
 own Messages loses: compat/anthropic_chat.py), with the official `anthropic` SDK against the scripted
 engine, whose chat answers carry `reasoning_content`: the stream helper accumulates a thinking block with a
 signature (its `signature_delta` came before the block stopped), the unstreamed message carries one too,
-and a later turn that sends the thinking back gives it to the engine as the turn's `reasoning_content`."""
+and a later turn that sends the thinking back gives it to the engine as the turn's `reasoning_content`,
+which a real llama-server (b11434) takes on its chat completions."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ import anthropic
 import pytest
 
 from tests.conformance.dmr_daemons import FakeDaemons
+from tests.daemon import Daemon
+from tests.engines import tiny_daemon
 from tests.inprocess import InProcessDaemon
 
 REASONING = "The user greets me; answer briefly."
@@ -28,7 +32,7 @@ def daemon(fake_daemons: FakeDaemons, tmp_path: Path) -> InProcessDaemon:
     return fake_daemons.start(env)
 
 
-def client(daemon: InProcessDaemon) -> anthropic.Anthropic:
+def client(daemon: InProcessDaemon | Daemon) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=daemon.url + "/anthropic", api_key="unused", max_retries=0)
 
 
@@ -58,3 +62,19 @@ def test_a_streamed_thinking_block_is_signed_and_goes_back_as_reasoning(
     sent = chat_bodies(tmp_path)[-1]["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]
     assert sent[1]["reasoning_content"] == REASONING and sent[1]["content"] == "Hello there."
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
+    with tiny_daemon(tmp_path_factory.mktemp("thinking"), llama_server) as running:
+        yield running
+
+
+def test_llama_server_takes_past_thinking_on_the_chat_path(llama: Daemon) -> None:
+    thought: Any = {"type": "thinking", "thinking": "Greet back.", "signature": "from another turn"}
+    for turn in ([thought, {"type": "text", "text": "Hi."}], [thought]):  # a turn of thinking alone too
+        history: Any = [*HI, {"role": "assistant", "content": turn}, {"role": "user", "content": "again"}]
+        answer = client(llama).messages.create(
+            model="tiny", max_tokens=4, messages=history, tools=TOOLS, tool_choice=NONE
+        )
+        assert answer.stop_reason in ("end_turn", "max_tokens") and answer.usage.output_tokens > 0
