@@ -304,14 +304,14 @@ class Upstream(asyncio.Protocol):
     def _end_reframed(self) -> None:
         """The engine's connection ended a reframed body: its end (a close-delimited body is complete), or,
         for a stream cut short, its error event first, as the front ends a cut chunked stream."""
-        request, reader = self.request, self.request.reader
-        if request.client is None or request.client.is_closing():
+        request, reader, exchange = self.request, self.request.reader, self.request.exchange
+        if request.client is None or request.client.is_closing() or exchange is None:
             return
-        if reader.complete:
+        if reader.complete and not exchange.aborted:  # a shutdown closes it too: not the body's end
             request.client.write(LAST_CHUNK)
             self._answered()
-        elif request.event_stream and request.exchange is not None:
-            message = request.exchange.failure(request.failure or "connection closed")
+        elif request.event_stream:
+            message = exchange.failure(request.failure or "connection closed")
             request.client.write(chunk(stream_end_event(request.tail, message)) + LAST_CHUNK)
 
     def _answer_head(self) -> bytes:
