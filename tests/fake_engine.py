@@ -14,8 +14,11 @@ body as the engine received it, byte for byte).
 Connections are kept alive (HTTP/1.1); each `request` event says how many requests its connection has
 carried (`served`). On a connection's second and later requests FAKE_REUSED scripts an engine's idle-close
 race: `drop` closes it unanswered, `cut` closes it after the head and one chunk (event `reused_closed`).
-FAKE_CONNECTION_CLOSE=1 answers streams with `Connection: close`. FAKE_FIRST_CHUNK_DELAY: seconds between a
-chat stream's head and its first chunk (llama-server sends the head as its prefill starts).
+FAKE_CONNECTION_CLOSE=1 answers streams with `Connection: close`;
+FAKE_STREAM_FRAMING frames a chat stream otherwise than chunked: `length` (the whole stream, then sent with
+its Content-Length), `close` (no length, the end of the connection ends it). FAKE_FIRST_CHUNK_DELAY:
+seconds between a chat stream's head and its first chunk (llama-server sends the head as its prefill
+starts).
 Hostile engines: FAKE_STALL_AFTER (after that many streamed chunks, send nothing more, the connection left
 open, /health still answered; event `stalled`), FAKE_BAD_CHUNK_AFTER (after that many, a chunk whose size
 line is invalid, then the connection closed; event `bad_chunk`).
@@ -25,6 +28,7 @@ the model calls, as llama-server streams a call (id and name first, the argument
 reason `tool_calls`), with FAKE_TOOL_ARGS (default: the last user message as `{"query": ...}`), until the
 request holds FAKE_TOOL_ROUNDS tool results (default 1); then the answer is `found: <each tool result>`.
 FAKE_TEXT scripts the answer's text (streamed in pieces of a few characters), e.g. a call written as text;
+FAKE_REASONING the reasoning before it (a chat stream's `reasoning_content` deltas, as llama-server's);
 `/v1/messages` answers it as an Anthropic message, streamed as llama-server streams one; with
 FAKE_NO_MESSAGE_START=1 that stream lacks its `message_start` (as llama-server b11434's does when its first
 tokens are an incomplete UTF-8 sequence). `/v1/messages/count_tokens` counts the 3 input tokens its
@@ -148,6 +152,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": "not found"}})
 
     def do_POST(self) -> None:
+        self.framing = "chunked"  # of this answer's stream (FAKE_STREAM_FRAMING: the chat stream's)
         length = int(self.headers.get("Content-Length", "0"))
         raw = self.rfile.read(length)
         request = json.loads(raw or b"{}")
@@ -189,18 +194,26 @@ class Handler(BaseHTTPRequestHandler):
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": os.environ.get("FAKE_TEXT", "hi")},
+                            "message": {
+                                "role": "assistant",
+                                "content": os.environ.get("FAKE_TEXT", "hi"),
+                                **_reasoning(os.environ.get("FAKE_REASONING")),
+                            },
                         }
                     ],
                 },
             )
             return
+        self.framing = os.environ.get("FAKE_STREAM_FRAMING", "chunked")
+        self.held = b""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        if os.environ.get("FAKE_CONNECTION_CLOSE"):
+        if self.framing == "chunked":
+            self.send_header("Transfer-Encoding", "chunked")
+        if os.environ.get("FAKE_CONNECTION_CLOSE") or self.framing == "close":
             self.send_header("Connection", "close")
-        self.end_headers()
+        if self.framing != "length":  # a sized stream's head goes with its whole body (`_chunk`)
+            self.end_headers()
         time.sleep(float(os.environ.get("FAKE_FIRST_CHUNK_DELAY", "0")))
         text = os.environ.get("FAKE_TEXT")
         pieces = [text[i : i + 7] for i in range(0, len(text), 7)] if text else []
@@ -216,6 +229,10 @@ class Handler(BaseHTTPRequestHandler):
             "object": "chat.completion.chunk",
         }
         try:
+            thought = os.environ.get("FAKE_REASONING", "")
+            for piece in (thought[i : i + 7] for i in range(0, len(thought), 7)):
+                data = json.dumps({**top, "choices": [{"index": 0, "delta": {"reasoning_content": piece}}]})
+                self._chunk(f"data: {data}\n\n".encode())
             for i in range(chunks):
                 if i == crash_after:
                     _event("crash")
@@ -330,8 +347,25 @@ class Handler(BaseHTTPRequestHandler):
         self._chunk(b"")
 
     def _chunk(self, data: bytes) -> None:
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        """A piece of the answer's body (b"": its end), framed as FAKE_STREAM_FRAMING says."""
+        framing = getattr(self, "framing", "chunked")
+        if framing == "length":
+            self.held += data
+            if data:
+                return
+            self.send_header("Content-Length", str(len(self.held)))
+            self.end_headers()
+            data = self.held
+        if framing == "chunked":
+            data = f"{len(data):x}\r\n".encode() + data + b"\r\n"
+        self.wfile.write(data)
         self.wfile.flush()
+        if framing == "close" and not data:
+            self.close_connection = True  # the end of the connection is the end of the answer
+
+
+def _reasoning(text: str | None) -> dict[str, str]:
+    return {"reasoning_content": text} if text else {}
 
 
 class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

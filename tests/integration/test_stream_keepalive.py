@@ -1,6 +1,8 @@
 """A stream that waits (its model loading, an engine silent between events) sends its API's keep-alive
 every MODEL_RUNNER_STREAM_KEEPALIVE seconds (0.2 here): `event: ping` on Anthropic's Messages, an SSE
-comment on Responses; the official SDKs skip them and read the answer."""
+comment on Responses; the official SDKs skip them and read the answer. After a head sent early, the
+engine's stream may be framed any way (chunked, sized, close-delimited): the client's is chunked, and
+`X-Modelrunner-Constraint` is in that head."""
 
 from __future__ import annotations
 
@@ -117,3 +119,63 @@ def test_a_stream_that_declares_tools_comments_too(start: Start) -> None:
     ) as answer:
         raw = b"".join(answer.iter_bytes())
     assert raw.startswith(keepalive.SSE_COMMENT) and b'"search"' in raw
+
+
+# -- after an early head: what the head says, and how the engine's stream is framed --------------------
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+JSON_ANSWER = '{"answer": "yes"}'
+
+
+@pytest.mark.parametrize("front", [True, False], ids=["http-front", "asgi"])
+@pytest.mark.parametrize("framing", ["chunked", "length", "close"])
+def test_an_engine_stream_of_any_framing_follows_an_early_head(
+    start: Start, front: bool, framing: str
+) -> None:
+    daemon = start({**LOADING, "FAKE_TEXT": "hello there", "FAKE_STREAM_FRAMING": framing}, front)
+    with httpx.Client(timeout=60) as http:  # one connection, kept alive where the answer allows it
+        for model in ("tiny", "other"):  # each loads: each stream waits
+            body = {"model": model, "stream": True, "messages": HI}
+            answer = http.post(daemon.url + "/v1/chat/completions", json=body)
+            assert answer.status_code == 200 and answer.headers["transfer-encoding"] == "chunked"
+            assert answer.content.startswith(keepalive.SSE_COMMENT)
+            assert answer.content.endswith(b"data: [DONE]\n\n")
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    chunks = client.chat.completions.create(model="tiny", messages=HI, stream=True)  # type: ignore[arg-type]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello there"
+
+
+@pytest.mark.parametrize("framing", ["length", "close"])
+def test_a_silent_prefill_of_a_stream_not_chunked_is_commented_through(start: Start, framing: str) -> None:
+    daemon = start({**PREFILL, "FAKE_STREAM_FRAMING": framing, "FAKE_START_DELAY": "0.5"})
+    answer = _raw(daemon, "/v1/chat/completions", {"messages": HI})
+    assert answer.status_code == 200 and answer.content.startswith(keepalive.SSE_COMMENT)
+    assert answer.content.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_reframed_stream_cut_after_an_early_head_ends_with_an_error_event(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close-delimited stream ends where the engine closes; one whose engine stalls is cut by the engine
+    idle limit: its client's stream ends with the error event, then its last chunk."""
+    monkeypatch.setenv("MODEL_RUNNER_ENGINE_IDLE_TIMEOUT", "1")
+    daemon = start({**LOADING, "FAKE_STALL_AFTER": "2", "FAKE_STREAM_FRAMING": "close"})
+    answer = _raw(daemon, "/v1/chat/completions", {"messages": HI})
+    assert answer.status_code == 200 and answer.content.startswith(keepalive.SSE_COMMENT)
+    events = [payload for _, payload in sse_events(answer.content)]
+    assert b"t1" in events[-2] and b'"error"' in events[-1]
+
+
+def test_the_constraint_header_is_in_an_early_head(start: Start) -> None:
+    daemon = start({**LOADING, "FAKE_TEXT": JSON_ANSWER})
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+    answer = _raw(daemon, "/v1/chat/completions", {"messages": HI, "response_format": fmt})
+    assert answer.status_code == 200 and answer.content.startswith(keepalive.SSE_COMMENT)
+    assert answer.headers["x-modelrunner-constraint"] == "enforced"
+    assert answer.content.endswith(b"data: [DONE]\n\n")  # after the answer validated
+
+    text = {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA}}
+    responses = _raw(daemon, "/v1/responses", {"model": "other", "input": "hi", "text": text})
+    assert responses.content.startswith(keepalive.SSE_COMMENT)
+    assert responses.headers["x-modelrunner-constraint"] == "enforced"
+    assert b"event: response.completed" in responses.content

@@ -87,6 +87,7 @@ def test_a_conversation_with_a_call_and_its_result_becomes_chat_messages() -> No
         {
             "role": "assistant",
             "content": "Looking.",
+            "reasoning_content": "call it",  # as llama-server's own Messages translation sends it
             "tool_calls": [
                 {
                     "id": "toolu_1",

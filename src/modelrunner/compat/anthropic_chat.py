@@ -13,10 +13,19 @@ tool and none to their chat equivalents, which it enforces, so it keeps them too
 
 The messages become Responses-style items first, so that compat/responses.py's `chat_messages` (an
 assistant's text and calls as one turn, a tool's output as a `tool` message) is the one translation.
+
+Thinking, as llama-server's own translation has it (server-chat.cpp): a past assistant turn's `thinking`
+blocks go to the engine as that turn's `reasoning_content` (llama-server parses it on chat messages;
+templates that render past reasoning, Qwen3's, read it, others leave it out), and the engine's reasoning
+comes back as a `thinking` block. Anthropic's clients need that block's `signature` (the SDK's stream
+accumulates it from a `signature_delta`, Claude Code sends it back): a local model has no signing key,
+so it is an opaque digest of the thinking (llama-server's own sends an empty one).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from typing import Any
 
@@ -54,9 +63,15 @@ def chat_request(doc: dict[str, Any]) -> dict[str, Any]:
     system = _text_of(doc.get("system"), "system")
     if system:
         items.append(_message_item("system", [{"type": "text", "text": system}]))
-    for message in doc["messages"]:
-        items += _items(message["role"], message["content"])
-    body: dict[str, Any] = {"model": doc["model"], "messages": responses.chat_messages(items)}
+    messages = responses.chat_messages(items)
+    for role, content in _turns(doc["messages"]):
+        turn = responses.chat_messages(_items(role, content))
+        thinking = _thinking(content) if role == "assistant" else ""
+        if thinking:  # on the turn's first message, as the turn renders it first
+            turn = turn or [{"role": "assistant", "content": ""}]
+            turn[0]["reasoning_content"] = thinking
+        messages += turn
+    body: dict[str, Any] = {"model": doc["model"], "messages": messages}
     for source, target in _SAMPLING:
         if doc.get(source) is not None:
             body[target] = doc[source]
@@ -64,6 +79,9 @@ def chat_request(doc: dict[str, Any]) -> dict[str, Any]:
         body["top_k"] = doc["top_k"]  # llama-server's own sampling field
     if doc.get("stop_sequences"):
         body["stop"] = doc["stop_sequences"]
+    asked = doc.get("thinking")
+    if isinstance(asked, dict) and asked.get("type") == "enabled":  # as llama-server's own Messages
+        body["thinking_budget_tokens"] = asked.get("budget_tokens", 10000)
     body["tools"] = [_function(tool) for tool in doc["tools"] if _is_custom(tool)]
     choice = doc["tool_choice"]
     if choice["type"] == "any":
@@ -90,13 +108,42 @@ def _function(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def _turns(messages: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """The conversation's turns, consecutive assistant messages as one (Anthropic's API combines them, and
+    an assistant's text and the calls after it are one chat turn)."""
+    turns: list[tuple[str, Any]] = []
+    for message in messages:
+        role, content = message["role"], message["content"]
+        if role == "assistant" and turns and turns[-1][0] == "assistant":
+            content = _blocks(turns.pop()[1]) + _blocks(content)
+        turns.append((role, content))
+    return turns
+
+
+def _blocks(content: Any) -> list[Any]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _thinking(content: Any) -> str:
+    """The reasoning of a past assistant turn (its `thinking` blocks; a `redacted_thinking` block's data is
+    encrypted by Anthropic: nothing a local model can read)."""
+    if isinstance(content, str):
+        return ""
+    return "".join(str(b.get("thinking") or "") for b in content if b.get("type") == "thinking")
+
+
+def signature(thinking: str) -> str:
+    """The opaque `signature` of a thinking block the daemon answers (the module says why)."""
+    return base64.b64encode(hashlib.sha256(b"modelrunner thinking\0" + thinking.encode()).digest()).decode()
+
+
 def _message_item(role: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "message", "role": role, "content": parts}
 
 
 def _items(role: str, content: Any) -> list[dict[str, Any]]:
     """One Messages turn as Responses items: text and images, `tool_use` as function calls, `tool_result`
-    as their outputs (thinking is left out: templates render no past reasoning)."""
+    as their outputs (thinking goes beside them: `_thinking`)."""
     if isinstance(content, str):
         return [_message_item(role, [{"type": "text", "text": content}])]
     items: list[dict[str, Any]] = []
@@ -162,7 +209,8 @@ def message(completion: dict[str, Any], model: str) -> dict[str, Any]:
     answer = choice.get("message") or {}
     content: list[dict[str, Any]] = []
     if answer.get("reasoning_content"):
-        content.append({"type": "thinking", "thinking": answer["reasoning_content"], "signature": ""})
+        thinking = answer["reasoning_content"]
+        content.append({"type": "thinking", "thinking": thinking, "signature": signature(thinking)})
     if answer.get("content"):
         content.append({"type": "text", "text": answer["content"]})
     for call in answer.get("tool_calls") or []:
@@ -198,7 +246,8 @@ def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def message_events(done: dict[str, Any]) -> list[bytes]:
-    """The Messages stream of a finished message: its start, each block, its stop reason and end."""
+    """The Messages stream of a finished message: its start, each block, its stop reason and end (a
+    thinking block's signature in a `signature_delta` before its stop, as Anthropic streams it)."""
     start = {**done, "content": [], "stop_reason": None, "usage": {**done["usage"], "output_tokens": 0}}
     events = [_event({"type": "message_start", "message": start})]
     for index, block in enumerate(done["content"]):
@@ -207,12 +256,15 @@ def message_events(done: dict[str, Any]) -> list[bytes]:
             opened, delta = {**block, "input": {}}, {"type": "input_json_delta", "partial_json": ""}
             delta["partial_json"] = json.dumps(block["input"], ensure_ascii=False)
         elif kind == "thinking":
-            opened = {**block, "thinking": ""}
+            opened = {**block, "thinking": "", "signature": ""}
             delta = {"type": "thinking_delta", "thinking": block["thinking"]}
         else:
             opened, delta = {**block, "text": ""}, {"type": "text_delta", "text": block["text"]}
         events.append(_event({"type": "content_block_start", "index": index, "content_block": opened}))
         events.append(_event({"type": "content_block_delta", "index": index, "delta": delta}))
+        if kind == "thinking":
+            signed = {"type": "signature_delta", "signature": block["signature"]}
+            events.append(_event({"type": "content_block_delta", "index": index, "delta": signed}))
         events.append(_event({"type": "content_block_stop", "index": index}))
     stop = {"stop_reason": done["stop_reason"], "stop_sequence": None}
     events.append(_event({"type": "message_delta", "delta": stop, "usage": done["usage"]}))

@@ -2,7 +2,9 @@
 (`EnginePool`), each relaying one answer at a time to the client connection that asked (`Upstream`): the
 head rewritten, the body passed on as read (by the one response reader, response_reader.py, which follows
 it only far enough to know where it ends), and a chunked body handed to the C relay (native_relay.py) at a
-chunk boundary. The client side is server/front.py; it reaches this module only through `Client`."""
+chunk boundary. After a head the front sent early (a stream that waited: server/keepalive.py), which said
+the body is chunked, a body the engine framed otherwise (by its length, or by closing) is framed anew as
+chunks. The client side is server/front.py; it reaches this module only through `Client`."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from modelrunner.http1 import EngineIdle
 from modelrunner.response_reader import ResponseReader, body_of
 from modelrunner.scheduler.rundir import untrusted_socket
 from modelrunner.server.errors import OPENAI, exception_payload
+from modelrunner.server.keepalive import LAST_CHUNK, chunk
 from modelrunner.server.native_relay import End, NativeRelay, Result, native_relay
-from modelrunner.server.proxy import client_headers, retry_full_backlog
+from modelrunner.server.proxy import client_headers, retry_full_backlog, stream_end_event
 from modelrunner.server.recorder import TAIL_KEPT
 
 if TYPE_CHECKING:
@@ -45,6 +48,7 @@ class Client(Protocol):
     transport: asyncio.Transport | None
     write_paused: bool  # the client does not take what is written: the engine is not read either
     closing: bool  # close the client's connection once the answer is complete
+    early: bool  # its head went out before the engine's (server/keepalive.py): a chunked body follows it
     upstream: Upstream | None  # the engine connection answering it, for flow control
 
     def answer_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes: ...
@@ -147,6 +151,8 @@ class Relayed:
     idle_timer: asyncio.TimerHandle | None = None
     held: bytearray | None = None  # the data of a refusal, held until whole (Upstream._reword)
     silent: bool = False  # a stream's head came without data: the front comments until its first bytes
+    reframed: bool = False  # a body not chunked by the engine, after an early head: written as chunks
+    tail: bytes = b"\n\n"  # a reframed body's last two bytes, to know whether an SSE event was cut
 
 
 class Upstream(asyncio.Protocol):
@@ -249,6 +255,8 @@ class Upstream(asyncio.Protocol):
             if reader.head.status >= REFUSAL and not reader.until_close:
                 request.held = bytearray()
             else:
+                assert request.front is not None
+                request.reframed = request.front.early and not reader.chunked
                 head = self._answer_head()
             start = reader.body_start
         else:
@@ -262,13 +270,15 @@ class Upstream(asyncio.Protocol):
         if reader.excess:  # bytes after the answer: not the client's, and the connection is spoilt
             self.keep_alive = False
         body = data[start:end] if start or end < len(data) else data
-        if head or body:
+        out = self._reframe(body) if request.reframed else body
+        if head or out:
             assert request.client is not None and request.front is not None
             if request.silent and body:
                 request.silent = False
                 request.front.engine_silent(False)
-            request.client.write(head + body if head else body)  # the head and the first bytes: one write
-        if new_head and not body and request.event_stream and reader.chunked and not reader.complete:
+            request.client.write(head + out if head else out)  # the head and the first bytes: one write
+        chunks = reader.chunked or request.reframed  # comments can go between the client's chunks
+        if new_head and not body and request.event_stream and chunks and not reader.complete:
             # llama-server sends a stream's head as its prefill starts: keep-alive comments go until
             # its first chunk (server/keepalive.py)
             request.silent = True
@@ -283,6 +293,26 @@ class Upstream(asyncio.Protocol):
             self._answered()
         elif reader.chunked and reader.at_boundary and body and not request.native_refused:
             self._hand_to_native()
+
+    def _reframe(self, body: bytes) -> bytes:
+        """Body bytes of a reframed answer as the client's chunk, and its last chunk once it is complete."""
+        request = self.request
+        if body:
+            request.tail = (request.tail + body)[-2:]
+        return (chunk(body) if body else b"") + (LAST_CHUNK if request.reader.complete else b"")
+
+    def _end_reframed(self) -> None:
+        """The engine's connection ended a reframed body: its end (a close-delimited body is complete), or,
+        for a stream cut short, its error event first, as the front ends a cut chunked stream."""
+        request, reader, exchange = self.request, self.request.reader, self.request.exchange
+        if request.client is None or request.client.is_closing() or exchange is None:
+            return
+        if reader.complete and not exchange.aborted:  # a shutdown closes it too: not the body's end
+            request.client.write(LAST_CHUNK)
+            self._answered()
+        elif request.event_stream:
+            message = exchange.failure(request.failure or "connection closed")
+            request.client.write(chunk(stream_end_event(request.tail, message)) + LAST_CHUNK)
 
     def _answer_head(self) -> bytes:
         """The head of the answer as the client gets it, once the engine's is whole."""
@@ -396,6 +426,8 @@ class Upstream(asyncio.Protocol):
             return  # closed by us while the C relay has the body: its result ends the request
         if exc is None and request.failure is None:
             request.reader.feed_eof()  # the end of a body that ends with the connection
+        if request.reframed and not (request.finished is None or request.finished.done()):
+            self._end_reframed()
         if request.finished is None or request.finished.done():
             self.pool.lost(self)  # idle
         else:

@@ -137,6 +137,7 @@ class InferenceHandler:
         shortening = Shortening.of(doc) if route.mode is Mode.EMBEDDING else None
         schema = None if preload else structured.requested_schema(route.upstream_path, doc)
         forced = None if preload else tool_choice.forced(route.upstream_path, doc)
+        keepalive.announce_constraint(self.inference, name, route.backend, schema)  # before an early head
         runner = await self.inference.acquire(
             name, route.mode, keep_alive, route.backend, record=not preload, needs=needs
         )

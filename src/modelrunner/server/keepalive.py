@@ -11,6 +11,14 @@ to start (a refusal within them, a prompt over the context included, is still an
 the stream's head goes out, pings follow every interval until the engine answers, and a refusal that
 comes later is the stream's error event. Once the engine streams, a ping goes between events whenever it
 has been silent for an interval (a prefill behind a head sent early).
+
+What a head sent early says: `X-Modelrunner-Constraint` is known before a runner is acquired (which engine
+serves the model, so whether it gets the grammar, follows from the model and the backend asked for), so it
+is put in the answer's head then (`announce_constraint`). `X-Modelrunner-Tool-Rescue` says that calls were
+rescued, which only a whole answer knows before its head (a stream's head goes before its calls, early or
+not): streams do not carry it (`/metrics` counts them), and only streams get an early head. The front's
+early head frames the stream as chunks, whatever framing the engine's answer has (server/engine_pool.py
+frames a sized or close-delimited one anew).
 """
 
 from __future__ import annotations
@@ -21,8 +29,10 @@ import json
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
+from modelrunner.compat import structured
 from modelrunner.config import env_seconds
 from modelrunner.errors import ModelRunnerError
+from modelrunner.server import lifecycle
 from modelrunner.server.proxy import EVENT_STREAM_HEADERS, Message, Send, stream_end_event
 from modelrunner.wire import error_message
 
@@ -37,6 +47,21 @@ SSE_COMMENT = b": keep-alive\n\n"
 def interval() -> float:
     """`MODEL_RUNNER_STREAM_KEEPALIVE`: seconds a stream may stay silent before a ping (0: never)."""
     return env_seconds(ENV, DEFAULT_INTERVAL)
+
+
+def announce_constraint(
+    inference: lifecycle.Inference, name: str, backend: str | None, schema: dict[str, Any] | None
+) -> None:
+    """`X-Modelrunner-Constraint` in the current answer's head from now on, before a runner is acquired: a
+    stream that waits sends its head early (pings). A model or backend that cannot be resolved is left to
+    the acquisition to refuse."""
+    if schema is None:
+        return
+    try:
+        engine = inference.engine_for(inference.store.get(name), backend).name
+    except ModelRunnerError:
+        return
+    lifecycle.current().announce(structured.Constraint.for_engine(engine, schema).header)
 
 
 async def discard(task: asyncio.Task[Any], close: Callable[[Any], Coroutine[Any, Any, None]]) -> None:

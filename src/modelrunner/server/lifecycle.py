@@ -247,10 +247,14 @@ class Exchange:
 
     # -- the answer ------------------------------------------------------------------------------------
 
+    def announce(self, header: tuple[bytes, bytes]) -> None:
+        """A header the answer's head says about it (once), if the head has not gone out yet."""
+        if header not in self.answer_headers:
+            self.answer_headers.append(header)
+
     def tool_calls_rescued(self, count: int) -> None:
         """The answer carries `count` tool calls the engine wrote as text (compat/tool_rescue.py)."""
-        if (tool_rescue.HEADER, b"1") not in self.answer_headers:
-            self.answer_headers.append((tool_rescue.HEADER, b"1"))
+        self.announce((tool_rescue.HEADER, b"1"))
         self.lifecycle.metrics.rescued(self.api, self.model, count)
 
     def started_answer(self, status: int, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:

@@ -31,7 +31,7 @@ from modelrunner.http1 import Answer, UpstreamError
 from modelrunner.response_reader import MAX_HEAD
 from modelrunner.scheduler.rundir import untrusted_socket
 from modelrunner.scheduler.runner import Runner
-from modelrunner.server import capabilities, lifecycle
+from modelrunner.server import capabilities, keepalive, lifecycle
 from modelrunner.server.errors import OPENAI, error_body, exception_payload
 from modelrunner.server.lifecycle import Exchange, Inference
 from modelrunner.server.proxy import request_bytes, retry_full_backlog
@@ -174,7 +174,7 @@ class EngineCall:
     def constrain(self, constraint: structured.Constraint) -> None:
         """Check the answer against a requested schema, and say so in the answer's head."""
         self.constraint = constraint
-        self.exchange.answer_headers.append(constraint.header)
+        self.exchange.announce(constraint.header)
 
     @property
     def event_stream(self) -> bool:
@@ -384,6 +384,7 @@ async def call_engine(
     schema = structured.requested_schema(path, body)  # a bad one is refused before a model loads
     forced = tool_choice.forced(path, body)  # so is a choice of a tool not declared
     started = time.monotonic()
+    keepalive.announce_constraint(inference, name, backend, schema)  # a stream's head may go out early
     runner = await inference.acquire(name, mode, keep_alive, backend, needs=capabilities.needs_of(path, body))
     call = EngineCall(lifecycle.current(), runner, time.monotonic() - started)
     if anthropic_chat.through_chat(runner.key.engine, path, body):  # a choice the engine's Messages loses
