@@ -161,6 +161,7 @@ class LlamaCppEngine(Engine):
     name = NAME
     formats = frozenset({"gguf"})
     modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
+    assembles_unstreamed = True  # llama-server stops generating for a client that left only in a stream
 
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/llama.cpp, read when needed
