@@ -77,6 +77,7 @@ class FakeEngine(Engine):
         self, name: str = "llama.cpp", env: dict[str, str] | None = None, memory: int = 1000
     ) -> None:
         self.name = name
+        self.assembles_unstreamed = name == "llama.cpp"  # it plays llama-server, or another engine
         self.env = env or {}
         self.memory = memory
 

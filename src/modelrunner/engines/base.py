@@ -115,6 +115,11 @@ class Engine(ABC):
     # written by that type: nothing above the engines knows its keys.
     settings_type: ClassVar[type[EngineSettings]] = EngineSettings
 
+    # A non-streamed generation is asked for as a stream and assembled by the daemon (compat/assemble.py):
+    # an engine that stops generating for a client that left only while it streams (llama-server) needs
+    # it; one that aborts a generation whose client closed, streamed or not (vLLM), does not.
+    assembles_unstreamed: bool = False
+
     @abstractmethod
     def status(self) -> EngineStatus: ...
 

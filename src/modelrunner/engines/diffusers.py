@@ -215,6 +215,7 @@ class DiffusersEngine(Engine):
     name = NAME
     formats = frozenset({"dduf", "diffusers"})
     modes = frozenset({Mode.IMAGE_GENERATION})
+    assembles_unstreamed = False  # it generates images: there is no stream to assemble
 
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/diffusers, read when needed

@@ -164,6 +164,7 @@ class LlamaCppEngine(Engine):
     formats = frozenset({"gguf"})
     modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
     settings_type = LlamaCppSettings
+    assembles_unstreamed = True  # llama-server stops generating for a client that left only in a stream
 
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/llama.cpp, read when needed

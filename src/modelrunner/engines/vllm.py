@@ -437,6 +437,7 @@ class VllmEngine(Engine):
     formats = frozenset({"safetensors"})
     modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
     settings_type = VllmSettings
+    assembles_unstreamed = False  # vLLM aborts a generation whose client closed, streamed or not
 
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/vllm, read when needed

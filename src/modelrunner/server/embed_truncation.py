@@ -12,8 +12,8 @@ from __future__ import annotations
 from modelrunner.compat.context_overflow import OLLAMA_WORDS
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelRunnerError
+from modelrunner.server.engine_request import call_engine
 from modelrunner.server.lifecycle import Inference
-from modelrunner.server.upstream import call_engine
 
 # Ollama's words (its runners and EmbedHandler), which clients match on.
 EXCEEDS_CONTEXT = OLLAMA_WORDS

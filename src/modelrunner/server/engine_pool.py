@@ -48,7 +48,12 @@ class Client(Protocol):
     transport: asyncio.Transport | None
     write_paused: bool  # the client does not take what is written: the engine is not read either
     closing: bool  # close the client's connection once the answer is complete
-    early: bool  # its head went out before the engine's (server/keepalive.py): a chunked body follows it
+
+    @property
+    def early(self) -> bool:
+        """Its head went out before the engine's (server/keepalive.py): a chunked body follows it."""
+        ...
+
     upstream: Upstream | None  # the engine connection answering it, for flow control
 
     def answer_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes: ...

@@ -8,6 +8,9 @@ arrives, without de-chunking or an ASGI hand-over per chunk. Any other request h
 uvicorn's own protocol and the full ASGI stack (security middleware, FastAPI, the same inference handler),
 so refusals, CORS and every other route keep one implementation.
 
+A connection's request in progress is one `Answering`, whose `Phase` says how much of its answer the
+client has (nothing, an early head with keep-alive comments, or its own head).
+
 Each request the front answers is an exchange of the request lifecycle (server/lifecycle.py), as on the
 ASGI path: its id in the `X-Request-Id` header, its runner released when it ends, its engine connection
 closed when the client leaves, its access line and its record. Answers that must be read whole (a
@@ -23,6 +26,7 @@ releases it was tested with are pinned in pyproject.toml, and a test fails on an
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import time
@@ -87,6 +91,37 @@ class Request:
     headers: list[tuple[bytes, bytes]]  # names in lower case
     content_length: int
     close: bool  # the client asked to close the connection after the answer
+
+
+class Phase(enum.Enum):
+    """How much of the answer to a request has gone out to the client."""
+
+    WAITING = "waiting"  # nothing yet: a failure is answered whole, with its own status
+    EARLY_HEAD = "early head"  # a 200 head and keep-alive comments, before the engine's head came (server/
+    # keepalive.py): the engine's stream follows them, and a failure is the stream's last event
+    HEAD_SENT = "head sent"  # the answer's head: only its body is left, or closing says it was cut
+
+
+@dataclass(slots=True, eq=False)
+class Answering:
+    """The request a connection answers, from its whole body read to its exchange's end: one per request,
+    so nothing of an answer outlives it."""
+
+    request: Request
+    body: bytes
+    exchange: Exchange | None = None  # begun in the request's own task, whose context holds its id
+    phase: Phase = Phase.WAITING
+    pings: asyncio.TimerHandle | None = None  # the next early head or keep-alive comment
+
+    @property
+    def head_sent(self) -> bool:
+        """The answer has begun with a head of its own (not an early one): a failure can only cut it."""
+        return self.phase is Phase.HEAD_SENT
+
+    def stop_pings(self) -> None:
+        if self.pings is not None:
+            self.pings.cancel()
+            self.pings = None
 
 
 @dataclass(frozen=True)
@@ -163,16 +198,11 @@ class FrontProtocol(asyncio.Protocol):
         self.loop = _loop or asyncio.get_event_loop()
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
-        self.busy = False  # a request is being answered
-        self.head_sent = False  # of the answer in progress
-        self.early = False  # its head went out before the engine's, with pings (server/keepalive.py)
-        self.pings: asyncio.TimerHandle | None = None
+        self.answering: Answering | None = None  # the request being answered: the only state of one
         self.closing = False  # close once the current answer is complete
         self.write_paused = False
         self.read_paused = False
-        self.upstream: Upstream | None = None
-        self.exchange: Exchange | None = None  # of the request being answered
-        self.answering: tuple[str, bytes] | None = None  # its path and body
+        self.upstream: Upstream | None = None  # the engine connection of the answer, for flow control
         self.half_close: HalfClose | None = None  # a local client's, while its whole answer is made
         self.timer: asyncio.TimerHandle | None = None
         self.refused = False  # no descriptors to spare for it: answered 503 (server/fdlimit.py)
@@ -193,7 +223,7 @@ class FrontProtocol(asyncio.Protocol):
                 self.transport.close()
             return
         self.buffer += data
-        if not self.busy:
+        if self.answering is None:
             # A request is arriving: it may take its time, as long as its bytes keep coming (uvicorn, too,
             # stops its keep-alive timer at a request's first byte).
             self._arm_timer(REQUEST_STALL_SECONDS)
@@ -207,21 +237,23 @@ class FrontProtocol(asyncio.Protocol):
         self._cancel_timer()
         if self.half_close is not None:
             self.half_close.cancel()
-        if self.exchange is None:
+        exchange = self.answering.exchange if self.answering is not None else None
+        if exchange is None:
             return
         if self.upstream is not None and self.upstream.request.native is not None:
             self.upstream.client_closed()  # the C relay may have written the whole answer: its result says
         else:
-            self.exchange.client_left()  # its engine connection closes: the engine stops generating
+            exchange.client_left()  # its engine connection closes: the engine stops generating
 
     def eof_received(self) -> bool | None:
         """The client shut its side: while its request for a stream is answered, a half-close (the answer
         goes on; a full close is seen when a write fails); for a whole answer, only when the client is on
         this machine and still holds its socket (watched until it lets go); otherwise it left
         (server/handed_over.py says why)."""
-        if self.answering is None or self.transport is None:
+        answering = self.answering
+        if answering is None or answering.exchange is None or self.transport is None:
             return None  # closed: connection_lost ends the request
-        if not asks_for_stream(*self.answering):
+        if not asks_for_stream(answering.request.path, answering.body):
             peer, local = self.transport.get_extra_info("peername"), self.transport.get_extra_info("sockname")
             self.half_close = watch_half_close(self.loop, peer, local, self.transport.close)
             if self.half_close is None:
@@ -273,7 +305,7 @@ class FrontProtocol(asyncio.Protocol):
     def shutdown(self) -> None:
         """Graceful shutdown: close when idle, or after the answer in progress."""
         self.closing = True
-        if not self.busy and self.transport is not None:
+        if self.answering is None and self.transport is not None:
             self.transport.close()
 
     # requests
@@ -299,10 +331,10 @@ class FrontProtocol(asyncio.Protocol):
             self._hand_over()
             return
         del self.buffer[:body_end]
-        self.busy = True
+        answering = self.answering = Answering(request, body)
         self.closing = self.closing or request.close
         self._cancel_timer()
-        task = self.loop.create_task(self._answer(request, body))
+        task = self.loop.create_task(self._answer(answering))
         self.server_state.tasks.add(task)
         task.add_done_callback(self.server_state.tasks.discard)
 
@@ -320,30 +352,29 @@ class FrontProtocol(asyncio.Protocol):
             data, self.buffer = bytes(self.buffer), bytearray()
             protocol.data_received(data)
 
-    async def _answer(self, request: Request, body: bytes) -> None:
+    async def _answer(self, answering: Answering) -> None:
         assert self.transport is not None
-        self.head_sent = self.early = False
+        request, body = answering.request, answering.body
         lifecycle = self.fast.lifecycle
-        exchange = self.exchange = lifecycle.begin("POST", request.path, request.headers)
+        exchange = answering.exchange = lifecycle.begin("POST", request.path, request.headers)
         exchange.keep_request(body)
-        self.answering = request.path, body
         if self.fast.keepalive:  # a timer, not a parse: only a request that waits is looked at
-            self.pings = self.loop.call_later(self.fast.keepalive, self._ping, request.path, body)
+            answering.pings = self.loop.call_later(self.fast.keepalive, self._ping, answering)
         try:
-            await self._relay(request, body, exchange)
+            await self._relay(answering, exchange)
         except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out of time
             self.transport.close()
             raise
         except Exception:
             log.exception("inference request failed")
-            if not self.head_sent:
+            if answering.phase is Phase.WAITING:
                 self._write_json(500, json.dumps(error_body(500, "internal error")).encode())
             self.closing = True
         finally:
-            self._stop_pings()
-            self.exchange = self.answering = None
+            answering.stop_pings()
+            answering.exchange = None  # its end is the lifecycle's: the connection has no more to say
             await lifecycle.finish(exchange)
-        self.busy = False
+        self.answering = None
         if self.closing or self.transport.is_closing():
             self.transport.close()
             return
@@ -355,15 +386,16 @@ class FrontProtocol(asyncio.Protocol):
             self._arm_timer(REQUEST_STALL_SECONDS)
             self._next_request()
 
-    async def _relay(self, request: Request, body: bytes, exchange: Exchange) -> None:
+    async def _relay(self, answering: Answering, exchange: Exchange) -> None:
+        request = answering.request
         try:
-            prepared = await self.fast.handler.prepare(request.route, body)
+            prepared = await self.fast.handler.prepare(request.route, answering.body)
             if prepared.whole:
                 await self._whole(prepared, request, exchange)
             else:
                 await self._stream(prepared, request, exchange)
         except ModelRunnerError as exc:
-            if (self.head_sent and not self.early) or exchange.client_gone or isinstance(exc, ClientGone):
+            if answering.head_sent or exchange.client_gone or isinstance(exc, ClientGone):
                 return
             status, payload, headers = error_parts(exc)
             self._write_json(status, json.dumps(payload).encode(), headers)
@@ -433,7 +465,9 @@ class FrontProtocol(asyncio.Protocol):
         reader = upstream.request.reader
         if self.transport.is_closing():
             return  # the client left
-        if reader.head is None or not self.head_sent:  # nothing of it written (a refusal held whole)
+        answering = self.answering
+        if reader.head is None or answering is None or answering.phase is Phase.WAITING:
+            # nothing of it written (a refusal held whole)
             message = exchange.failure(upstream.request.failure or "no response")
             self._write_json(500, engine_died_body(message))
         elif reader.until_close:
@@ -449,41 +483,40 @@ class FrontProtocol(asyncio.Protocol):
         else:
             exchange.complete = True
 
-    def _ping(self, path: str, body: bytes) -> None:
+    def _ping(self, answering: Answering) -> None:
         """A stream still waiting for its engine: its head (once), then a comment every interval."""
-        self.pings = None
-        if (self.head_sent and not self.early) or self.transport is None or self.transport.is_closing():
+        answering.pings = None
+        if answering.head_sent or self.transport is None or self.transport.is_closing():
             return
-        if not self.early:
-            if not asks_for_stream(path, body):
+        if answering.phase is Phase.WAITING:
+            if not asks_for_stream(answering.request.path, answering.body):
                 return
             self.write_head(200, keepalive.EARLY_HEAD)
-            self.early = True
-        self._comment()
+            answering.phase = Phase.EARLY_HEAD
+        self._comment(answering)
 
-    def _comment(self) -> None:
+    def _comment(self, answering: Answering) -> None:
         """A keep-alive comment (a chunk of its own, between the stream's), and the next in an interval."""
-        self.pings = None
+        answering.pings = None
         if self.transport is None or self.transport.is_closing():
             return
         self.write(keepalive.chunk(keepalive.SSE_COMMENT))
-        self.pings = self.loop.call_later(self.fast.keepalive, self._comment)
+        answering.pings = self.loop.call_later(self.fast.keepalive, self._comment, answering)
 
     def engine_silent(self, silent: bool) -> None:
         """The engine's stream began without data (a prefill): comments until its first bytes."""
-        self._stop_pings()
+        answering = self.answering
+        if answering is None:
+            return
+        answering.stop_pings()
         if silent and self.fast.keepalive:
-            self.pings = self.loop.call_later(self.fast.keepalive, self._comment)
-
-    def _stop_pings(self) -> None:
-        if self.pings is not None:
-            self.pings.cancel()
-            self.pings = None
+            answering.pings = self.loop.call_later(self.fast.keepalive, self._comment, answering)
 
     def whole_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
         """A whole answer (a refusal, mostly) as written: after an early head, the stream's error event."""
-        if self.early:
-            self._stop_pings()
+        answering = self.answering
+        if answering is not None and answering.phase is Phase.EARLY_HEAD:
+            answering.stop_pings()
             return keepalive.chunk(keepalive.error_event(body)) + keepalive.LAST_CHUNK
         return self.answer_head(status, headers) + body
 
@@ -494,12 +527,19 @@ class FrontProtocol(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
+    @property
+    def early(self) -> bool:
+        """The answer's head went out before the engine's (keep-alive comments): a chunked body follows."""
+        return self.answering is not None and self.answering.phase is Phase.EARLY_HEAD
+
     def answer_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
         """The head of the answer, with ours and the request id; from here on the answer has begun. After
         an early head (pings), nothing: the engine's stream, chunked, follows it."""
-        self._stop_pings()
-        if self.early:
-            return b""
+        answering = self.answering
+        if answering is not None:
+            answering.stop_pings()
+            if answering.phase is Phase.EARLY_HEAD:
+                return b""
         try:
             reason = HTTPStatus(status).phrase.encode()
         except ValueError:
@@ -507,13 +547,15 @@ class FrontProtocol(asyncio.Protocol):
         lines = [b"HTTP/1.1 %d %b" % (status, reason)]
         lines += [name + b": " + value for name, value in self.server_state.default_headers]
         lines += [name + b": " + value for name, value in headers]
-        if self.exchange is not None:
-            lines += [name + b": " + value for name, value in self.exchange.answer_headers]
-            lines.append(eventlog.REQUEST_ID_HEADER + b": " + self.exchange.id.encode())
-            self.exchange.started_answer(status, headers)
+        exchange = answering.exchange if answering is not None else None
+        if exchange is not None:
+            lines += [name + b": " + value for name, value in exchange.answer_headers]
+            lines.append(eventlog.REQUEST_ID_HEADER + b": " + exchange.id.encode())
+            exchange.started_answer(status, headers)
         if self.closing:
             lines.append(b"connection: close")
-        self.head_sent = True
+        if answering is not None:
+            answering.phase = Phase.HEAD_SENT
         return b"\r\n".join(lines) + b"\r\n\r\n"
 
     def _write_json(
@@ -525,8 +567,9 @@ class FrontProtocol(asyncio.Protocol):
     ) -> None:
         headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
         self.write(self.whole_answer(status, headers + (extra or []), body))
-        if self.exchange is not None:
-            self.exchange.answered(body, True)
+        exchange = self.answering.exchange if self.answering is not None else None
+        if exchange is not None:
+            exchange.answered(body, True)
 
     def _arm_timer(self, seconds: float) -> None:
         self._cancel_timer()
@@ -540,7 +583,7 @@ class FrontProtocol(asyncio.Protocol):
     def _timed_out(self) -> None:
         """Idle between requests (keep-alive expired), or a request whose bytes stopped coming."""
         self.timer = None
-        if self.busy or self.transport is None:
+        if self.answering is not None or self.transport is None:
             return
         if self.buffer:
             self.closing = True

@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from modelrunner.compat import assemble, billing, structured, tool_choice, tool_rescue
-from modelrunner.compat.embeddings import Shortening
+from modelrunner.compat import assemble, tool_rescue
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, MethodNotAllowed, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy
-from modelrunner.server import capabilities, keepalive, lifecycle
+from modelrunner.server import engine_request, keepalive, lifecycle
+from modelrunner.server.engine_request import EngineRequest
 from modelrunner.server.errors import OPENAI, error_body, exception_payload
 from modelrunner.server.handed_over import asks_for_stream
 from modelrunner.server.lifecycle import Exchange, Inference
@@ -36,7 +36,7 @@ from modelrunner.server.proxy import (
     stream_end_event,
 )
 from modelrunner.server.security import MAX_BODY, BodyTooLarge
-from modelrunner.server.upstream import READ_ERRORS, EngineCall, EngineUnreachable, assembles
+from modelrunner.server.upstream import READ_ERRORS, EngineCall, EngineUnreachable
 
 _OPERATIONS = (
     # Anthropic `v1/messages` is served by server/anthropic_api.py (its own error shape)
@@ -69,25 +69,21 @@ def match_route(path: str) -> Route | None:
     return Route(backend, "/" + op, _MODES.get(op.rsplit("/", 1)[-1], Mode.COMPLETION))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Prepared:
-    """A request ready for its engine: the runner it holds, the bytes to send, and how to answer."""
+    """An OpenAI request ready for its engine (server/engine_request.py), its bytes, and how to answer."""
 
-    runner: Runner
+    request: EngineRequest
     body: bytes
-    assembling: str | None  # the path whose unstreamed answer is assembled from the stream asked for
     whole: bool  # the answer is read whole: assembled, checked, or an embedding whose error may be reworded
-    shortening: Shortening | None = None  # an embeddings request's `dimensions`, done by the daemon
-    constraint: structured.Constraint | None = None  # the JSON its answer must be
-    tools: tool_rescue.Tools | None = None  # calls written as text are rescued (compat/tool_rescue.py)
+
+    @property
+    def runner(self) -> Runner:
+        return self.request.runner
 
     def call(self, exchange: Exchange) -> EngineCall:
         """The engine call that sends this request and treats its answer as prepared (both relays)."""
-        call = EngineCall(exchange, self.runner)
-        call.assembling, call.shortening, call.tools = self.assembling, self.shortening, self.tools
-        if self.constraint is not None:
-            call.constrain(self.constraint)
-        return call
+        return self.request.call(exchange)
 
 
 # The roles OpenAI's chat API takes (its error for another lists them in this order).
@@ -121,7 +117,8 @@ class InferenceHandler:
         self.inference = inference
 
     async def prepare(self, route: Route, body: bytes, preload: bool = False) -> Prepared:
-        """A runner for the request's model, held by the request's exchange, and the body to send it."""
+        """A runner for the request's model, held by the request's exchange, and the body to send it: the
+        OpenAI API's own checks, then the preparation every API family shares (server/engine_request.py)."""
         try:
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply
@@ -130,43 +127,19 @@ class InferenceHandler:
         if not isinstance(doc, dict) or not isinstance(name, str) or not name.strip():
             raise BadRequest("the request has no model field")
         keep_alive = parse_keep_alive(doc["keep_alive"]) if "keep_alive" in doc else None
-        needs = capabilities.NOTHING
         if not preload:
             check_request(route, doc)
-            needs = capabilities.needs_of(route.upstream_path, doc)
-        shortening = Shortening.of(doc) if route.mode is Mode.EMBEDDING else None
-        schema = None if preload else structured.requested_schema(route.upstream_path, doc)
-        forced = None if preload else tool_choice.forced(route.upstream_path, doc)
-        keepalive.announce_constraint(self.inference, name, route.backend, schema)  # before an early head
-        runner = await self.inference.acquire(
-            name, route.mode, keep_alive, route.backend, record=not preload, needs=needs
+        ready = await engine_request.prepare(
+            self.inference, name, route.upstream_path, doc, route.mode, keep_alive, route.backend, preload
         )
-        engine_doc = billing.neutralised(route.upstream_path, doc)  # Claude Code's per-request nonce
-        doc, changed = engine_doc, engine_doc is not doc
-        if runner.model.reference != name:
-            # Engines such as vLLM answer only to the names they were started with: another name of the
-            # same model (a tag, the short form) is sent as the runner's.
-            doc, changed = {**doc, "model": runner.model.reference}, True
-        if shortening is not None:
-            doc, changed = shortening.engine_request(doc), True
-        constraint = None
-        if schema is not None:
-            constraint = structured.Constraint.for_engine(runner.key.engine, schema)
-            engine_doc = constraint.engine_request(runner.key.engine, route.upstream_path, doc)
-            doc, changed = engine_doc, changed or engine_doc is not doc
-        engine_doc, tools = tool_choice.engine_request(runner.key.engine, route.upstream_path, doc, forced)
-        doc, changed, streamed = engine_doc, changed or engine_doc is not doc, bool(doc.get("stream"))
-        assembling = route.upstream_path if assembles(runner.key.engine, route.upstream_path, doc) else None
-        if assembling:
-            doc, changed = assemble.streamed_request(assembling, doc), True
+        streamed = bool(doc.get("stream"))  # as the client asked (assembling asks the engine for a stream)
         whole = (
-            assembling is not None
-            or (tools is not None and not streamed)
-            or (constraint is not None and not streamed)
+            ready.assembling is not None
+            or (ready.tools is not None and not streamed)
+            or (ready.constraint is not None and not streamed)
             or route.mode in (Mode.EMBEDDING, Mode.RERANKING)
         )
-        data = json.dumps(doc).encode() if changed else body
-        return Prepared(runner, data, assembling, whole, shortening, constraint, tools)
+        return Prepared(ready, ready.body(body), whole)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         send = paced = keepalive.EarlyHead(send)  # a stream that waits gets its head and comments early
@@ -209,7 +182,7 @@ class InferenceHandler:
             out, streaming = client_headers(call.headers)
             await send({"type": "http.response.start", "status": call.status, "headers": out})
             started = True
-            if streaming and prepared.tools is not None:
+            if streaming and prepared.request.tools is not None:
                 async for event in rescued_events(call):
                     await send({"type": "http.response.body", "body": event, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -28,9 +28,10 @@ from modelrunner.scheduler.durations import NEVER, parse_keep_alive
 from modelrunner.scheduler.settings import ModelSettings
 from modelrunner.server import embed_truncation
 from modelrunner.server.distribution_api import wait_started
+from modelrunner.server.engine_request import call_engine
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.serving import Document, LineStream
-from modelrunner.server.upstream import EngineCall, InputTooLong, call_engine
+from modelrunner.server.upstream import EngineCall, InputTooLong
 from modelrunner.store.store import StoredModel
 
 OLLAMA_VERSION = "0.1.0"  # what DMR answers

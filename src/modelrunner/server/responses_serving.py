@@ -15,10 +15,11 @@ from modelrunner.compat import responses as shapes
 from modelrunner.engines.base import Mode
 from modelrunner.errors import ModelNotFound, ModelRunnerError
 from modelrunner.server import keepalive
+from modelrunner.server.engine_request import call_engine
 from modelrunner.server.errors import RESPONSES, exception_payload
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.serving import Document, EventStream
-from modelrunner.server.upstream import EngineCall, call_engine
+from modelrunner.server.upstream import EngineCall
 
 
 class ResponsesServing:

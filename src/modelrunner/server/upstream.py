@@ -3,10 +3,11 @@
 The translated APIs (Ollama, Anthropic, Responses) read what the engine answers, as parsed JSON or as
 server-sent events; the OpenAI routes read whole answers when they must change them (an assembled
 non-streamed answer, an embedding error). Every call registers its connection with the exchange, so a
-client that leaves closes it, and `close()` gives the runner back.
+client that leaves closes it, and `close()` gives the runner back. What a call sends is prepared in
+server/engine_request.py, for every API family.
 
 A non-streamed generation on llama.cpp is asked for as a stream and assembled (compat/assemble.py says
-why): the only way llama-server stops generating for a client that left.
+why; `Engine.assembles_unstreamed`): the only way llama-server stops generating for a client that left.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ import contextlib
 import json
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from modelrunner.compat import anthropic_chat, assemble, billing, structured, tool_choice, tool_rescue
+from modelrunner.compat import assemble, structured, tool_rescue
 from modelrunner.compat.context_overflow import refusal
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.config import env_seconds
@@ -31,9 +31,8 @@ from modelrunner.http1 import Answer, UpstreamError
 from modelrunner.response_reader import MAX_HEAD
 from modelrunner.scheduler.rundir import untrusted_socket
 from modelrunner.scheduler.runner import Runner
-from modelrunner.server import capabilities, keepalive, lifecycle
 from modelrunner.server.errors import OPENAI, error_body, exception_payload
-from modelrunner.server.lifecycle import Exchange, Inference
+from modelrunner.server.lifecycle import Exchange
 from modelrunner.server.proxy import request_bytes, retry_full_backlog
 from modelrunner.wire import SSEDecoder, error_message
 
@@ -41,7 +40,6 @@ log = logging.getLogger(__name__)
 
 MAX_ERROR_BODY = 1024 * 1024
 MAX_JSON_BODY = 64 * 1024 * 1024  # embeddings of many inputs are large
-ASSEMBLING_ENGINES = frozenset({"llama.cpp"})  # vLLM aborts a generation whose client closed by itself
 _TOO_LARGE = re.compile(r"input \((\d+) tokens\) is too large to process.*current batch size: (\d+)", re.S)
 READ_ERRORS = (UpstreamError, ConnectionError, asyncio.IncompleteReadError, ValueError)
 DEFAULT_ENGINE_IDLE = 600.0
@@ -89,10 +87,6 @@ class InputTooLong(EngineFailed):
 def input_too_long(status: int, message: str) -> InputTooLong | None:
     match = _TOO_LARGE.search(message) if status == 500 else None
     return None if match is None else InputTooLong(int(match.group(1)), int(match.group(2)))
-
-
-def assembles(engine: str, path: str, doc: dict[str, Any]) -> bool:
-    return engine in ASSEMBLING_ENGINES and assemble.streamable(path, doc)
 
 
 class EngineCall:
@@ -367,40 +361,3 @@ class EngineCall:
                 await self._writer.wait_closed()
             self._writer = None
         await self.exchange.release(self.runner)
-
-
-async def call_engine(
-    inference: Inference,
-    name: str,
-    path: str,
-    body: dict[str, Any],
-    mode: Mode = Mode.COMPLETION,
-    keep_alive: float | None = None,
-    backend: str | None = None,
-) -> EngineCall:
-    """POST `body` to `path` of the model's runner; the answer's head is read and its status checked (an
-    error status raises EngineFailed before anything is streamed), its body not yet."""
-    body = billing.neutralised(path, body)  # Claude Code's per-request nonce busts the prefix cache
-    schema = structured.requested_schema(path, body)  # a bad one is refused before a model loads
-    forced = tool_choice.forced(path, body)  # so is a choice of a tool not declared
-    started = time.monotonic()
-    keepalive.announce_constraint(inference, name, backend, schema)  # a stream's head may go out early
-    runner = await inference.acquire(name, mode, keep_alive, backend, needs=capabilities.needs_of(path, body))
-    call = EngineCall(lifecycle.current(), runner, time.monotonic() - started)
-    if anthropic_chat.through_chat(runner.key.engine, path, body):  # a choice the engine's Messages loses
-        path, body = assemble.CHAT, anthropic_chat.chat_request(body)
-    if schema is not None:
-        constraint = structured.Constraint.for_engine(runner.key.engine, schema)
-        call.constrain(constraint)
-        body = constraint.engine_request(runner.key.engine, path, body)
-    body, call.tools = tool_choice.engine_request(runner.key.engine, path, body, forced)
-    if assembles(runner.key.engine, path, body):
-        call.assembling = path
-        body = assemble.streamed_request(path, body)
-    try:
-        await call.send(path, json.dumps(body).encode())
-        await call.raise_for_status()
-    except BaseException:
-        await call.close()
-        raise
-    return call

@@ -1,0 +1,124 @@
+"""One preparation of a request for its engine, for every API family: the OpenAI routes (server/inference.py,
+and the HTTP front through it) and the translated ones (Ollama, Anthropic, Responses: `call_engine`).
+
+`prepare` checks what must be refused before a model loads (a bad schema, a forced tool not declared, a
+need the model lacks), gets the runner, and turns the request into the engine's body: the billing line
+dropped, the model named as the runner knows it, embeddings shortened by the daemon, the schema's grammar,
+declared tools and tool choice as the engine takes them, a non-streamed generation asked for as a stream to
+assemble. A rule added here applies to every API family. What differs between the families is what they
+bring: a parsed body (the OpenAI routes keep its bytes, sent again only if changed) or one they built, and
+how they send it (the front's byte relay, or an `EngineCall`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from modelrunner.compat import anthropic_chat, assemble, billing, structured, tool_choice, tool_rescue
+from modelrunner.compat.embeddings import Shortening
+from modelrunner.engines.base import Mode
+from modelrunner.scheduler.runner import Runner
+from modelrunner.server import capabilities, keepalive, lifecycle
+from modelrunner.server.lifecycle import Exchange, Inference
+from modelrunner.server.upstream import EngineCall
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """A request ready for its engine: the runner it holds, where and what to send, how to answer."""
+
+    runner: Runner
+    path: str  # the engine's: a Messages request it serves through chat goes to chat completions
+    doc: dict[str, Any]  # the engine's body
+    changed: bool  # `doc` is not the body the client sent: its bytes are written anew
+    load_seconds: float  # the wait for the runner
+    assembling: str | None = None  # the path whose unstreamed answer is assembled from the stream asked for
+    shortening: Shortening | None = None  # an embeddings request's `dimensions`, done by the daemon
+    constraint: structured.Constraint | None = None  # the JSON its answer must be
+    tools: tool_rescue.Tools | None = None  # calls written as text are rescued (compat/tool_rescue.py)
+
+    def body(self, sent: bytes | None = None) -> bytes:
+        """The bytes to send: those the client `sent` when nothing changed (no second serialisation)."""
+        return sent if sent is not None and not self.changed else json.dumps(self.doc).encode()
+
+    def call(self, exchange: Exchange) -> EngineCall:
+        """The engine call that sends this request and treats its answer as prepared (every relay)."""
+        call = EngineCall(exchange, self.runner, self.load_seconds)
+        call.assembling, call.shortening, call.tools = self.assembling, self.shortening, self.tools
+        if self.constraint is not None:
+            call.constrain(self.constraint)
+        return call
+
+
+async def prepare(
+    inference: Inference,
+    name: str,
+    path: str,
+    doc: dict[str, Any],
+    mode: Mode = Mode.COMPLETION,
+    keep_alive: float | None = None,
+    backend: str | None = None,
+    preload: bool = False,
+) -> EngineRequest:
+    """A runner for the model called `name`, held by the current exchange, and the body to send it.
+    `preload` (DMR's `X-Preload-Only`): only the load; nothing is asked of the body, nothing recorded."""
+    doc, changed = _changed(doc, billing.neutralised(path, doc))  # a per-request nonce busts the prefix cache
+    shortening = Shortening.of(doc) if mode is Mode.EMBEDDING else None
+    needs, schema, forced = capabilities.NOTHING, None, None
+    if not preload:  # each refused before a model loads
+        needs = capabilities.needs_of(path, doc)
+        schema = structured.requested_schema(path, doc)
+        forced = tool_choice.forced(path, doc)
+    keepalive.announce_constraint(inference, name, backend, schema)  # a stream's head may go out early
+    started = time.monotonic()
+    runner = await inference.acquire(name, mode, keep_alive, backend, record=not preload, needs=needs)
+    load_seconds = time.monotonic() - started
+    engine = runner.key.engine
+    if runner.model.reference != name:
+        # Engines such as vLLM answer only to the names they were started with: another name of the same
+        # model (a tag, the short form) is sent as the runner's.
+        doc, changed = {**doc, "model": runner.model.reference}, True
+    if shortening is not None:
+        doc, changed = shortening.engine_request(doc), True
+    if anthropic_chat.through_chat(engine, path, doc):  # a tool choice the engine's Messages loses
+        path, doc, changed = assemble.CHAT, anthropic_chat.chat_request(doc), True
+    constraint = None
+    if schema is not None:
+        constraint = structured.Constraint.for_engine(engine, schema)
+        doc, changed = _changed(doc, constraint.engine_request(engine, path, doc), changed)
+    engine_doc, tools = tool_choice.engine_request(engine, path, doc, forced)
+    doc, changed = _changed(doc, engine_doc, changed)
+    assembling = None
+    if inference.engines[engine].assembles_unstreamed and assemble.streamable(path, doc):
+        assembling, doc, changed = path, assemble.streamed_request(path, doc), True
+    return EngineRequest(runner, path, doc, changed, load_seconds, assembling, shortening, constraint, tools)
+
+
+def _changed(doc: dict[str, Any], out: dict[str, Any], changed: bool = False) -> tuple[dict[str, Any], bool]:
+    """`out`, and whether the body changed: the compat/ rewrites return the very object they left alone."""
+    return out, changed or out is not doc
+
+
+async def call_engine(
+    inference: Inference,
+    name: str,
+    path: str,
+    body: dict[str, Any],
+    mode: Mode = Mode.COMPLETION,
+    keep_alive: float | None = None,
+    backend: str | None = None,
+) -> EngineCall:
+    """POST `body` (prepared as above) to `path` of the model's runner; the answer's head is read and its
+    status checked (an error status raises EngineFailed before anything is streamed), its body not yet."""
+    request = await prepare(inference, name, path, body, mode, keep_alive, backend)
+    call = request.call(lifecycle.current())
+    try:
+        await call.send(request.path, request.body())
+        await call.raise_for_status()
+    except BaseException:
+        await call.close()
+        raise
+    return call
