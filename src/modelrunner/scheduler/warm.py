@@ -6,6 +6,10 @@ expiry, eviction, unload, configure, shutdown all stop through Scheduler._stop),
 engine is gone. Saved slots live in the store (kv_persist.py) under a fingerprint of the model and the
 engine's run, so a cache is only ever restored into an engine it is valid for.
 
+A load of a fingerprint whose save is still being written (its previous runner stopped on idle or for an
+eviction a moment before) waits for that save, at most SAVE_BOUND, then restores it: the engine starts
+meanwhile, so only what remains of the save is waited for.
+
 Never wrong, never stuck: each engine call is time-bound (a stuck engine delays its stop by at most
 SAVE_BOUND); a restore the engine refuses, or one that brings back fewer tokens than were saved (a no-op,
 llama.cpp#26676), drops the entry and has the scheduler restart the engine clean, as a failed restore may
@@ -61,6 +65,7 @@ class WarmResume:
         self.kv = kv
         self.states: dict[Runner, WarmState] = {}
         self.counters = WarmCounters()
+        self.saving: dict[str, asyncio.Event] = {}  # fingerprints whose save is being written: set when done
 
     def prepare(
         self, engine: Engine, model: ModelForEngine, mode: Mode, spec: LaunchSpec, enabled: bool
@@ -87,6 +92,7 @@ class WarmResume:
         state = self.states.get(runner)
         if state is None:
             return True
+        await self._saved(runner, state.fingerprint)
         entry = await asyncio.to_thread(self.kv.entry, runner.model.id, state.fingerprint)
         if entry is None:
             return True
@@ -129,6 +135,17 @@ class WarmResume:
         )
         return True
 
+    async def _saved(self, runner: Runner, fp: str) -> None:
+        """Wait for a save of `fp` still being written, so that this runner restores it (save() itself is
+        bounded by SAVE_BOUND; so is this wait)."""
+        pending = self.saving.get(fp)
+        if pending is None:
+            return
+        event(log, "kv_restore_waits_for_save", **runner.describe(), fingerprint=fp[:12])
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SAVE_BOUND):
+                await pending.wait()
+
     def restarted(self, runner: Runner) -> None:
         """The engine was restarted clean after a failed restore: it starts cold."""
         state = self.states.get(runner)
@@ -142,6 +159,7 @@ class WarmResume:
         if state is None or (state.status == "restored" and runner.last_used < state.restored_at):
             return  # nothing to save, or nothing new since the restore
         started = time.monotonic()
+        done = self.saving[state.fingerprint] = asyncio.Event()  # before any await: a load now waits
         try:
             async with asyncio.timeout(SAVE_BOUND):
                 slots = await engine.save_slots(runner.socket, state.folder, CALL_TIMEOUT)
@@ -151,6 +169,10 @@ class WarmResume:
         except (SlotError, OSError, TimeoutError) as exc:
             event(log, "kv_save_failed", logging.WARNING, **runner.describe(), reason=str(exc)[:500])
             return
+        finally:
+            done.set()
+            if self.saving.get(state.fingerprint) is done:
+                del self.saving[state.fingerprint]
         if entry is None:
             return
         seconds = time.monotonic() - started
