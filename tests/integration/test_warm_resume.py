@@ -5,6 +5,7 @@ leaves a clean engine, and saved caches keep to their byte budget."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -103,10 +104,42 @@ def test_a_restore_that_fails_drops_the_entry_and_the_engine_restarts_clean(daem
     assert cached(again) == 0
     assert again["choices"][0]["message"] == cold["choices"][0]["message"]
     [failed] = events(daemon, "kv_restore_failed")
-    assert "restarts clean" in failed["action"]
+    assert "restarts clean" in failed["action"] and failed["result"] == "error"
     assert events(daemon, "kv_entry_removed")[0]["reason"] == "restore_failed"
     assert entries(daemon) == []
     assert restores(daemon, "error").endswith(" 1")
+
+
+def test_a_restore_the_engine_takes_but_does_not_use_is_found_before_traffic_and_dropped(
+    daemon: Daemon,
+) -> None:
+    other = PROMPT.replace("tool0", "tool9")  # another prompt of as many tokens
+    cold = ask(daemon, max_tokens=1)  # one token: the slot then holds the prompt alone
+    unload(daemon)
+    [entry] = entries(daemon)
+    mine = json.loads((entry / "manifest.json").read_text())
+    [slot] = mine["slots"]
+    ask(daemon, other, max_tokens=1)  # served by a slot of the restored engine, saved at the unload
+    unload(daemon)
+    [theirs] = [
+        s for s in json.loads((entry / "manifest.json").read_text())["slots"] if s["prompt"] != slot["prompt"]
+    ]
+    assert (theirs["tokens"], theirs["bytes"]) == (slot["tokens"], slot["bytes"])
+    # the entry of PROMPT again, its slot file replaced by the other prompt's
+    data = (entry / theirs["filename"]).read_bytes()
+    for path in entry.glob("slot-*.bin"):
+        path.unlink()
+    (entry / slot["filename"]).write_bytes(data)
+    (entry / "manifest.json").write_text(json.dumps(mine))
+
+    again = ask(daemon, max_tokens=1)  # llama-server restores the slot, but it holds the other prompt
+    assert cached(again) == 0
+    assert again["choices"][0]["message"] == cold["choices"][0]["message"]
+    [failed] = events(daemon, "kv_restore_failed")
+    assert failed["result"] == "miss" and "came from the cache" in failed["reason"]
+    assert events(daemon, "kv_entry_removed")[-1]["reason"] == "restore_failed"
+    assert entries(daemon) == []
+    assert restores(daemon, "miss").endswith(" 1") and restores(daemon, "hit").endswith(" 1")
 
 
 def test_a_cache_survives_a_daemon_restart_is_not_restored_into_another_context_size_and_keeps_to_its_budget(

@@ -11,9 +11,11 @@ eviction a moment before) waits for that save, at most SAVE_BOUND, then restores
 meanwhile, so only what remains of the save is waited for.
 
 Never wrong, never stuck: each engine call is time-bound (a stuck engine delays its stop by at most
-SAVE_BOUND); a restore the engine refuses, or one that brings back fewer tokens than were saved (a no-op,
-llama.cpp#26676), drops the entry and has the scheduler restart the engine clean, as a failed restore may
-leave it corrupt (llama.cpp#27052). Models the engine cannot restore whole are skipped with the reason.
+SAVE_BOUND); a restore is checked before the runner takes traffic by sending each slot its saved tokens
+back (Engine.probe_slot): all but the last must come from the cache. A restore the engine refuses, one that
+brings back fewer tokens than were saved, or one the check finds unused (a no-op, llama.cpp#26676) drops the
+entry and has the scheduler restart the engine clean, as a failed restore may leave it corrupt
+(llama.cpp#27052). Models the engine cannot restore whole are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ log = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 30.0  # one save or restore call to the engine
 SAVE_BOUND = 30.0  # all of a runner's saves: the most a save may delay a stop
-RESULTS = ("hit", "error")  # modelrunner_kv_restore_total{result}
+RESULTS = ("hit", "miss", "error")  # modelrunner_kv_restore_total{result}; miss: restored, yet not used
+
+
+class RestoreMiss(SlotError):
+    """The engine took the restore, but the check found the restored cache unused."""
 
 
 @dataclass
@@ -102,14 +108,22 @@ class WarmResume:
             await asyncio.to_thread(self.kv.link_into, entry, state.folder)
             for slot in entry.slots:
                 tokens += await engine.restore_slot(runner.socket, slot, CALL_TIMEOUT)
+            for slot in entry.slots:
+                cached = await engine.probe_slot(runner.socket, slot, CALL_TIMEOUT)
+                if cached < slot.tokens - 1:  # the engine evaluates the last token again in any case
+                    raise RestoreMiss(
+                        f"slot {slot.slot}: {cached} of its {slot.tokens} tokens came from the cache"
+                    )
         except (SlotError, OSError) as exc:
-            self.counters.restores["error"] += 1
+            result = "miss" if isinstance(exc, RestoreMiss) else "error"
+            self.counters.restores[result] += 1
             state.status = "restore_failed"
             event(
                 log,
                 "kv_restore_failed",
                 logging.WARNING,
                 **runner.describe(),
+                result=result,
                 reason=str(exc)[:500],
                 action="entry dropped; the engine restarts clean",
             )
