@@ -21,7 +21,7 @@ def saved(kv: KvStore, model: str, fp: str, sizes: list[int]) -> list[SavedSlot]
     slots = []
     for slot, size in enumerate(sizes):
         (work / f"slot-{slot}.bin").write_bytes(b"k" * size)
-        slots.append(SavedSlot(slot, f"slot-{slot}.bin", tokens=size // 10, bytes=size))
+        slots.append(SavedSlot(slot, f"slot-{slot}.bin", tokens=size // 10, bytes=size, prompt=(1, 2)))
     return slots
 
 

@@ -101,6 +101,7 @@ class SavedSlot:
     filename: str
     tokens: int
     bytes: int
+    prompt: tuple[int, ...]  # the tokens saved: a restore is checked by reusing them (Engine.probe_slot)
 
 
 class SlotError(Exception):
@@ -168,6 +169,10 @@ class Engine(ABC):
 
     async def restore_slot(self, socket: Path, slot: SavedSlot, timeout: float) -> int:
         """Restore a saved slot from the slot folder: the tokens restored; SlotError when it fails."""
+        raise SlotError(f"{self.name} cannot restore a prompt cache")
+
+    async def probe_slot(self, socket: Path, slot: SavedSlot, timeout: float) -> int:
+        """Send a restored slot its saved prompt: how many of its tokens the engine took from the cache."""
         raise SlotError(f"{self.name} cannot restore a prompt cache")
 
     # -- helpers with defaults (added for install routes and the scheduler) --------------------------

@@ -324,6 +324,9 @@ class LlamaCppEngine(Engine):
     async def restore_slot(self, socket: Path, slot: SavedSlot, timeout: float) -> int:
         return await llamacpp_slots.restore_slot(socket, slot, timeout)
 
+    async def probe_slot(self, socket: Path, slot: SavedSlot, timeout: float) -> int:
+        return await llamacpp_slots.probe_slot(socket, slot, timeout)
+
     def gguf_info(self, model: ModelForEngine) -> GGUFInfo:
         return self._bundle_info(model.bundle)
 

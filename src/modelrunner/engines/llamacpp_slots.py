@@ -1,11 +1,18 @@
 """llama-server's slot persistence (tools/server, b11434): `--slot-save-path DIR`, `GET /slots` (which
 slots hold a prompt: an idle slot that served a task has an `id_task`), `POST /slots/{id}?action=save` and
 `?action=restore` with `{"filename": ...}` (a plain file name inside DIR). A save writes the slot's tokens
-and its KV cells; a restore puts them back into a slot, so a prompt that shares the prefix reuses it."""
+and its KV cells; a restore puts them back into a slot, so a prompt that shares the prefix reuses it.
+
+A restore is checked, not trusted (a no-op restore, llama.cpp#26676): the saved tokens, read from the slot
+file when it is saved, are sent back to the restored slot as a one-token completion, whose `timings.cache_n`
+says how many of them came from the cache. /slots does not show a slot's tokens, so the file is the source:
+b11434 writes `ggsq`, version 4, three header words, the token count, then the tokens (int32, little
+endian); a file of any other layout is not kept, as its restore could not be checked."""
 
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +20,8 @@ from modelrunner import http1
 from modelrunner.engines.base import SavedSlot, SlotError
 
 SLOT_SAVE_FLAG = "--slot-save-path"
+FILE_MAGIC, FILE_VERSION = b"qsgg", 4  # llama.cpp's LLAMA_STATE_SEQ_MAGIC 'ggsq' as written, b11434's version
+TOKENS_AT = 20  # offset of the token count in a version 4 slot file; the tokens follow it
 
 
 def slot_file(slot: int) -> str:
@@ -55,10 +64,27 @@ async def save_slots(socket: Path, folder: Path, timeout: float) -> list[SavedSl
         tokens = int(answer.get("n_saved", 0)) if isinstance(answer, dict) else 0
         path = folder / name
         if tokens > 0 and path.is_file():
-            saved.append(SavedSlot(slot, name, tokens, path.stat().st_size))
+            try:
+                prompt = saved_prompt(path, tokens)
+            except SlotError:
+                path.unlink(missing_ok=True)
+                raise
+            saved.append(SavedSlot(slot, name, tokens, path.stat().st_size, prompt))
         else:
             path.unlink(missing_ok=True)
     return saved
+
+
+def saved_prompt(path: Path, tokens: int) -> tuple[int, ...]:
+    """The `tokens` tokens a slot file holds; SlotError when the file is not laid out as b11434's."""
+    with open(path, "rb") as handle:
+        head = handle.read(TOKENS_AT + 4)
+        body = handle.read(4 * tokens)
+    if len(head) < TOKENS_AT + 4 or head[:4] != FILE_MAGIC or head[4:8] != struct.pack("<I", FILE_VERSION):
+        raise SlotError(f"{path.name}: not a version {FILE_VERSION} slot file")
+    if struct.unpack_from("<I", head, TOKENS_AT)[0] != tokens or len(body) != 4 * tokens:
+        raise SlotError(f"{path.name}: its token count is not the {tokens} the engine saved")
+    return struct.unpack(f"<{tokens}i", body)
 
 
 async def restore_slot(socket: Path, slot: SavedSlot, timeout: float) -> int:
@@ -68,3 +94,15 @@ async def restore_slot(socket: Path, slot: SavedSlot, timeout: float) -> int:
     if restored != slot.tokens:  # a restore that did nothing (llama.cpp#26676) must not pass for one
         raise SlotError(f"slot {slot.slot}: {restored} of {slot.tokens} tokens restored")
     return restored
+
+
+async def probe_slot(socket: Path, slot: SavedSlot, timeout: float) -> int:
+    """The saved prompt sent back to its restored slot (one token predicted, the cache kept): how many of
+    its tokens the engine took from the cache (all but the last when the restore took)."""
+    body = {"prompt": list(slot.prompt), "id_slot": slot.slot, "cache_prompt": True, "n_predict": 1}
+    answer = await _call(socket, "POST", "/completion", timeout, body)
+    timings = answer.get("timings") if isinstance(answer, dict) else None
+    cached = timings.get("cache_n") if isinstance(timings, dict) else None
+    if not isinstance(cached, int):
+        raise SlotError("POST /completion: no timings.cache_n in the answer")
+    return cached

@@ -106,7 +106,7 @@ class KvStore:
         folder = self._model_dir(model_id) / fp
         try:
             data = json.loads((folder / MANIFEST).read_text())
-            slots = tuple(SavedSlot(**raw) for raw in data["slots"])
+            slots = tuple(SavedSlot(**{**raw, "prompt": tuple(raw["prompt"])}) for raw in data["slots"])
             complete = data["fingerprint"] == fp and all(
                 (folder / s.filename).stat().st_size == s.bytes for s in slots
             )

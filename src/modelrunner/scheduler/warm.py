@@ -6,10 +6,16 @@ expiry, eviction, unload, configure, shutdown all stop through Scheduler._stop),
 engine is gone. Saved slots live in the store (kv_persist.py) under a fingerprint of the model and the
 engine's run, so a cache is only ever restored into an engine it is valid for.
 
+A load of a fingerprint whose save is still being written (its previous runner stopped on idle or for an
+eviction a moment before) waits for that save, at most SAVE_BOUND, then restores it: the engine starts
+meanwhile, so only what remains of the save is waited for.
+
 Never wrong, never stuck: each engine call is time-bound (a stuck engine delays its stop by at most
-SAVE_BOUND); a restore the engine refuses, or one that brings back fewer tokens than were saved (a no-op,
-llama.cpp#26676), drops the entry and has the scheduler restart the engine clean, as a failed restore may
-leave it corrupt (llama.cpp#27052). Models the engine cannot restore whole are skipped with the reason.
+SAVE_BOUND); a restore is checked before the runner takes traffic by sending each slot its saved tokens
+back (Engine.probe_slot): all but the last must come from the cache. A restore the engine refuses, one that
+brings back fewer tokens than were saved, or one the check finds unused (a no-op, llama.cpp#26676) drops the
+entry and has the scheduler restart the engine clean, as a failed restore may leave it corrupt
+(llama.cpp#27052). Models the engine cannot restore whole are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -32,7 +38,11 @@ log = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 30.0  # one save or restore call to the engine
 SAVE_BOUND = 30.0  # all of a runner's saves: the most a save may delay a stop
-RESULTS = ("hit", "error")  # modelrunner_kv_restore_total{result}
+RESULTS = ("hit", "miss", "error")  # modelrunner_kv_restore_total{result}; miss: restored, yet not used
+
+
+class RestoreMiss(SlotError):
+    """The engine took the restore, but the check found the restored cache unused."""
 
 
 @dataclass
@@ -61,6 +71,7 @@ class WarmResume:
         self.kv = kv
         self.states: dict[Runner, WarmState] = {}
         self.counters = WarmCounters()
+        self.saving: dict[str, asyncio.Event] = {}  # fingerprints whose save is being written: set when done
 
     def prepare(
         self, engine: Engine, model: ModelForEngine, mode: Mode, spec: LaunchSpec, enabled: bool
@@ -87,6 +98,7 @@ class WarmResume:
         state = self.states.get(runner)
         if state is None:
             return True
+        await self._saved(runner, state.fingerprint)
         entry = await asyncio.to_thread(self.kv.entry, runner.model.id, state.fingerprint)
         if entry is None:
             return True
@@ -96,14 +108,22 @@ class WarmResume:
             await asyncio.to_thread(self.kv.link_into, entry, state.folder)
             for slot in entry.slots:
                 tokens += await engine.restore_slot(runner.socket, slot, CALL_TIMEOUT)
+            for slot in entry.slots:
+                cached = await engine.probe_slot(runner.socket, slot, CALL_TIMEOUT)
+                if cached < slot.tokens - 1:  # the engine evaluates the last token again in any case
+                    raise RestoreMiss(
+                        f"slot {slot.slot}: {cached} of its {slot.tokens} tokens came from the cache"
+                    )
         except (SlotError, OSError) as exc:
-            self.counters.restores["error"] += 1
+            result = "miss" if isinstance(exc, RestoreMiss) else "error"
+            self.counters.restores[result] += 1
             state.status = "restore_failed"
             event(
                 log,
                 "kv_restore_failed",
                 logging.WARNING,
                 **runner.describe(),
+                result=result,
                 reason=str(exc)[:500],
                 action="entry dropped; the engine restarts clean",
             )
@@ -129,6 +149,17 @@ class WarmResume:
         )
         return True
 
+    async def _saved(self, runner: Runner, fp: str) -> None:
+        """Wait for a save of `fp` still being written, so that this runner restores it (save() itself is
+        bounded by SAVE_BOUND; so is this wait)."""
+        pending = self.saving.get(fp)
+        if pending is None:
+            return
+        event(log, "kv_restore_waits_for_save", **runner.describe(), fingerprint=fp[:12])
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SAVE_BOUND):
+                await pending.wait()
+
     def restarted(self, runner: Runner) -> None:
         """The engine was restarted clean after a failed restore: it starts cold."""
         state = self.states.get(runner)
@@ -142,6 +173,7 @@ class WarmResume:
         if state is None or (state.status == "restored" and runner.last_used < state.restored_at):
             return  # nothing to save, or nothing new since the restore
         started = time.monotonic()
+        done = self.saving[state.fingerprint] = asyncio.Event()  # before any await: a load now waits
         try:
             async with asyncio.timeout(SAVE_BOUND):
                 slots = await engine.save_slots(runner.socket, state.folder, CALL_TIMEOUT)
@@ -151,6 +183,10 @@ class WarmResume:
         except (SlotError, OSError, TimeoutError) as exc:
             event(log, "kv_save_failed", logging.WARNING, **runner.describe(), reason=str(exc)[:500])
             return
+        finally:
+            done.set()
+            if self.saving.get(state.fingerprint) is done:
+                del self.saving[state.fingerprint]
         if entry is None:
             return
         seconds = time.monotonic() - started
