@@ -49,7 +49,8 @@ def test_command_line_follows_dmr_order_with_enforce_eager_on_cpu(tmp_path: Path
     assert argv(model) == [
         "/venv/bin/vllm", "serve", folder, "--uds", str(SOCKET),
         "--chat-template", folder + "/chat_template.jinja",
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--enable-prompt-tokens-details",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "parameter",
+        "--enable-prompt-tokens-details",
         "--enforce-eager",
         "--served-model-name", "ai/tiny", ID,
     ]  # fmt: skip
