@@ -11,12 +11,15 @@ Tests ask for both by parameter name (tests/conftest.py registers this module as
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from modelrunner.engines import vllm
+from tests.daemon import Daemon, free_port
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -112,3 +115,23 @@ def tiny_vllm_model(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -
     folder = tmp_path_factory.mktemp("tiny-vllm-llama")
     venv_python(vllm_venv, BUILD_TINY_LLAMA, str(folder), CHAT_TEMPLATE)
     return folder
+
+
+@contextlib.contextmanager
+def vllm_daemon(home: Path, model: Path, tag: str, *package_args: str) -> Iterator[Daemon]:
+    """A `model serve` with the vLLM engine installed through it, as a user installs it (the machine's
+    cached environment makes this quick), and the safetensors folder `model` packaged as `tag`."""
+    running = Daemon(home, free_port()).start()
+    try:
+        installed = running.cli("install-runner", "--backend", "vllm", "--gpu", "none")
+        assert "vllm" in installed.stdout + installed.stderr
+        running.cli("package", "--safetensors-dir", str(model), *package_args, tag)
+        yield running
+    finally:
+        running.stop()
+
+
+def configure_vllm(daemon: Daemon, tag: str, *args: str) -> None:
+    """`args` and what every vLLM test runs with (fp32 end to end: vLLM on CPU would compute in bf16; never
+    unloaded), in one configure: each is the model's whole configuration, as in DMR."""
+    daemon.cli("configure", tag, "--keep-alive", "-1", *args, "--", "--dtype", "float32")

@@ -22,7 +22,7 @@ import pytest
 
 from tests.daemon import Daemon, error_message, free_port
 from tests.models import write_tiny_gguf
-from tests.vllm_env import GREEDY_TRANSFORMERS, venv_python
+from tests.vllm_env import GREEDY_TRANSFORMERS, configure_vllm, venv_python, vllm_daemon
 
 LOAD = 600.0  # seconds a request may wait for a vLLM start on a busy 2-core machine
 
@@ -31,23 +31,13 @@ LOAD = 600.0  # seconds a request may wait for a vLLM start on a busy 2-core mac
 def daemon(
     vllm_venv: Path, tiny_vllm_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Daemon]:
-    running = Daemon(tmp_path_factory.mktemp("vllm") / "home", free_port()).start()
-    try:
-        # The machine's cached environment makes this quick; through the daemon, as a user installs it.
-        installed = running.cli("install-runner", "--backend", "vllm", "--gpu", "none")
-        assert "vllm" in installed.stdout + installed.stderr
-        running.cli("package", "--safetensors-dir", str(tiny_vllm_model), "tiny-vllm")
-        # fp32 end to end (vLLM on CPU would compute in bf16), and only the engine's own start is measured
-        configure(running)
+    with vllm_daemon(tmp_path_factory.mktemp("vllm") / "home", tiny_vllm_model, "tiny-vllm") as running:
+        configure(running)  # only the engine's own start is measured
         yield running
-    finally:
-        running.stop()
 
 
 def configure(daemon: Daemon, *args: str) -> None:
-    """`args` and what every test runs with (fp32 end to end: vLLM on CPU would compute in bf16; never
-    unloaded), in one configure: each is the model's whole configuration, as in DMR."""
-    daemon.cli("configure", "tiny-vllm", "--keep-alive", "-1", *args, "--", "--dtype", "float32")
+    configure_vllm(daemon, "tiny-vllm", *args)
 
 
 def engine_runners(daemon: Daemon) -> list[dict[str, Any]]:

@@ -45,6 +45,20 @@ def test_engine_refusals_are_read(body: dict[str, object]) -> None:
     assert overflow is not None and (overflow.tokens, overflow.limit) == (2031, 512)
 
 
+def test_vllms_refusal_in_characters_is_the_fewest_tokens_they_can_be() -> None:
+    """vLLM refuses a text over the context times its longest token (13 characters here) before tokenizing
+    it; the count agents compact by is then the fewest tokens the text can be, already over the limit."""
+    message = (
+        "This model's maximum context length is 4096 tokens. However, your prompt contains 60013 characters "
+        "(more than 53248 characters, which is the upper bound for 4096 input tokens). Please reduce the "
+        "length of the input prompt."
+    )
+    body = {"error": {**VLLM["error"], "message": message, "param": "input_text"}}
+    overflow = refusal(400, json.dumps(body).encode())
+    assert overflow is not None and (overflow.tokens, overflow.limit) == (4617, 4096)  # 60013 / 13, up
+    assert overflow.anthropic_message == "prompt is too long: 4617 tokens > 4096 maximum"
+
+
 @pytest.mark.parametrize(
     ("status", "body"),
     [

@@ -53,6 +53,8 @@ def test_command_line_follows_dmr_order_with_enforce_eager_on_cpu(tmp_path: Path
     assert argv(model) == [
         "/venv/bin/vllm", "serve", folder, "--uds", str(SOCKET),
         "--chat-template", folder + "/chat_template.jinja",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "parameter",
+        "--enable-prompt-tokens-details",
         "--enforce-eager",
         "--served-model-name", "ai/tiny", ID,
     ]  # fmt: skip
@@ -87,6 +89,19 @@ def test_model_context_minus_one_and_cuda_and_pooling(tmp_path: Path) -> None:
     assert argv(model, runtime_flags=("--enforce-eager",)).count("--enforce-eager") == 1
     pooling = argv(model, Mode.EMBEDDING)
     assert pooling[pooling.index("--runner") + 1] == "pooling" and "--chat-template" not in pooling
+
+
+def test_agents_get_tool_calls_and_cached_tokens_and_a_configured_parser_wins(tmp_path: Path) -> None:
+    """vLLM refuses any tool_choice but "none" without a tool-call parser, and reports no cached tokens
+    without prompt-token details: every agent turn needs both (issue 22 item 3)."""
+    model = bundle(tmp_path)
+    line = argv(model, runtime_flags=("--tool-call-parser", "llama3_json"))
+    ours, configured = (i for i, flag in enumerate(line) if flag == "--tool-call-parser")
+    assert line[ours + 1] == "hermes" and line[configured + 1] == "llama3_json"  # vLLM takes the last
+    assert ours < configured
+    assert "--enable-auto-tool-choice" in line and "--enable-prompt-tokens-details" in line
+    pooling = argv(model, Mode.EMBEDDING)
+    assert not set(vllm.AGENT_FLAGS) & set(pooling)
 
 
 def test_wrong_format_and_mode_are_refused(tmp_path: Path) -> None:

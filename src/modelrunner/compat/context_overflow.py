@@ -25,6 +25,13 @@ _OPENAI_WORDS = re.compile(
     r"|your request has |your messages resulted in )(\d+) (?:input )?tokens"
 )
 
+# vLLM refuses a text longer than the context times its longest token before it tokenizes it, in characters;
+# no token can be longer, so the prompt has at least characters / (bound / limit) tokens
+_VLLM_CHARACTERS = re.compile(
+    r"maximum context length is (\d+) tokens\. However, your prompt contains (\d+) characters \(more than "
+    r"(\d+) characters, which is the upper bound for (\d+) input tokens\)"
+)
+
 
 class ContextOverflow(BadRequest):
     """The prompt (`tokens`) does not fit the model's context (`limit`); `message` is OpenAI's words."""
@@ -69,4 +76,8 @@ def refusal(status: int, body: bytes) -> ContextOverflow | None:
     match = _OPENAI_WORDS.search(message)
     if match is not None:
         return ContextOverflow(int(match.group(2)), int(match.group(1)))
+    match = _VLLM_CHARACTERS.search(message)
+    if match is not None:
+        limit, characters, bound, tokens = (int(group) for group in match.groups())
+        return ContextOverflow(-(-characters * tokens // bound), limit)  # rounded up
     return None

@@ -25,7 +25,9 @@ from modelrunner.compat.assemble import CHAT, MESSAGES
 from modelrunner.compat.tool_rescue import Tools, declared
 from modelrunner.errors import BadRequest
 
-ENFORCING_ENGINES = frozenset({"llama.cpp"})  # vLLM builds its own grammar for required and named choices
+# vLLM builds its own grammar for required and named choices (with the arguments' schema only as started by
+# engines/vllm.py: --tool-strict-level parameter)
+ENFORCING_ENGINES = frozenset({"llama.cpp"})
 
 
 @dataclass(frozen=True)

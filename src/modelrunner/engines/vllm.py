@@ -391,6 +391,24 @@ def local_workers(gpu: str, layout: ray_cluster.Layout) -> int:
     return max(1, min(layout.world_size, cuda_device_count() if gpu == "cuda" else 1))
 
 
+# What agents' requests need (issue 22 item 3). Without a tool-call parser vLLM refuses every request whose
+# `tool_choice` is not "none" (auto, required and named alike), so every Claude Code, Codex or OpenCode turn;
+# Hermes' `<tool_call>{json}</tool_call>` as DMR's vllm-metal passes it (a configured `--tool-call-parser`
+# comes later and wins). A forced choice (required, named, Anthropic any/tool) then constrains the parser's
+# call envelope but, unless the tool says `strict`, not the arguments: a random or small model writes
+# `"arguments": true`; the parameter level pins every call's arguments to its tool's schema. Without
+# prompt-token details the cached part of a prompt (prefix caching is on by default) is missing from every
+# API's usage.
+AGENT_FLAGS = [
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+    "--tool-strict-level",
+    "parameter",
+    "--enable-prompt-tokens-details",
+]
+
+
 def command_line(
     venv: Path,
     gpu: str,
@@ -413,6 +431,8 @@ def command_line(
     template = chat_template(folder)
     if template is not None and mode is Mode.COMPLETION:
         argv += ["--chat-template", str(template)]
+    if mode is Mode.COMPLETION:
+        argv += AGENT_FLAGS
     if mode is not Mode.COMPLETION:
         argv += ["--runner", "pooling"]
     context = _context(model, settings)

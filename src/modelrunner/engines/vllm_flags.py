@@ -27,6 +27,8 @@ ALLOWED_FLAGS = frozenset(
         *("--disable-custom-all-reduce", "--use-v2-block-manager"),
         # tokenizer
         *("--tokenizer-mode", "--max-logprobs"),
+        # tool calls: the parser of the model's call format (the engine passes Hermes' otherwise)
+        "--tool-call-parser",
         # misc; the engine puts its own --served-model-name last, so a user's one cannot hide the model
         *("--revision", "--load-format", "--disable-log-stats", "--served-model-name"),
         "--gpu-memory-utilization",
