@@ -7,11 +7,16 @@ the rename, cp does not), `openssl dgst -sha256` of the blob file (the hash alon
 of any verified download), `skopeo copy docker://... dir:...` (a second reference), and a pull into an empty
 store through the daemon (`POST /models/create`: streamed, hashed, fsynced, verified, renamed).
 Page cache: the blob file is cached (warm) for every run, each copy is a new file, and `sync` runs before
-each timed run so that no run waits on the writeback of the one before. Medians, throughputs and the ratios
-pull throughput / reference throughput (aim >= 0.9 against cp) are printed, written as JSON, and appended
-to bench/RESULTS.md under `## pull`.
+each timed run so that no run waits on the writeback of the one before. `pull 2 x half`: a pull of the same
+number of bytes in two layers of half the size (fetched, hashed and written at once, one per core). Medians,
+throughputs and the ratios pull throughput / reference throughput (aim >= 0.95 against openssl's) and the
+two layers' time / the one layer's (aim <= 0.6) are printed, written as JSON, and appended to
+bench/RESULTS.md under `## pull`.
 
-    .venv/bin/python bench/pull.py [--size-mib 1024] [--runs 3]
+    .venv/bin/python bench/pull.py [--size-mib 1024] [--runs 3] [--baseline /tmp/before/src]
+
+With `--baseline SRC` a second daemon runs that version (its `src` first on PYTHONPATH) and its two pulls
+are timed alongside (`before: ...` rows): before and after in one run.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ from tests.daemon import Daemon, free_port  # noqa: E402
 from tests.registry import Registry  # noqa: E402
 
 CHUNK = 16 * 1024 * 1024
-NAMES = ("cp", "cp + sync", "sha256 (openssl)", "skopeo copy", "model pull")
+TWO = "pull 2 x half"
+BEFORE = "before: "  # the same bytes in two layers of half the size, fetched and hashed at once
+NAMES = ("cp", "cp + sync", "sha256 (openssl)", "skopeo copy", "model pull", TWO)
 
 
 def write_random(path: Path, size: int) -> str:
@@ -74,33 +81,44 @@ def upload_blob(registry: Registry, repository: str, digest: str, content: bytes
     httpx.put(location, content=body, headers=headers, timeout=600).raise_for_status()
 
 
-def publish_model(registry: Registry, work: Path, size: int) -> tuple[str, str]:
-    """Upload a one-layer model of `size` random bytes; returns its reference and the layer's digest."""
-    layer = work / "weights.gguf"
-    layer_digest = write_random(layer, size)
+def publish_model(
+    registry: Registry, work: Path, size: int, layers: int = 1, repository: str = "bench/big"
+) -> tuple[str, list[str]]:
+    """Upload a model of `layers` layers of `size / layers` random bytes each; returns its reference and
+    the layers' digests."""
+    layer_size = size // layers
+    described = []
+    digests = []
+    for index in range(layers):
+        layer = work / f"weights-{index}.gguf"
+        digest = write_random(layer, layer_size)
+        upload_blob(registry, repository, digest, layer)
+        layer.unlink()
+        annotations = {mt.ANNOTATION_FILEPATH: f"weights-{index}.gguf"}
+        described.append(
+            {"mediaType": mt.GGUF, "digest": digest, "size": layer_size, "annotations": annotations}
+        )
+        digests.append(digest)
     config = {
         "config": {"format": "gguf", "quantization": "F32", "architecture": "llama", "size": f"{size}B"},
         "descriptor": {"created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
-        "rootfs": {"type": "rootfs", "diff_ids": [layer_digest]},
+        "rootfs": {"type": "rootfs", "diff_ids": digests},
     }
     config_bytes = json.dumps(config).encode()
     config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
-    upload_blob(registry, "bench/big", layer_digest, layer)
-    upload_blob(registry, "bench/big", config_digest, config_bytes)
-    annotations = {mt.ANNOTATION_FILEPATH: "weights.gguf"}
+    upload_blob(registry, repository, config_digest, config_bytes)
     manifest = {
         "schemaVersion": 2,
         "mediaType": mt.OCI_MANIFEST,
         "config": {"mediaType": mt.CONFIG_V01, "digest": config_digest, "size": len(config_bytes)},
-        "layers": [{"mediaType": mt.GGUF, "digest": layer_digest, "size": size, "annotations": annotations}],
+        "layers": described,
     }
     httpx.put(
-        f"{registry.url}/v2/bench/big/manifests/v1",
+        f"{registry.url}/v2/{repository}/manifests/v1",
         content=json.dumps(manifest).encode(),
         headers={"Content-Type": mt.OCI_MANIFEST},
     ).raise_for_status()
-    layer.unlink()
-    return f"{registry.host}/bench/big:v1", layer_digest
+    return f"{registry.host}/{repository}:v1", digests
 
 
 def main() -> None:
@@ -111,18 +129,26 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "pull.json")
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    parser.add_argument("--baseline", type=Path, help="the src folder of a version to compare with")
     args = parser.parse_args()
+    names = NAMES + ((BEFORE + "model pull", BEFORE + TWO) if args.baseline else ())
 
     work = Path(tempfile.mkdtemp(prefix="bench-pull-", dir=os.environ.get("BENCH_DIR", "/tmp")))
     registry = Registry(work / "registry").start()
     daemon = Daemon(work / "home", free_port())
+    before = Daemon(work / "home-before", free_port())
     size = args.size_mib * 1024 * 1024
-    times: dict[str, list[float]] = {name: [] for name in NAMES}
-    cpu: dict[str, list[float]] = {name: [] for name in NAMES}
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     try:
-        ref, layer_digest = publish_model(registry, work, size)
+        ref, (layer_digest,) = publish_model(registry, work, size)
+        two_ref, _ = publish_model(registry, work, size, layers=2, repository="bench/two")
         blob_file = registry.blob_data_path(layer_digest)
         daemon.start()
+        if args.baseline:
+            os.environ["PYTHONPATH"] = str(args.baseline.resolve())
+            before.start()
+            del os.environ["PYTHONPATH"]
         copy_target = daemon.store_root / "bench-cp-copy"  # the store's own folder and file system
 
         def cp() -> None:
@@ -144,11 +170,11 @@ def main() -> None:
                 stdout=subprocess.DEVNULL,
             )
 
-        def pull() -> None:
-            response = daemon.http(
+        def pull(reference: str = ref, through: Daemon = daemon) -> None:
+            response = through.http(
                 "POST",
                 "/models/create",
-                json={"from": ref},
+                json={"from": reference},
                 headers={"Accept": "application/json"},
                 timeout=900,
             )
@@ -158,8 +184,9 @@ def main() -> None:
         def clean() -> None:
             copy_target.unlink(missing_ok=True)
             shutil.rmtree(work / "skopeo", ignore_errors=True)
-            if daemon.models():
-                daemon.http("DELETE", f"/models/{ref}").raise_for_status()
+            for running in (daemon, before) if args.baseline else (daemon,):
+                for model in running.models():
+                    running.http("DELETE", f"/models/{model['id']}").raise_for_status()
 
         runs: dict[str, Callable[[], None]] = {
             "cp": cp,
@@ -167,24 +194,37 @@ def main() -> None:
             "sha256 (openssl)": sha256,
             "skopeo copy": skopeo,
             "model pull": pull,
+            TWO: lambda: pull(two_ref),
         }
+        if args.baseline:
+            runs[BEFORE + "model pull"] = lambda: pull(ref, before)
+            runs[BEFORE + TWO] = lambda: pull(two_ref, before)
+        pids = {name: daemon.process.pid if daemon.process else None for name in runs}
+        for name in runs:
+            if name.startswith(BEFORE):
+                pids[name] = before.process.pid if before.process else None
         for run in runs.values():  # warm the page cache, the registry and the daemon
             run()
             clean()
         for _ in range(args.runs):
             for name, run in runs.items():
-                wall, used = timed(run, daemon.process.pid if daemon.process else None)
+                wall, used = timed(run, pids[name])
                 times[name].append(wall)
                 cpu[name].append(used)
                 clean()
     finally:
         daemon.stop()
+        before.stop()
         registry.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     medians = {name: statistics.median(values) for name, values in times.items()}
     pull_s = medians["model pull"]
-    ratios = {name: medians[name] / pull_s for name in NAMES if name != "model pull"}
+    ratios = {name: medians[name] / pull_s for name in NAMES if name not in ("model pull", TWO)}
+    two_over_one = medians[TWO] / pull_s
+    if args.baseline:
+        ratios["before (1 blob)"] = medians[BEFORE + "model pull"] / pull_s
+        ratios["before (2 x half)"] = medians[BEFORE + TWO] / medians[TWO]
     result = {
         "benchmark": "pull",
         "layer_bytes": size,
@@ -194,7 +234,8 @@ def main() -> None:
         "cpu_seconds": cpu,
         "median_s": {name: round(value, 3) for name, value in medians.items()},
         "pull_throughput_over_reference": {name: round(value, 3) for name, value in ratios.items()},
-        "aim": "pull throughput >= 0.9 x cp",
+        "two_blobs_time_over_one": round(two_over_one, 3),
+        "aim": "pull throughput >= 0.95 x openssl's; 2 x 512 MiB in <= 0.6 x the time of 1 x 1 GiB",
         "cpus": os.cpu_count(),
         "load_average_after": os.getloadavg(),
     }
@@ -203,13 +244,14 @@ def main() -> None:
     table = table_rows(times, cpu, size)
     summary = ", ".join(f"{name} **{ratio:.2f}**" for name, ratio in ratios.items())
     print("\n".join(table))
-    print(f"pull throughput / reference throughput: {summary} (aim >= 0.9 against cp)")
+    print(f"pull throughput / reference throughput: {summary} (aim >= 0.95 against openssl)")
+    print(f"two blobs of half the size / one blob, time: {two_over_one:.2f} (aim <= 0.6)")
     print(f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if not args.no_record:
-        record(args, table, summary)
+        record(args, table, summary, two_over_one)
 
 
-def record(args: argparse.Namespace, table: list[str], summary: str) -> None:
+def record(args: argparse.Namespace, table: list[str], summary: str, two_over_one: float) -> None:
     results = ROOT / "bench" / "RESULTS.md"
     text = results.read_text() if results.exists() else "# Benchmark results\n"
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -218,7 +260,8 @@ def record(args: argparse.Namespace, table: list[str], summary: str) -> None:
         f"{load}, {args.size_mib} MiB layer, median of {args.runs} runs: `.venv/bin/python bench/pull.py "
         f"--size-mib {args.size_mib} --runs {args.runs}`\n\n"
         + "\n".join(table)
-        + f"\n\npull throughput / reference throughput: {summary} (aim >= 0.9 against cp)\n"
+        + f"\n\npull throughput / reference throughput: {summary} (aim >= 0.95 against openssl); two "
+        f"blobs of half the size / one blob, time: **{two_over_one:.2f}** (aim <= 0.6)\n"
     )
     if "\n## pull\n" not in text:
         results.write_text(text.rstrip("\n") + "\n\n## pull\n" + entry)

@@ -26,7 +26,7 @@ from modelrunner.errors import BadRequest, NotFound, PermissionDenied
 from modelrunner.reference import parse_reference
 from modelrunner.server.body_stream import consume_in_thread
 from modelrunner.server.localuser import caller_is_daemon_user
-from modelrunner.signing.record import with_verification
+from modelrunner.signing.record import listed_with_verification, with_verification
 from modelrunner.store.archive import export_chunks, load_archive
 from modelrunner.store.sink import StoreSink
 from modelrunner.store.store import ModelStore, full_tag
@@ -123,7 +123,7 @@ def build_models_router(store: ModelStore, token: str) -> APIRouter:
 
     @router.get("/models")
     def list_models() -> list[dict[str, Any]]:
-        return [with_verification(store, model.to_api()) for model in store.list_models()]
+        return listed_with_verification(store, store.list_models())
 
     @router.post("/models/load")
     async def load_model(request: Request) -> Response:

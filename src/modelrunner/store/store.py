@@ -337,7 +337,8 @@ class ModelStore:
         return StoredModel(id=entry.id, tags=list(entry.tags), manifest=manifest, config=config)
 
     def list_models(self) -> list[StoredModel]:
-        return [self._stored(entry) for entry in self._read_index()]
+        # the cached entries themselves, not _read_index's copies: _stored copies what it keeps (its tags)
+        return [self._stored(entry) for entry in self._current_index()[0]]
 
     def get(self, reference: str, *, by_name: bool = False) -> StoredModel:
         """`by_name`: also DMR's last resort of inspect (`_find_by_name`)."""
