@@ -327,7 +327,7 @@ class Upstream(asyncio.Protocol):
         # the body is passed on as the engine framed it: its Transfer-Encoding stays
         headers, request.event_stream = client_headers(engine_head.headers, reframed=False)
         self.keep_alive = engine_head.keep_alive
-        if reader.until_close:
+        if reader.until_close and not request.reframed:  # a body that ends at the close, and so ends ours
             request.front.closing = True
         if request.idle and not reader.complete:
             request.last_read = time.monotonic()

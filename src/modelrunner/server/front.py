@@ -470,8 +470,10 @@ class FrontProtocol(asyncio.Protocol):
             # nothing of it written (a refusal held whole)
             message = exchange.failure(upstream.request.failure or "no response")
             self._write_json(500, engine_died_body(message))
-        elif reader.until_close:
-            self.closing = True  # the only end of such a body is the end of the connection
+        elif reader.until_close and not upstream.request.reframed:
+            self.closing = (
+                True  # the only end of such a body is the end of the connection (unless chunked anew)
+            )
         elif not reader.complete:
             message = exchange.failure(upstream.request.failure or "connection closed")
             if upstream.request.event_stream and reader.chunked and reader.at_boundary:
