@@ -9,7 +9,8 @@
 * A guard: a test that opens, lists or changes anything under the user's real runner home
   (~/.local/share/modelrunner), or connects to or binds the default port 12434, fails.
 * Shared fixtures (`pytest_plugins`): a test asks for `llama_server`, `vllm_venv`, `tiny_vllm_model`,
-  `diffusers_python`, `tiny_sd_dduf`, `fake_daemon` or `endpoint` by parameter name, nothing to import.
+  `diffusers_python`, `tiny_sd_dduf`, `daemon`, `daemons`, `fake_daemon`, `fake_daemons` or `endpoint` by
+  parameter name, nothing to import.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 from tests.daemon import free_port
 
 pytest_plugins = [
+    "tests.daemon_fixtures",
     "tests.engines",
     "tests.vllm_env",
     "tests.diffusers_env",

@@ -129,6 +129,25 @@ class Daemon:
         return result
 
 
+class Daemons:
+    """Starts daemon processes, each stopped at the end (the fixture `daemons`): for a test that sets the
+    daemon's environment first (monkeypatch) or starts more than one."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.running: list[Daemon] = []
+
+    def start(self, home: Path | None = None) -> Daemon:
+        """A daemon under `home` (default `tmp_path/home`) with the environment as it is now."""
+        daemon = Daemon(home or self.tmp_path / "home", free_port())
+        self.running.append(daemon)
+        return daemon.start()
+
+    def stop_all(self) -> None:
+        for daemon in self.running:
+            daemon.stop()
+
+
 def error_message(response: httpx.Response) -> str:
     body = response.json()
     assert set(body) == {"error"}, body

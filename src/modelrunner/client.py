@@ -19,7 +19,15 @@ from urllib.parse import quote, unquote, urlencode, urlsplit
 
 from modelrunner import client_http, config
 from modelrunner.client_errors import Unreachable, daemon_error
-from modelrunner.client_types import DiskUsage, Model, Runner
+from modelrunner.client_types import (
+    DiskUsage,
+    EnginesInfo,
+    MemoryEstimate,
+    Model,
+    ModelConfiguration,
+    Runner,
+    Version,
+)
 from modelrunner.errors import DaemonError
 from modelrunner.wire import REQUEST_ID_HEADER, SSEDecoder
 
@@ -234,17 +242,15 @@ class Client:
 
     # -- the API, one method per route -----------------------------------------------------------
 
-    def version(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("GET", "/version")
-        return result
+    def version(self) -> Version:
+        return Version.from_json(self.call("GET", "/version"))
 
     def list_models(self) -> list[Model]:
         return [Model.from_json(doc) for doc in self.call("GET", "/models")]
 
-    def get_model(self, name: str, remote: bool = False) -> dict[str, Any]:
+    def get_model(self, name: str, remote: bool = False) -> Model:
         params = {"remote": "true"} if remote else None
-        result: dict[str, Any] = self.call("GET", f"/models/{model_path(name)}", params=params)
-        return result
+        return Model.from_json(self.call("GET", f"/models/{model_path(name)}", params=params))
 
     def verify_model(self, name: str, public_pems: list[str], deep: bool) -> dict[str, Any]:
         """A stored model checked against its kept signature (`model verify --local`)."""
@@ -395,11 +401,9 @@ class Client:
         path = f"/engines/{backend}/_configure" if backend else "/engines/_configure"
         self.call("POST", path, payload=request)
 
-    def configuration(self, model: str | None = None) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.call(
-            "GET", "/engines/_configure", params={"model": model} if model else None
-        )
-        return result
+    def configuration(self, model: str | None = None) -> list[ModelConfiguration]:
+        found = self.call("GET", "/engines/_configure", params={"model": model} if model else None)
+        return [ModelConfiguration.from_json(doc) for doc in found]
 
     def logs(self, follow: bool, no_engines: bool, model: str | None = None) -> Iterator[bytes]:
         params = {"follow": str(follow).lower(), "no-engines": str(no_engines).lower()}
@@ -434,15 +438,13 @@ class Client:
         result: dict[str, str] = self.call("GET", "/engines/status", timeout=30.0)
         return result
 
-    def engines_info(self) -> dict[str, Any]:
+    def engines_info(self) -> EnginesInfo:
         """Structured engine states, the platform and the accelerator found (our route)."""
-        result: dict[str, Any] = self.call("GET", "/engines/info", timeout=30.0)
-        return result
+        return EnginesInfo.from_json(self.call("GET", "/engines/info", timeout=30.0))
 
-    def estimate(self, model: str) -> dict[str, Any]:
+    def estimate(self, model: str) -> MemoryEstimate:
         """The memory one runner of the model needs on the daemon's machine (our route)."""
-        result: dict[str, Any] = self.call("GET", "/engines/estimate", params={"model": model})
-        return result
+        return MemoryEstimate.from_json(self.call("GET", "/engines/estimate", params={"model": model}))
 
     def cluster(self) -> dict[str, list[dict[str, Any]]]:
         """What the engines use beyond this machine (Ray clusters), probed by the daemon (our route)."""

@@ -87,3 +87,101 @@ class DiskUsage(NamedTuple):
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> DiskUsage:
         return cls(_int(doc.get("models_disk_usage")), _int(doc.get("default_backend_disk_usage")))
+
+
+def _str(value: Any) -> str:
+    """A JSON string as it is; "" for null or a field left out (Go's zero value)."""
+    return "" if value is None else str(value)
+
+
+class Version(NamedTuple):
+    """`GET /version` (DMR's and Ollama's shape)."""
+
+    version: str
+    raw: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Version:
+        return cls(_str(doc.get("version")), doc)
+
+
+class ModelConfiguration(NamedTuple):
+    """One entry of `GET /engines/_configure` (DMR's `{Backend, Model, ModelID, Mode, Config}`)."""
+
+    backend: str
+    model: str  # the model's first tag
+    model_id: str
+    mode: str
+    config: dict[str, Any]  # the engine's settings, as DMR's BackendConfiguration
+    raw: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ModelConfiguration:
+        return cls(
+            backend=_str(doc.get("Backend")),
+            model=_str(doc.get("Model")),
+            model_id=_str(doc.get("ModelID")),
+            mode=_str(doc.get("Mode")),
+            config=_dict(doc.get("Config")),
+            raw=doc,
+        )
+
+
+class EngineState(NamedTuple):
+    """One engine of `GET /engines/info`."""
+
+    status: str  # DMR's words, as `GET /engines/status` gives them ("Running: llama.cpp b11434")
+    state: str
+    version: str
+    detail: str
+    supported: bool  # whether it can run on the daemon's machine
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> EngineState:
+        return cls(
+            status=_str(doc.get("status")),
+            state=_str(doc.get("state")),
+            version=_str(doc.get("version")),
+            detail=_str(doc.get("detail")),
+            supported=bool(doc.get("supported")),
+        )
+
+
+class EnginesInfo(NamedTuple):
+    """`GET /engines/info` (ours): the engines' states, the platform, the accelerator found and the
+    daemon's extra listen addresses (where containers reach it)."""
+
+    platform: str
+    accelerator: dict[str, Any]
+    engines: dict[str, EngineState]
+    extra_listen: list[str]
+    raw: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> EnginesInfo:
+        listen = doc.get("extra_listen")
+        return cls(
+            platform=_str(doc.get("platform")),
+            accelerator=_dict(doc.get("accelerator")),
+            engines={str(k): EngineState.from_json(_dict(v)) for k, v in _dict(doc.get("engines")).items()},
+            extra_listen=[str(a) for a in listen] if isinstance(listen, list) else [],
+            raw=doc,
+        )
+
+
+class MemoryEstimate(NamedTuple):
+    """`GET /engines/estimate` (ours): the memory one runner of the model needs on the daemon's machine."""
+
+    model: str
+    model_id: str
+    backend: str
+    memory_bytes: int
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> MemoryEstimate:
+        return cls(
+            model=_str(doc.get("model")),
+            model_id=_str(doc.get("model_id")),
+            backend=_str(doc.get("backend")),
+            memory_bytes=_int(doc.get("memory_bytes")),
+        )

@@ -4,14 +4,17 @@ routers, scheduler, store) with the scripted fake engine as llama.cpp, so runner
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from modelrunner.engines.base import Engine
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
@@ -27,26 +30,33 @@ def package(daemon: InProcessDaemon, folder: Path, name: str, seed: int = 0) -> 
 
 class FakeDaemons:
     """Starts in-process daemons with the scripted engine as llama.cpp, each with its models packaged; the
-    fixture `fake_daemons` stops every one at the test's end."""
+    fixture `fake_daemons` (or `fake_daemons_under`, for a module's daemon) stops every one at the end."""
 
     def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.tmp_path = tmp_path
         self.monkeypatch = monkeypatch
         self.running: list[InProcessDaemon] = []
+        # the runner home of the daemons to come, already for what the test prepares before them
+        monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
         monkeypatch.delenv("MODEL_RUNNER_API_KEY", raising=False)
 
     def start(
         self,
         env: dict[str, str] | None = None,
         *,
-        front: bool = True,
+        front: bool | None = True,
         models: tuple[str, ...] = ("tiny",),
         home: Path | None = None,
+        engines: Mapping[str, Engine] | None = None,
+        **limits: Any,
     ) -> InProcessDaemon:
-        """`env`: the fake engine's FAKE_* script; `models` are packaged, each from its own seed."""
+        """`env`: the fake engine's FAKE_* script, or `engines` the daemon's own (an engine the test keeps
+        to look into); `models` are packaged, each from its own seed; `limits` the scheduler's; `front`
+        as uvicorn_config reads it (None: as MODEL_RUNNER_FAST_PATH says)."""
         home = home or self.tmp_path / "home"
         self.monkeypatch.setenv("MODEL_RUNNER_HOME", str(home))
-        daemon = InProcessDaemon(home, {"llama.cpp": FakeEngine(env=env or {})}, front).start()
+        engines = engines if engines is not None else {"llama.cpp": FakeEngine(env=env or {})}
+        daemon = InProcessDaemon(home, engines, front, **limits).start()
         self.running.append(daemon)
         for seed, name in enumerate(models):
             package(daemon, self.tmp_path, name, seed)
@@ -60,8 +70,22 @@ class FakeDaemons:
 @pytest.fixture
 def fake_daemons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDaemons]:
     daemons = FakeDaemons(tmp_path, monkeypatch)
-    yield daemons
-    daemons.stop_all()
+    try:
+        yield daemons
+    finally:
+        daemons.stop_all()
+
+
+@contextlib.contextmanager
+def fake_daemons_under(folder: Path) -> Iterator[FakeDaemons]:
+    """The factory for a daemon that outlives one test (a module-scoped fixture): its own environment
+    patch, undone with every daemon stopped at the end."""
+    with pytest.MonkeyPatch.context() as patch:
+        daemons = FakeDaemons(folder, patch)
+        try:
+            yield daemons
+        finally:
+            daemons.stop_all()
 
 
 @pytest.fixture

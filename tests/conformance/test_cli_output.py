@@ -274,16 +274,18 @@ def test_endpoints_for_containers() -> None:
     (`endpoint`), this machine on loopback (`endpointHost`); a daemon named by URL is the manual kind."""
     from modelrunner.cli.engines import endpoints
     from modelrunner.client import Client
+    from modelrunner.client_types import EnginesInfo
 
     local = Client("http://127.0.0.1:12434")
-    bridge = {"extra_listen": ["172.17.0.1:12434"]}
+    bridge = EnginesInfo.from_json({"extra_listen": ["172.17.0.1:12434"]})
     assert endpoints(local, False, bridge) == (
         "Docker Engine",
         "http://172.17.0.1:12434/v1/",
         "http://127.0.0.1:12434/v1/",
     )
     for loopback in ("127.0.0.2:12434", "[::1]:12434"):
-        assert endpoints(local, False, {"extra_listen": [loopback]})[0] == "Docker Engine (Manual Install)"
+        on_loopback = EnginesInfo.from_json({"extra_listen": [loopback]})
+        assert endpoints(local, False, on_loopback)[0] == "Docker Engine (Manual Install)"
     named = endpoints(Client("http://gpu.lan:12434"), True, bridge)
     assert named == ("Docker Engine (Manual Install)", "http://gpu.lan:12434/v1/", "http://gpu.lan:12434/v1/")
 

@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 
 from modelrunner.cli.prompt_files import attach_images, include_files, user_message
-from tests.conformance.dmr_daemons import cli_env, package, run_cli
+from tests.conformance.dmr_daemons import FakeDaemons, cli_env, package, run_cli
 from tests.conformance.openai_endpoint import OpenAIEndpoint
 from tests.daemon import free_port
-from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.registry import Registry
 from tests.terminal import Terminal
@@ -126,23 +125,17 @@ def test_interactive_chat_keeps_going_after_an_error(endpoint: OpenAIEndpoint, t
     ]
 
 
-def test_a_crashing_engine_does_not_end_the_chat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_crashing_engine_does_not_end_the_chat(fake_daemons: FakeDaemons, tmp_path: Path) -> None:
     """Through our daemon: the engine dies after one chunk; the daemon reports it in the stream."""
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-    engine = FakeEngine(env={"FAKE_CHUNKS": "5", "FAKE_CRASH_AFTER": "1"})
-    daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
-    try:
-        package(daemon, tmp_path, "tiny")
-        term = Terminal(["run", "tiny"], cli_env(tmp_path, daemon.url, TERM="dumb"), tmp_path)
-        term.expect("> ")
-        term.send("hello")
-        assert "Failed to generate a response" in term.expect("> ")
-        term.send("again")
-        assert "Failed to generate a response" in term.expect("> ")
-        term.send("/bye")
-        assert term.close() == 0
-    finally:
-        daemon.stop()
+    daemon = fake_daemons.start({"FAKE_CHUNKS": "5", "FAKE_CRASH_AFTER": "1"})
+    term = Terminal(["run", "tiny"], cli_env(tmp_path, daemon.url, TERM="dumb"), tmp_path)
+    term.expect("> ")
+    term.send("hello")
+    assert "Failed to generate a response" in term.expect("> ")
+    term.send("again")
+    assert "Failed to generate a response" in term.expect("> ")
+    term.send("/bye")
+    assert term.close() == 0
 
 
 def test_run_pulls_a_missing_model_and_shows_it(

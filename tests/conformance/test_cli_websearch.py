@@ -23,9 +23,8 @@ from typing import Any
 import pytest
 
 from modelrunner.cli.websearch import ToolError, run_tool, web_search
-from tests.conformance.dmr_daemons import cli_env, package, run_cli
+from tests.conformance.dmr_daemons import FakeDaemons, cli_env, run_cli
 from tests.daemon import free_port
-from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.terminal import Terminal
 
@@ -94,20 +93,15 @@ def exa(monkeypatch: pytest.MonkeyPatch) -> Iterator[ExaStandIn]:
     stand_in.server.server_close()
 
 
-def _daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **fake: str) -> InProcessDaemon:
+def _daemon(daemons: FakeDaemons, **fake: str) -> InProcessDaemon:
     """The in-process daemon whose fake engine calls web_search (FAKE_* settings as given); model `tiny`."""
-    home = tmp_path / "home"
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(home))
-    monkeypatch.delenv("MODEL_RUNNER_API_KEY", raising=False)
     env = {
         "FAKE_CHUNKS": "3",
         "FAKE_TOOL_CALL": "web_search",
-        "FAKE_EVENTS": str(tmp_path / "events"),
+        "FAKE_EVENTS": str(daemons.tmp_path / "events"),
         **fake,
     }
-    daemon = InProcessDaemon(home, {"llama.cpp": FakeEngine(env=env)}).start()
-    package(daemon, tmp_path, "tiny")
-    return daemon
+    return daemons.start(env)
 
 
 def _chat_bodies(tmp_path: Path) -> list[dict[str, Any]]:
@@ -121,9 +115,9 @@ def _cli(tmp_path: Path, daemon: InProcessDaemon, url: str) -> dict[str, str]:
 
 
 def test_one_shot_run_calls_the_tool_and_feeds_its_result_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exa: ExaStandIn
+    tmp_path: Path, fake_daemons: FakeDaemons, exa: ExaStandIn
 ) -> None:
-    daemon = _daemon(tmp_path, monkeypatch)
+    daemon = _daemon(fake_daemons)
     try:
         result = run_cli(_cli(tmp_path, daemon, exa.url), "run", "--websearch", "tiny", "what is new?")
     finally:
@@ -160,10 +154,10 @@ def test_one_shot_run_calls_the_tool_and_feeds_its_result_back(
 
 
 def test_a_one_shot_openaiurl_prompt_uses_the_tool_too(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exa: ExaStandIn
+    tmp_path: Path, fake_daemons: FakeDaemons, exa: ExaStandIn
 ) -> None:
     """Ours: DMR's one-shot `--openaiurl` path (ChatWithContext) drops the tools; here the flag holds."""
-    daemon = _daemon(tmp_path, monkeypatch)
+    daemon = _daemon(fake_daemons)
     try:
         env = _cli(tmp_path, daemon, exa.url)
         result = run_cli(env, "run", "--websearch", "--openaiurl", f"{daemon.url}/engines/v1", "tiny", "q")
@@ -173,12 +167,10 @@ def test_a_one_shot_openaiurl_prompt_uses_the_tool_too(
     assert result.stdout == f"found: {EXA_TEXT}\n" and len(exa.requests) == 1
 
 
-def test_an_unreachable_provider_is_reported_to_the_model(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_unreachable_provider_is_reported_to_the_model(tmp_path: Path, fake_daemons: FakeDaemons) -> None:
     """Offline, DMR's Execute fails and the loop hands the model `tool execution error: ...`; the run goes
     on."""
-    daemon = _daemon(tmp_path, monkeypatch)
+    daemon = _daemon(fake_daemons)
     closed = f"http://127.0.0.1:{free_port()}/mcp"
     try:
         result = run_cli(_cli(tmp_path, daemon, closed), "run", "--websearch", "tiny", "news?")
@@ -190,10 +182,8 @@ def test_an_unreachable_provider_is_reported_to_the_model(
     assert '[tool] calling web_search with args: {"query": "news?"}' in result.stderr
 
 
-def test_the_loop_stops_after_ten_rounds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exa: ExaStandIn
-) -> None:
-    daemon = _daemon(tmp_path, monkeypatch, FAKE_TOOL_ROUNDS="100")
+def test_the_loop_stops_after_ten_rounds(tmp_path: Path, fake_daemons: FakeDaemons, exa: ExaStandIn) -> None:
+    daemon = _daemon(fake_daemons, FAKE_TOOL_ROUNDS="100")
     try:
         result = run_cli(_cli(tmp_path, daemon, exa.url), "run", "--websearch", "tiny", "loop")
     finally:
@@ -204,9 +194,9 @@ def test_the_loop_stops_after_ten_rounds(
 
 
 def test_a_template_without_tools_gets_the_question_again_without_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exa: ExaStandIn
+    tmp_path: Path, fake_daemons: FakeDaemons, exa: ExaStandIn
 ) -> None:
-    daemon = _daemon(tmp_path, monkeypatch, FAKE_TOOL_CALL="", FAKE_TOOLS_REJECT="1")
+    daemon = _daemon(fake_daemons, FAKE_TOOL_CALL="", FAKE_TOOLS_REJECT="1")
     try:
         result = run_cli(_cli(tmp_path, daemon, exa.url), "run", "--websearch", "tiny", "hi")
     finally:
@@ -217,9 +207,9 @@ def test_a_template_without_tools_gets_the_question_again_without_them(
 
 
 def test_interactive_chat_keeps_only_the_answers_in_its_history(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exa: ExaStandIn
+    tmp_path: Path, fake_daemons: FakeDaemons, exa: ExaStandIn
 ) -> None:
-    daemon = _daemon(tmp_path, monkeypatch)
+    daemon = _daemon(fake_daemons)
     try:
         env = _cli(tmp_path, daemon, exa.url) | {"TERM": "dumb"}
         term = Terminal(["run", "--websearch", "tiny"], env, tmp_path)

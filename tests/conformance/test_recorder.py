@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,10 +24,9 @@ from starlette.requests import Request
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
 from modelrunner.server import recorder as rec
 from modelrunner.server.lifecycle import Exchange, Lifecycle
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.daemon import runner_env
-from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
-from tests.models import write_tiny_gguf
 
 
 def letters(n: int) -> str:
@@ -587,17 +585,8 @@ def test_the_listing_is_written_a_record_at_a_time_as_it_was_written_whole() -> 
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessDaemon]:
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": FakeEngine(env={"FAKE_CHUNKS": "2"})}).start()
-    for name, seed in (("tiny", 0), ("other", 1)):
-        gguf = write_tiny_gguf(tmp_path / f"{name}.gguf", seed=seed)
-        assert (
-            running.http("POST", "/models/package", json={"target": name, "gguf": str(gguf)}).status_code
-            == 201
-        )
-    yield running
-    running.stop()
+def daemon(fake_daemons: FakeDaemons) -> InProcessDaemon:
+    return fake_daemons.start({"FAKE_CHUNKS": "2"}, models=("tiny", "other"))
 
 
 HI = [{"role": "user", "content": "hi"}]

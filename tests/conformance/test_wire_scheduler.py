@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import pytest
 
 from modelrunner.engines.llamacpp import LlamaCppEngine
 from modelrunner.engines.vllm import VllmEngine
-from tests.conformance.dmr_daemons import package
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.conformance.gotypes import (
     BACKEND_STATUS,
     MODEL_CONFIG_ENTRY,
@@ -30,7 +29,6 @@ from tests.conformance.gotypes import (
     go_keep_alive_ok,
     go_time,
 )
-from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_safetensors_dir
 
@@ -61,27 +59,19 @@ def test_ps_decodes_as_backend_status(fake_daemon: InProcessDaemon) -> None:
     assert 0 <= age.total_seconds() < 120
 
 
-def test_ps_while_a_runner_is_in_use_has_go_s_zero_time(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ps_while_a_runner_is_in_use_has_go_s_zero_time(fake_daemons: FakeDaemons) -> None:
     """DMR reports LastUsed only for idle runners (`scheduler.go: getLoaderStatus`): a zero time.Time."""
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-    engine = FakeEngine(env={"FAKE_CHUNKS": "40", "FAKE_CHUNK_DELAY": "0.1"})
-    daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
-    try:
-        package(daemon, tmp_path, "tiny")
-        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-        streaming = threading.Thread(
-            target=lambda: daemon.http("POST", "/engines/v1/chat/completions", json=body), daemon=True
-        )
-        streaming.start()
-        daemon.wait_for(lambda: any(r["in_use"] for r in daemon.ps()), "the runner to be in use")
-        [runner] = daemon.ps()
-        go_decode([runner], [BACKEND_STATUS])
-        assert runner["last_used"] == "0001-01-01T00:00:00Z"
-        streaming.join(60)
-    finally:
-        daemon.stop()
+    daemon = fake_daemons.start({"FAKE_CHUNKS": "40", "FAKE_CHUNK_DELAY": "0.1"})
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    streaming = threading.Thread(
+        target=lambda: daemon.http("POST", "/engines/v1/chat/completions", json=body), daemon=True
+    )
+    streaming.start()
+    daemon.wait_for(lambda: any(r["in_use"] for r in daemon.ps()), "the runner to be in use")
+    [runner] = daemon.ps()
+    go_decode([runner], [BACKEND_STATUS])
+    assert runner["last_used"] == "0001-01-01T00:00:00Z"
+    streaming.join(60)
 
 
 def test_keep_alive_forever_is_minus_one(fake_daemon: InProcessDaemon) -> None:
@@ -202,20 +192,17 @@ def test_bad_configure_requests_are_400s_and_store_nothing(
 
 
 @pytest.fixture
-def real_flag_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessDaemon]:
+def real_flag_rules(fake_daemons: FakeDaemons, tmp_path: Path) -> InProcessDaemon:
     """The real llama.cpp and vLLM engines (not installed: nothing is started), for their flag rules."""
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
     engines: dict[str, Any] = {
         "llama.cpp": LlamaCppEngine(tmp_path / "no-llama"),
         "vllm": VllmEngine(tmp_path / "no-vllm"),
     }
-    daemon = InProcessDaemon(tmp_path / "home", engines).start()
-    package(daemon, tmp_path, "tiny")
+    daemon = fake_daemons.start(engines=engines)
     folder = write_tiny_safetensors_dir(tmp_path / "st")
     packaged = daemon.http("POST", "/models/package", json={"target": "st", "safetensors_dir": str(folder)})
     assert packaged.status_code == 201, packaged.text
-    yield daemon
-    daemon.stop()
+    return daemon
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,8 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.daemon import Daemon, free_port
 
 
 @pytest.fixture(scope="session")
@@ -24,10 +21,3 @@ def smollm2_gguf() -> Path:
     from modelrunner.embedded import smollm2_gguf
 
     return smollm2_gguf()
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    running = Daemon(tmp_path / "home", free_port()).start()
-    yield running
-    running.stop()

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.dmr_daemons import package
+from tests.conformance.dmr_daemons import fake_daemons_under
 from tests.daemon import snapshot
-from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 
 HI = [{"role": "user", "content": "hi"}]
@@ -127,13 +126,8 @@ CASES: list[tuple[str, str, Any, int, str]] = [
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]:
-    home = tmp_path_factory.mktemp("bad-input") / "home"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MODEL_RUNNER_HOME", str(home))
-        running = InProcessDaemon(home, {"llama.cpp": FakeEngine()}).start()
-        package(running, home.parent, "tiny")
-        yield running
-        running.stop()
+    with fake_daemons_under(tmp_path_factory.mktemp("bad-input")) as daemons:
+        yield daemons.start()
 
 
 def assert_shape(shape: str, status: int, body: Any) -> None:

@@ -14,7 +14,7 @@ import anthropic
 import pytest
 
 from modelrunner.embedded import smollm2_gguf
-from tests.conformance.dmr_daemons import package
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.daemon import Daemon
 from tests.engines import tiny_daemon
 from tests.fake_engine import FakeEngine
@@ -32,18 +32,13 @@ def billing(nonce: str, version: str = "") -> str:
 
 @pytest.fixture(params=["llama.cpp", "vllm"])
 def recorded(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[InProcessDaemon, Path]]:
+    request: pytest.FixtureRequest, fake_daemons: FakeDaemons, tmp_path: Path
+) -> tuple[InProcessDaemon, Path]:
     """A daemon whose fake engine, in the place of each engine (the daemon drives them differently: it
     assembles llama.cpp's unstreamed answers), logs each request's body; and the log."""
-    home, events = tmp_path / "home", tmp_path / "events.jsonl"
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(home))
-    monkeypatch.delenv("MODEL_RUNNER_API_KEY", raising=False)
+    events = tmp_path / "events.jsonl"
     engine = FakeEngine(request.param, env={"FAKE_EVENTS": str(events), "FAKE_BODIES": "1"})
-    daemon = InProcessDaemon(home, {request.param: engine}).start()
-    package(daemon, tmp_path, "tiny")
-    yield daemon, events
-    daemon.stop()
+    return fake_daemons.start(engines={request.param: engine}), events
 
 
 def engine_bodies(events: Path) -> list[tuple[str, str]]:

@@ -15,8 +15,8 @@ import ollama
 import openai
 import pytest
 
-from tests.daemon import Daemon, free_port
-from tests.models import write_tiny_gguf
+from tests.daemon import Daemon
+from tests.engines import tiny_daemon
 
 GEMMA_TEMPLATE = Path(__file__).resolve().parents[2] / "src" / "modelrunner" / "templates" / "gemma3.jinja"
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
@@ -31,14 +31,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iter
     """`tiny`: the tiny GGUF, whose template renders tools; `plain`: the same with the shipped gemma3.jinja.
     Neither has a projector."""
     home = tmp_path_factory.mktemp("capabilities")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
-        running = Daemon(home / "home", free_port()).start()
-    gguf = str(write_tiny_gguf(home / "tiny.gguf"))
-    running.cli("package", "--gguf", gguf, "tiny")
-    running.cli("package", "--gguf", gguf, "--chat-template", str(GEMMA_TEMPLATE), "plain")
-    yield running
-    running.stop()
+    with tiny_daemon(home, llama_server) as running:
+        gguf = str(home / "tiny.gguf")  # tiny_daemon's
+        running.cli("package", "--gguf", gguf, "--chat-template", str(GEMMA_TEMPLATE), "plain")
+        yield running
 
 
 def openai_client(daemon: Daemon) -> openai.OpenAI:

@@ -7,7 +7,15 @@ import pytest
 
 from modelrunner import client_errors as ce
 from modelrunner.client import Client
-from modelrunner.client_types import DiskUsage, Model, Runner
+from modelrunner.client_types import (
+    DiskUsage,
+    EnginesInfo,
+    MemoryEstimate,
+    Model,
+    ModelConfiguration,
+    Runner,
+    Version,
+)
 from tests.inprocess import InProcessDaemon
 
 
@@ -36,6 +44,53 @@ def test_answers_are_typed_and_keep_the_daemons_json(fake_daemon: InProcessDaemo
         "completion",
     )
     assert runner.raw == fake_daemon.http("GET", "/engines/ps").json()[0]
+
+
+def test_the_daemons_descriptions_are_typed(fake_daemon: InProcessDaemon) -> None:
+    """version, one model, the stored configurations, the engines and an estimate: each its own type,
+    its fields read from the daemon's JSON."""
+    client = Client(fake_daemon.url)
+    version = client.version()
+    assert isinstance(version, Version) and version.raw == fake_daemon.http("GET", "/version").json()
+    assert version.version == version.raw["version"] != ""
+    model = client.get_model("tiny")
+    assert isinstance(model, Model) and model.raw == fake_daemon.http("GET", "/models/tiny").json()
+    assert model == client.list_models()[0]
+    client.configure({"model": "tiny", "context-size": 2048})
+    [entry] = client.configuration("tiny")
+    assert isinstance(entry, ModelConfiguration)
+    assert (entry.backend, entry.model, entry.model_id, entry.mode) == (
+        "llama.cpp",
+        "docker.io/ai/tiny:latest",
+        model.id,
+        "completion",
+    )
+    assert (
+        entry.config["context-size"] == 2048
+        and [entry.raw] == fake_daemon.http("GET", "/engines/_configure").json()
+    )
+    assert client.configuration("ai/absent") == []
+    info = client.engines_info()
+    assert isinstance(info, EnginesInfo) and info.raw["platform"] == info.platform != ""
+    assert info.engines["llama.cpp"].status == client.engines_status()["llama.cpp"]
+    assert info.extra_listen == []
+    estimate = client.estimate("tiny")
+    assert isinstance(estimate, MemoryEstimate)
+    assert (estimate.model, estimate.model_id, estimate.backend) == ("tiny", model.id, "llama.cpp")
+    assert (
+        estimate.memory_bytes
+        == fake_daemon.http("GET", "/engines/estimate?model=tiny").json()["memory_bytes"]
+    )
+
+
+def test_the_types_read_what_a_dmr_daemon_leaves_out() -> None:
+    """A field another daemon leaves out (or sends as null) reads as its zero value, as Go's decoder
+    would; nothing raises."""
+    assert Version.from_json({}) == Version("", {})
+    assert ModelConfiguration.from_json({"Config": None}).config == {}
+    bare = EnginesInfo.from_json({"engines": {"llama.cpp": None}, "extra_listen": None})
+    assert bare.engines["llama.cpp"].status == "" and bare.extra_listen == [] and bare.accelerator == {}
+    assert MemoryEstimate.from_json({"memory_bytes": "lots"}).memory_bytes == 0
 
 
 def test_failures_are_their_kind_with_the_request_id(fake_daemon: InProcessDaemon) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,33 +27,29 @@ from tests.conformance.test_config_cncf import (
     GOLDEN_CNCF_EXTRAS_ID,
     GOLDEN_CNCF_ID,
 )
-from tests.daemon import Daemon, free_port, json_lines, snapshot
+from tests.daemon import Daemon, Daemons, json_lines, snapshot
 from tests.models import CHAT_TEMPLATE, write_tiny_gguf
 from tests.registry import Registry
 
 
-def start_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Daemon:
+def start_daemon(daemons: Daemons, monkeypatch: pytest.MonkeyPatch) -> Daemon:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", str(FIXED_EPOCH))
     monkeypatch.setenv("TZ", "UTC")
-    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-empty"))
+    monkeypatch.setenv("DOCKER_CONFIG", str(daemons.tmp_path / "docker-empty"))
     for name in ("INSECURE_REGISTRY", "DEFAULT_REGISTRY", "MODEL_RUNNER_REGISTRY_MIRRORS"):
         monkeypatch.delenv(name, raising=False)
-    return Daemon(tmp_path / "home", free_port()).start()
+    return daemons.start()
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
-    running = start_daemon(tmp_path, monkeypatch)
-    yield running
-    running.stop()
+def daemon(daemons: Daemons, monkeypatch: pytest.MonkeyPatch) -> Daemon:
+    return start_daemon(daemons, monkeypatch)
 
 
 @pytest.fixture
-def llama_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, llama_server: Path) -> Iterator[Daemon]:
+def llama_daemon(daemons: Daemons, monkeypatch: pytest.MonkeyPatch, llama_server: Path) -> Daemon:
     monkeypatch.setenv("LLAMA_SERVER_PATH", str(llama_server))
-    running = start_daemon(tmp_path, monkeypatch)
-    yield running
-    running.stop()
+    return start_daemon(daemons, monkeypatch)
 
 
 @pytest.fixture

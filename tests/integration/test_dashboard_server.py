@@ -8,7 +8,7 @@ import json
 import posixpath
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from modelrunner.server.dashboard.router import load_assets
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.daemon import error_message
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
@@ -25,17 +26,9 @@ Start = Callable[..., InProcessDaemon]
 
 
 @pytest.fixture
-def start(tmp_path: Path) -> Iterator[Start]:
-    started: list[InProcessDaemon] = []
-
-    def starter() -> InProcessDaemon:
-        daemon = InProcessDaemon(tmp_path / "home", {}).start()
-        started.append(daemon)
-        return daemon
-
-    yield starter
-    for daemon in started:
-        daemon.stop()
+def start(fake_daemons: FakeDaemons) -> Start:
+    """A daemon without engines or models (the environment as the test set it)."""
+    return lambda: fake_daemons.start(engines={}, models=())
 
 
 class _Markup(HTMLParser):

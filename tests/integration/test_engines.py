@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -21,7 +20,7 @@ from modelrunner.artifact.builder import PackageSpec
 from modelrunner.engines.base import Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.llamacpp import LlamaCppEngine
 from modelrunner.store.store import ModelStore
-from tests.daemon import Daemon, error_message, free_port, json_lines
+from tests.daemon import Daemon, Daemons, error_message, free_port, json_lines
 from tests.engines import packaged_model, tiny_model, unix_client, wait_healthy
 
 
@@ -114,15 +113,13 @@ def test_install_errors_are_clear(daemon: Daemon) -> None:
 
 
 @pytest.fixture
-def daemon_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+def daemon_without_cuda(daemons: Daemons, monkeypatch: pytest.MonkeyPatch) -> Daemon:
     """A daemon whose PATH and environment hide any CUDA toolkit (this machine may have one)."""
     for name in ("CUDACXX", "CUDA_HOME", "CUDA_PATH"):
         monkeypatch.delenv(name, raising=False)
     dirs = [d for d in os.environ["PATH"].split(os.pathsep) if d and not (Path(d) / "nvcc").exists()]
     monkeypatch.setenv("PATH", os.pathsep.join(dirs))
-    running = Daemon(tmp_path / "home", free_port()).start()
-    yield running
-    running.stop()
+    return daemons.start()
 
 
 def test_gpu_cuda_without_the_toolkit_is_refused(daemon_without_cuda: Daemon) -> None:

@@ -8,7 +8,6 @@ import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import yaml
 
 from modelrunner import manifests
 from modelrunner.manifests import DeployOptions
-from tests.daemon import Daemon, free_port
+from tests.daemon import Daemon
 from tests.models import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,14 +149,10 @@ def test_kube_examples_pass_the_policy_checker(checkov: Path) -> None:
 
 
 @pytest.fixture
-def daemon_with_a_model(tmp_path: Path) -> Iterator[Daemon]:
-    running = Daemon(tmp_path / "home", free_port()).start()
-    try:
-        source = write_tiny_gguf(tmp_path / "tiny.gguf")
-        running.cli("package", "--gguf", str(source), "--context-size", "512", "ai/tiny")
-        yield running
-    finally:
-        running.stop()
+def daemon_with_a_model(daemon: Daemon, tmp_path: Path) -> Daemon:
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    daemon.cli("package", "--gguf", str(source), "--context-size", "512", "ai/tiny")
+    return daemon
 
 
 def test_memory_is_requested_from_the_daemons_estimate(daemon_with_a_model: Daemon) -> None:

@@ -20,9 +20,8 @@ import pytest
 from modelrunner.server import front, handed_over
 from modelrunner.server.inference import InferenceHandler
 from modelrunner.server.native_relay import NativeRelay
-from tests.fake_engine import FakeEngine
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.inprocess import InProcessDaemon
-from tests.models import write_tiny_gguf
 from tests.response_bodies import unchunked
 
 CHAT = "/engines/v1/chat/completions"
@@ -48,15 +47,11 @@ def serving_tiny(
 ) -> Iterator[InProcessDaemon]:
     """An in-process daemon whose llama.cpp is the scripted engine (`engine_env`), the tiny model packaged
     as `tiny`; stopped at the end."""
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": FakeEngine(env=engine_env)}).start()
+    daemons = FakeDaemons(tmp_path, monkeypatch)
     try:
-        gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-        packaged = running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
-        assert packaged.status_code == 201
-        yield running
+        yield daemons.start(engine_env)
     finally:
-        running.stop()
+        daemons.stop_all()
 
 
 @pytest.fixture
@@ -146,14 +141,8 @@ def test_pipelined_and_split_requests_are_answered_in_order(daemon: InProcessDae
         assert sock.recv(1) == b""  # closed, as asked
 
 
-def test_a_stopping_daemon_finishes_the_stream_in_progress(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-    engine = FakeEngine(env={"FAKE_CHUNKS": "10", "FAKE_CHUNK_DELAY": "0.1"})
-    daemon = InProcessDaemon(tmp_path / "home", {"llama.cpp": engine}).start()
-    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-    daemon.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
+def test_a_stopping_daemon_finishes_the_stream_in_progress(fake_daemons: FakeDaemons) -> None:
+    daemon = fake_daemons.start({"FAKE_CHUNKS": "10", "FAKE_CHUNK_DELAY": "0.1"})
     with httpx.stream("POST", daemon.url + CHAT, json=body(True), timeout=30) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
@@ -326,22 +315,16 @@ def test_a_client_that_shuts_its_side_after_asking_for_a_stream_gets_it(
 
 
 def test_without_the_front_a_stalled_body_is_answered_408_too(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake_daemons: FakeDaemons, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """MODEL_RUNNER_FAST_PATH=0 (and the Unix socket and TLS listeners) serve with the same protocol the
     front hands connections to (server/daemon.py), so the same limit holds there."""
     monkeypatch.setattr(handed_over, "REQUEST_STALL_SECONDS", 0.5)
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": FakeEngine()}, front=False).start()
-    try:
-        with socket.create_connection(("127.0.0.1", running.port), timeout=30) as sock:
-            sock.sendall(raw_request(CHAT, body(False))[:-10])
-            head, answer = read_to_the_end(sock)
-        assert (
-            head.startswith(b"HTTP/1.1 408") and json.loads(answer)["error"]["message"] == handed_over.STALLED
-        )
-    finally:
-        running.stop()
+    running = fake_daemons.start(front=False, models=())
+    with socket.create_connection(("127.0.0.1", running.port), timeout=30) as sock:
+        sock.sendall(raw_request(CHAT, body(False))[:-10])
+        head, answer = read_to_the_end(sock)
+    assert head.startswith(b"HTTP/1.1 408") and json.loads(answer)["error"]["message"] == handed_over.STALLED
 
 
 @pytest.mark.parametrize("extra", [b"", ORIGIN])

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from modelrunner.artifact import mediatypes as mt
-from tests.daemon import Daemon, error_message, free_port, json_lines, snapshot
+from tests.daemon import Daemon, Daemons, error_message, json_lines, snapshot
 from tests.hf_hub import FakeHub, HubRepo
 from tests.models import CHAT_TEMPLATE, write_tiny_gguf, write_tiny_gguf_shards, write_tiny_safetensors_dir
 
@@ -61,13 +61,11 @@ def hub(tmp_path: Path) -> Iterator[FakeHub]:
 
 
 @pytest.fixture
-def daemon(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+def daemon(hub: FakeHub, daemons: Daemons, monkeypatch: pytest.MonkeyPatch) -> Daemon:
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    running = Daemon(tmp_path / "home", free_port()).start()
-    yield running
-    running.stop()
+    return daemons.start()
 
 
 def pull(daemon: Daemon, ref: str, **body: Any) -> httpx.Response:

@@ -9,19 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon import Daemon, error_message, free_port, snapshot
+from tests.daemon import Daemon, Daemons, error_message, snapshot
 from tests.models import write_tiny_gguf
 from tests.registry import Registry
 
 
 @pytest.fixture
-def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Registry, Daemon]]:
+def setup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemons: Daemons
+) -> Iterator[tuple[Registry, Daemon]]:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-empty"))
     registry = Registry(tmp_path / "registry", auth="none").start()
-    daemon = Daemon(tmp_path / "home", free_port()).start()
-    yield registry, daemon
-    daemon.stop()
-    registry.stop()
+    try:
+        yield registry, daemons.start()
+    finally:
+        registry.stop()
 
 
 def test_inspect_remote_reads_the_registry_without_pulling(

@@ -7,14 +7,13 @@ relays of server/anthropic_serving.py); and so does an unstreamed answer assembl
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import pytest
 
-from tests.conformance.dmr_daemons import package
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.fake_engine import INPUT_TOKENS, FakeEngine
 from tests.inprocess import InProcessDaemon
 
@@ -23,17 +22,12 @@ TOOLS: Any = [{"name": "get_time", "input_schema": {"type": "object"}}]
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[InProcessDaemon, Path]]:
+def daemon(fake_daemons: FakeDaemons, tmp_path: Path) -> tuple[InProcessDaemon, Path]:
     """A daemon on the fake engine in llama.cpp's place, streaming messages without `message_start`, and
     the log of the requests the engine got."""
-    home, events = tmp_path / "home", tmp_path / "events.jsonl"
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(home))
-    monkeypatch.delenv("MODEL_RUNNER_API_KEY", raising=False)
+    events = tmp_path / "events.jsonl"
     engine = FakeEngine("llama.cpp", env={"FAKE_EVENTS": str(events), "FAKE_NO_MESSAGE_START": "1"})
-    running = InProcessDaemon(home, {"llama.cpp": engine}).start()
-    package(running, tmp_path, "tiny")
-    yield running, events
-    running.stop()
+    return fake_daemons.start(engines={"llama.cpp": engine}), events
 
 
 @pytest.mark.parametrize("tools", [None, TOOLS], ids=["relayed", "rescued"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from modelrunner.artifact import mediatypes as mt
-from tests.daemon import Daemon, error_message, free_port, json_lines, snapshot
+from tests.daemon import Daemon, Daemons, error_message, json_lines, snapshot
 from tests.models import write_tiny_dduf, write_tiny_gguf, write_tiny_gguf_shards, write_tiny_safetensors_dir
 
 
@@ -129,7 +129,9 @@ def test_repackage_context_size(daemon: Daemon, tiny_gguf: Path) -> None:
     assert len(old_layers) == 3  # the GGUF blob is shared; two configs
 
 
-def test_export_then_load_on_an_empty_store_restores_the_same_id(daemon: Daemon, tmp_path: Path) -> None:
+def test_export_then_load_on_an_empty_store_restores_the_same_id(
+    daemons: Daemons, daemon: Daemon, tmp_path: Path
+) -> None:
     st_dir = write_tiny_safetensors_dir(tmp_path / "st")
     model_id = package(daemon, "st", safetensors_dir=str(st_dir))
     archive = daemon.http("GET", "/models/st/export")
@@ -139,15 +141,12 @@ def test_export_then_load_on_an_empty_store_restores_the_same_id(daemon: Daemon,
         names = tar.getnames()
     assert names[-1] == "manifest.json" and all(n.startswith("blobs/sha256/") for n in names[:-1])
 
-    other = Daemon(tmp_path / "other", free_port()).start()
-    try:
-        response = other.http("POST", "/models/load", content=archive.content)
-        assert response.status_code == 200, response.text
-        assert json_lines(response.text)[-1]["id"] == model_id
-        [loaded] = other.models()
-        assert loaded["id"] == model_id and loaded["tags"] == []
-    finally:
-        other.stop()
+    other = daemons.start(tmp_path / "other")
+    response = other.http("POST", "/models/load", content=archive.content)
+    assert response.status_code == 200, response.text
+    assert json_lines(response.text)[-1]["id"] == model_id
+    [loaded] = other.models()
+    assert loaded["id"] == model_id and loaded["tags"] == []
 
 
 def test_purge(daemon: Daemon, tiny_gguf: Path) -> None:

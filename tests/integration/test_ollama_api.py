@@ -11,21 +11,17 @@ import ollama
 import pytest
 
 from tests import golden
-from tests.daemon import Daemon, free_port, json_lines
+from tests.daemon import Daemon, json_lines
+from tests.engines import tiny_daemon
 from tests.models import write_tiny_gguf
 from tests.registry import Registry
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
-    home = tmp_path_factory.mktemp("ollama")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
-        patch.setenv("DOCKER_CONFIG", str(home / "docker-empty"))
-        running = Daemon(home / "home", free_port()).start()
-    running.cli("package", "--gguf", str(write_tiny_gguf(home / "tiny.gguf")), "tiny")
-    yield running
-    running.stop()
+    # its Docker config is its own empty one (tests/daemon.py runner_env): no credentials
+    with tiny_daemon(tmp_path_factory.mktemp("ollama"), llama_server) as running:
+        yield running
 
 
 @pytest.fixture

@@ -19,22 +19,20 @@ import httpx
 import pytest
 
 from modelrunner.scheduler.runner import process_stat
-from tests.daemon import Daemon, free_port, parse_logfmt
+from tests.daemon import Daemon, Daemons, free_port, parse_logfmt
 from tests.models import write_tiny_gguf
 from tests.waiting import wait_until
 
 
 @pytest.fixture
-def daemons(tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Daemon]]:
-    """Daemons of one runner home (tmp_path/home), stopped at the end; the first one is started."""
+def first(daemons: Daemons, tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch) -> Daemon:
+    """The first daemon of the runner home tmp_path/home, with the tiny model (a long context)."""
     monkeypatch.setenv("LLAMA_SERVER_PATH", str(llama_server))
-    running = [Daemon(tmp_path / "home", free_port()).start()]
-    running[0].cli(
+    running = daemons.start()
+    running.cli(
         "package", "--gguf", str(write_tiny_gguf(tmp_path / "tiny.gguf", context_length=LONG_CONTEXT)), "tiny"
     )
-    yield running
-    for daemon in running:
-        daemon.stop()
+    return running
 
 
 def alive(pid: int) -> bool:
@@ -80,8 +78,8 @@ def log_events(daemon: Daemon, *args: str) -> list[dict[str, str]]:
     return [parse_logfmt(line) for line in out.splitlines() if " event=" in line]
 
 
-def test_a_second_serve_on_the_same_home_exits_and_touches_nothing(daemons: list[Daemon]) -> None:
-    [daemon] = daemons
+def test_a_second_serve_on_the_same_home_exits_and_touches_nothing(first: Daemon) -> None:
+    daemon = first
     assert daemon.process is not None
     with long_stream(daemon) as response:
         lines = response.iter_lines()
@@ -107,9 +105,8 @@ def test_a_second_serve_on_the_same_home_exits_and_touches_nothing(daemons: list
 
 
 def test_engines_left_by_a_killed_daemon_are_ended_at_the_next_start_with_a_log_line(
-    daemons: list[Daemon],
+    first: Daemon, daemons: Daemons
 ) -> None:
-    [first] = daemons
     assert first.process is not None
     assert chat(first, "tiny").status_code == 200
     pid = engine_pid(first)
@@ -119,8 +116,7 @@ def test_engines_left_by_a_killed_daemon_are_ended_at_the_next_start_with_a_log_
     first.process.kill()
     first.process.wait()
     assert alive(pid)
-    second = Daemon(first.home, free_port()).start()
-    daemons.append(second)
+    second = daemons.start(first.home)
     assert not alive(pid)  # ended before the second daemon listened
     [ended] = [e for e in log_events(second, "--no-engines") if e["event"] == "orphan_ended"]
     assert ended["pid"] == str(pid) and ended["model"] == "tiny" and ended["engine"] == "llama.cpp"
@@ -128,45 +124,42 @@ def test_engines_left_by_a_killed_daemon_are_ended_at_the_next_start_with_a_log_
 
 
 def test_a_frozen_llama_server_fails_the_stream_and_is_restarted(
-    tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch
+    daemons: Daemons, tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LLAMA_SERVER_PATH", str(llama_server))
     monkeypatch.setenv("MODEL_RUNNER_FREEZE_TIMEOUT", "2")
-    daemon = Daemon(tmp_path / "home", free_port()).start()
-    try:
-        daemon.cli(
-            "package",
-            "--gguf",
-            str(write_tiny_gguf(tmp_path / "tiny.gguf", context_length=LONG_CONTEXT)),
-            "tiny",
-        )
-        with long_stream(daemon) as response:
-            lines = response.iter_lines()
-            next(line for line in lines if line.startswith("data: "))
-            pid = engine_pid(daemon)
-            os.kill(pid, signal.SIGSTOP)  # as a deadlock would: no answer, no exit
-            rest = data_lines(lines)
-        error = json.loads(rest[-1])["error"]
-        assert error["type"] == "server_error" and "engine stopped" in error["message"]
-        deadline = time.monotonic() + 30  # the stream's error goes out as the watchdog ends the engine
-        while alive(pid):
-            assert time.monotonic() < deadline, "the frozen engine was never ended"
-            time.sleep(0.05)
-        [freeze] = [e for e in log_events(daemon, "--no-engines") if e["event"] == "freeze"]
-        assert freeze["pid"] == str(pid) and freeze["model"] == "tiny" and freeze["process_state"] == "T"
-        assert chat(daemon, "tiny").status_code == 200  # started again
-        assert engine_pid(daemon) != pid
-    finally:
-        daemon.stop()
+    daemon = daemons.start()
+    daemon.cli(
+        "package",
+        "--gguf",
+        str(write_tiny_gguf(tmp_path / "tiny.gguf", context_length=LONG_CONTEXT)),
+        "tiny",
+    )
+    with long_stream(daemon) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        pid = engine_pid(daemon)
+        os.kill(pid, signal.SIGSTOP)  # as a deadlock would: no answer, no exit
+        rest = data_lines(lines)
+    error = json.loads(rest[-1])["error"]
+    assert error["type"] == "server_error" and "engine stopped" in error["message"]
+    deadline = time.monotonic() + 30  # the stream's error goes out as the watchdog ends the engine
+    while alive(pid):
+        assert time.monotonic() < deadline, "the frozen engine was never ended"
+        time.sleep(0.05)
+    [freeze] = [e for e in log_events(daemon, "--no-engines") if e["event"] == "freeze"]
+    assert freeze["pid"] == str(pid) and freeze["model"] == "tiny" and freeze["process_state"] == "T"
+    assert chat(daemon, "tiny").status_code == 200  # started again
+    assert engine_pid(daemon) != pid
 
 
 def test_model_logs_explains_loads_evictions_crashes_503s_and_waits(
-    tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch
+    daemons: Daemons, tmp_path: Path, llama_server: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LLAMA_SERVER_PATH", str(llama_server))
     monkeypatch.setenv("MODEL_RUNNER_MAX_RUNNERS", "1")
     monkeypatch.setenv("MODEL_RUNNER_MAX_QUEUE", "1")
-    daemon = Daemon(tmp_path / "home", free_port()).start()
+    daemon = daemons.start()
     follower: subprocess.Popen[str] | None = None
     try:
         for seed, name in enumerate(("one", "two")):
@@ -245,4 +238,3 @@ def test_model_logs_explains_loads_evictions_crashes_503s_and_waits(
         if follower is not None:
             follower.kill()
             follower.wait()
-        daemon.stop()

@@ -75,13 +75,6 @@ def shared(tmp_path: Path) -> Iterator[Path]:
     shutil.rmtree(folder)
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    running = Daemon(tmp_path / "home", free_port()).start()
-    yield running
-    running.stop()
-
-
 def test_another_user_cannot_make_the_daemon_read_files(daemon: Daemon, shared: Path) -> None:
     before = snapshot(daemon.store_root)
     url = daemon.url + "/models/package"

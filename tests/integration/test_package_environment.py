@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conformance.dmr_layout import DUMMY_GGUF, FIXED_EPOCH, GOLDEN_ID, fixed_copy
-from tests.daemon import Daemon, error_message, free_port, snapshot
+from tests.daemon import Daemon, Daemons, error_message, snapshot
 
 # the CLI believes the daemon is on another machine: it hashes the files itself and uploads a tar
 AS_REMOTE = (
@@ -24,13 +23,11 @@ AS_REMOTE = (
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+def daemon(daemons: Daemons, monkeypatch: pytest.MonkeyPatch) -> Daemon:
     """A daemon started without SOURCE_DATE_EPOCH, in a zone no test's CLI uses."""
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
     monkeypatch.setenv("TZ", "Asia/Kolkata")
-    running = Daemon(tmp_path / "home", free_port()).start()
-    yield running
-    running.stop()
+    return daemons.start()
 
 
 def package(daemon: Daemon, gguf: Path, tag: str, *, remote: bool = False, **cli_env: str) -> str:

@@ -7,30 +7,20 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from modelrunner.server.inference import InferenceHandler
-from tests.fake_engine import FakeEngine
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.inprocess import InProcessDaemon, access_lines
-from tests.models import write_tiny_gguf
 
 HI = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessDaemon]:
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": FakeEngine(env={"FAKE_CHUNKS": "3"})}).start()
-    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-    assert (
-        running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)}).status_code == 201
-    )
-    yield running
-    running.stop()
+def daemon(fake_daemon: InProcessDaemon) -> InProcessDaemon:
+    return fake_daemon
 
 
 def exchange(port: int, request: bytes, pause: float = 0.0, pieces: int = 1) -> bytes:
@@ -205,8 +195,7 @@ def test_a_client_that_closes_as_soon_as_its_stream_ended_was_answered_completel
         assert outcomes == ["complete"] * rounds
 
 
-def test_the_front_can_be_switched_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
+def test_the_front_can_be_switched_off(fake_daemons: FakeDaemons, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODEL_RUNNER_FAST_PATH", "0")
     calls: list[str] = []
     original = InferenceHandler.__call__
@@ -216,11 +205,6 @@ def test_the_front_can_be_switched_off(tmp_path: Path, monkeypatch: pytest.Monke
         await original(self, scope, receive, send, route)
 
     monkeypatch.setattr(InferenceHandler, "__call__", counted)
-    running = InProcessDaemon(tmp_path / "home", {"llama.cpp": FakeEngine()}, front=None).start()
-    try:
-        gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-        running.http("POST", "/models/package", json={"target": "tiny", "gguf": str(gguf)})
-        answer = running.http("POST", "/v1/chat/completions", json={"model": "tiny", "messages": HI})
-        assert answer.status_code == 200 and calls == ["/v1/chat/completions"]
-    finally:
-        running.stop()
+    running = fake_daemons.start(front=None)
+    answer = running.http("POST", "/v1/chat/completions", json={"model": "tiny", "messages": HI})
+    assert answer.status_code == 200 and calls == ["/v1/chat/completions"]

@@ -22,7 +22,7 @@ from modelrunner.distribution.progress import ProgressReporter
 from modelrunner.distribution.pull import RegistryPull
 from modelrunner.reference import parse_reference
 from modelrunner.store.store import ModelStore
-from tests.daemon import Daemon, error_message, free_port, json_lines, snapshot
+from tests.daemon import Daemon, Daemons, error_message, free_port, json_lines, snapshot
 from tests.models import write_tiny_gguf
 from tests.registry import Registry, RegistryProxy, docker_config
 
@@ -77,14 +77,6 @@ def with_credentials_for(host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(
         "DOCKER_CONFIG", str(docker_config(tmp_path / "docker-proxy", host, "alice", password))
     )
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    """Started after the registry fixtures, so that it sees their environment."""
-    running = Daemon(tmp_path / "home", free_port()).start()
-    yield running
-    running.stop()
 
 
 def package(daemon: Daemon, gguf: Path, target: str) -> str:
@@ -424,41 +416,36 @@ def layer_digest_from_registry(registry: Registry, repository: str, tag: str) ->
 
 @pytest.mark.parametrize("auth", ["htpasswd", "token"])
 def test_wrong_credentials_give_a_clear_401(
-    auth: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    auth: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemons: Daemons
 ) -> None:
     registry = start_registry(tmp_path, auth)
     try:
         monkeypatch.setenv(
             "DOCKER_CONFIG", str(docker_config(tmp_path / "bad", registry.host, "alice", "nope"))
         )
-        daemon = Daemon(tmp_path / "home", free_port()).start()
-        try:
-            before = snapshot(daemon.store_root)
-            response = pull(daemon, f"{registry.host}/team/tiny:v1")
-            assert response.status_code == 401
-            message = error_message(response)
-            assert f"authentication failed for {registry.host}" in message and "docker login" in message
-            result = daemon.cli("pull", f"{registry.host}/team/tiny:v1", check=False)
-            assert result.returncode == 1 and "authentication failed" in result.stderr
-            package(daemon, write_tiny_gguf(tmp_path / "tiny.gguf"), f"{registry.host}/team/tiny:v1")
-            response = push(daemon, f"{registry.host}/team/tiny:v1")
-            assert response.status_code == 401
-            assert snapshot(daemon.store_root) != before  # the packaged model; the failed pull added nothing
-        finally:
-            daemon.stop()
+        daemon = daemons.start()
+        before = snapshot(daemon.store_root)
+        response = pull(daemon, f"{registry.host}/team/tiny:v1")
+        assert response.status_code == 401
+        message = error_message(response)
+        assert f"authentication failed for {registry.host}" in message and "docker login" in message
+        result = daemon.cli("pull", f"{registry.host}/team/tiny:v1", check=False)
+        assert result.returncode == 1 and "authentication failed" in result.stderr
+        package(daemon, write_tiny_gguf(tmp_path / "tiny.gguf"), f"{registry.host}/team/tiny:v1")
+        response = push(daemon, f"{registry.host}/team/tiny:v1")
+        assert response.status_code == 401
+        assert snapshot(daemon.store_root) != before  # the packaged model; the failed pull added nothing
     finally:
         registry.stop()
 
 
-def test_no_credentials_for_a_private_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_credentials_for_a_private_repository(tmp_path: Path, daemons: Daemons) -> None:
     registry = start_registry(tmp_path, "htpasswd")
-    daemon = Daemon(tmp_path / "home", free_port()).start()
     try:
-        response = pull(daemon, f"{registry.host}/team/tiny:v1")
+        response = pull(daemons.start(), f"{registry.host}/team/tiny:v1")
         assert response.status_code == 401
         assert "requires authentication" in error_message(response)
     finally:
-        daemon.stop()
         registry.stop()
 
 
@@ -501,13 +488,13 @@ def tiny_artifact(daemon: Daemon, tmp_path: Path) -> tuple[list[bytes], bytes, s
 
 
 def test_token_realm_on_a_foreign_host_gets_no_credentials(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemons: Daemons
 ) -> None:
     registry = start_registry(tmp_path, "token", token_host="localhost")  # realm: http://localhost:...
     monkeypatch.setenv(
         "DOCKER_CONFIG", str(docker_config(tmp_path / "docker", registry.host, "alice", "wonderland"))
     )
-    daemon = Daemon(tmp_path / "home", free_port()).start()
+    daemon = daemons.start()
     try:
         blobs, manifest, model_id = tiny_artifact(daemon, tmp_path)
         upload(registry, "public/tiny", "v1", blobs, manifest, mt.OCI_MANIFEST)
@@ -522,7 +509,6 @@ def test_token_realm_on_a_foreign_host_gets_no_credentials(
         assert not any(r.authorization for r in registry.token_server.requests)
         assert daemon.models()[0]["id"] == model_id
     finally:
-        daemon.stop()
         registry.stop()
 
 
@@ -723,21 +709,15 @@ def test_push_of_a_missing_model_is_a_404(plain_registry: Registry, daemon: Daem
 
 
 def test_default_registry_and_mirror(
-    plain_registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    plain_registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemons: Daemons
 ) -> None:
     """DEFAULT_REGISTRY names the registry of bare names; a mirror serves pulls when configured."""
-    home = tmp_path / "seed"
-    seeder = Daemon(home, free_port()).start()
-    try:
-        pushed_model(seeder, tmp_path, f"{plain_registry.host}/ai/tiny:latest")
-    finally:
-        seeder.stop()
+    seeder = daemons.start(tmp_path / "seed")
+    pushed_model(seeder, tmp_path, f"{plain_registry.host}/ai/tiny:latest")
+    seeder.stop()
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     monkeypatch.setenv("DEFAULT_REGISTRY", dead)
     monkeypatch.setenv("MODEL_RUNNER_REGISTRY_MIRRORS", f"{dead}=http://{plain_registry.host}")
-    daemon = Daemon(tmp_path / "home", free_port()).start()
-    try:
-        assert last_event(pull(daemon, "tiny"))["type"] == "success"
-        assert daemon.models()[0]["tags"] == [f"{dead}/ai/tiny:latest"]
-    finally:
-        daemon.stop()
+    daemon = daemons.start()
+    assert last_event(pull(daemon, "tiny"))["type"] == "success"
+    assert daemon.models()[0]["tags"] == [f"{dead}/ai/tiny:latest"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from modelrunner.artifact import mediatypes as mt
-from tests.daemon import Daemon, free_port, json_lines
+from tests.daemon import Daemon, Daemons, json_lines
 from tests.models import write_tiny_gguf
 from tests.registry import Registry, require_tool
 
@@ -24,11 +24,9 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+def daemon(daemons: Daemons, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Daemon:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-empty"))
-    running = Daemon(tmp_path / "home", free_port()).start()
-    yield running
-    running.stop()
+    return daemons.start()
 
 
 def skopeo(*args: str) -> subprocess.CompletedProcess[str]:

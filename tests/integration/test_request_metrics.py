@@ -16,7 +16,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.daemon import Daemon, free_port
+from tests.daemon import Daemon
+from tests.engines import tiny_daemon
 from tests.models import write_tiny_gguf
 from tests.waiting import wait_until
 
@@ -27,15 +28,11 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
     home = tmp_path_factory.mktemp("metrics")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
-        running = Daemon(home / "home", free_port()).start()
-    running.cli("package", "--gguf", str(write_tiny_gguf(home / "tiny.gguf")), "tiny")
-    # answers of many tokens: llama-server caps a slot's context at the model's trained one
-    long = write_tiny_gguf(home / "long.gguf", seed=4, context_length=8192)
-    running.cli("package", "--gguf", str(long), "tiny-long")
-    yield running
-    running.stop()
+    with tiny_daemon(home, llama_server) as running:
+        # answers of many tokens: llama-server caps a slot's context at the model's trained one
+        long = write_tiny_gguf(home / "long.gguf", seed=4, context_length=8192)
+        running.cli("package", "--gguf", str(long), "tiny-long")
+        yield running
 
 
 def scrape(daemon: Daemon) -> Samples:

@@ -10,13 +10,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.conformance.dmr_daemons import FakeDaemons
 from tests.fake_engine import SCRIPT, FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
@@ -40,20 +41,12 @@ both_relays = pytest.mark.parametrize("relay", ["front", "asgi"])
 
 
 @pytest.fixture
-def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: Path, relay: str) -> Iterator[Start]:
-    monkeypatch.setenv("MODEL_RUNNER_HOME", str(tmp_path / "home"))
-    running: list[InProcessDaemon] = []
-
+def start(fake_daemons: FakeDaemons, events: Path, relay: str) -> Start:
     def starter(env: dict[str, str] | None = None, memory: int = 1000, **limits: Any) -> InProcessDaemon:
         engine = FakeEngine(env={"FAKE_EVENTS": str(events), **(env or {})}, memory=memory)
-        home = tmp_path / "home"
-        daemon = InProcessDaemon(home, {"llama.cpp": engine}, relay == "front", **limits).start()
-        running.append(daemon)
-        return daemon
+        return fake_daemons.start(engines={"llama.cpp": engine}, front=relay == "front", models=(), **limits)
 
-    yield starter
-    for daemon in running:
-        daemon.stop()
+    return starter
 
 
 def read_events(path: Path, name: str) -> list[dict[str, Any]]:

@@ -16,10 +16,9 @@ import openai
 import pytest
 
 from modelrunner.wire import sse_events
-from tests.conformance.dmr_daemons import package
+from tests.conformance.dmr_daemons import fake_daemons_under
 from tests.daemon import Daemon, json_lines
 from tests.engines import tiny_daemon
-from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 
 SCHEMA = {
@@ -120,13 +119,8 @@ WRONG = '{"answer": "maybe"}'
 
 @pytest.fixture(scope="module")
 def wrong(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]:
-    home = tmp_path_factory.mktemp("structured-wrong") / "home"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MODEL_RUNNER_HOME", str(home))
-        running = InProcessDaemon(home, {"llama.cpp": FakeEngine(env={"FAKE_TEXT": WRONG})}).start()
-        package(running, home.parent, "tiny")
-        yield running
-        running.stop()
+    with fake_daemons_under(tmp_path_factory.mktemp("structured-wrong")) as daemons:
+        yield daemons.start({"FAKE_TEXT": WRONG})
 
 
 def assert_says_it(message: str) -> None:

@@ -170,7 +170,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     key = trust.load_private_key(args.sign_key)  # a wrong password fails before anything moves
     pushed = render_transfer(client().push(args.model), args.json, "push", PUSH_FAILURE)
     if pushed == 0:
-        trust.sign_in_registry(args.model, key, client().get_model(args.model)["id"])
+        trust.sign_in_registry(args.model, key, client().get_model(args.model).id)
     return pushed
 
 

@@ -14,6 +14,7 @@ from modelrunner.cli.common import DmrArgs, UsageError, client, takes
 
 if TYPE_CHECKING:
     from modelrunner.client import Client
+    from modelrunner.client_types import EnginesInfo
 
 # DMR's --gpu kinds and ours; any other word is DMR's "unknown GPU specification"
 GPU_WORDS = ("auto", "none", "cuda", "vulkan", "rocm", "musa", "cann")
@@ -150,14 +151,14 @@ def backend_status_table(backends: dict[str, str]) -> str:
     return go_table(["BACKEND", "STATUS", "DETAILS"], rows)
 
 
-def endpoints(daemon: Client, explicit: bool, info: dict[str, Any] | None) -> tuple[str, str, str]:
+def endpoints(daemon: Client, explicit: bool, info: EnginesInfo | None) -> tuple[str, str, str]:
     """(kind, endpoint, endpointHost) of DMR's `status --json`: the OpenAI base URL containers use and the
     one this machine uses. A local daemon with an extra listen address (a Docker bridge gateway) is
     reached there by containers, as DMR on Docker Engine is; otherwise both are the URL the CLI uses."""
     from modelrunner.config import is_loopback_host
 
     host_endpoint = daemon.base_url + "/v1/"
-    listed = (info or {}).get("extra_listen", [])
+    listed = info.extra_listen if info else []
     extra = [a for a in listed if not is_loopback_host(a.rsplit(":", 1)[0].strip("[]"))]
     if extra and not explicit:
         return "Docker Engine", f"http://{extra[0]}/v1/", host_endpoint

@@ -33,7 +33,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         daemon = client()
         for model in args.pre_pull:
             try:
-                estimates[model] = int(daemon.estimate(model)["memory_bytes"])
+                estimates[model] = daemon.estimate(model).memory_bytes
             except DaemonError as exc:
                 if exc.status_code != 404:
                     raise

@@ -18,14 +18,14 @@ from modelrunner.cli.common import UsageError
 
 if TYPE_CHECKING:
     from modelrunner.client import Client
+    from modelrunner.client_types import Model
 
 ROUTE = "/engines/diffusers/v1/images/generations"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def is_image_model(model: dict[str, Any]) -> bool:
-    config = model.get("config")
-    return isinstance(config, dict) and config.get("format") in ("dduf", "diffusers")
+def is_image_model(model: Model) -> bool:
+    return model.config.get("format") in ("dduf", "diffusers")
 
 
 def output_paths(output: str | None, count: int) -> list[Path]:

@@ -204,7 +204,7 @@ def cmd_configure(args: argparse.Namespace) -> None:
     if args.model == "show":
         from modelrunner.artifact import gojson
 
-        print(gojson.dumps_text(daemon.configuration(args.target), indent="  "))
+        print(gojson.dumps_text([entry.raw for entry in daemon.configuration(args.target)], indent="  "))
         return
     if args.target is not None:
         raise UsageError(f"unexpected argument {args.target!r}; engine flags go after --")

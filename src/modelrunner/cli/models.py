@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from modelrunner.cli.common import DmrArgs, UsageError, client, display, short_id, status_line, takes
 
@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from modelrunner.client import Client
+    from modelrunner.client_types import Model
+
+T = TypeVar("T")
 
 
 def _absolute(path: str | None) -> str | None:
@@ -268,7 +271,7 @@ def _verified_column(raw: dict[str, Any]) -> str:
     return str(verification.get("signer", ""))[:19] if isinstance(verification, dict) else "-"
 
 
-def _inspected(name: str, fetch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _inspected(name: str, fetch: Callable[[], T]) -> T:
     """A model as DMR's client inspects it (desktop.go listRawWithQuery), its failures in its words: a 404
     is `NAME: model not found`, another status `failed to list models: 500 Internal Server Error`."""
     from modelrunner.errors import DaemonError
@@ -298,7 +301,8 @@ def cmd_inspect(args: argparse.Namespace) -> None:
             standard_json(openai_model_view(_inspected(args.model, lambda: daemon.openai_model(args.model))))
         )
         return
-    sys.stdout.write(standard_json(_inspected(args.model, lambda: daemon.get_model(args.model, args.remote))))
+    model = _inspected(args.model, lambda: daemon.get_model(args.model, args.remote))
+    sys.stdout.write(standard_json(model.raw))
 
 
 def cmd_show(args: argparse.Namespace) -> None:
@@ -306,19 +310,19 @@ def cmd_show(args: argparse.Namespace) -> None:
     sys.stdout.write(show_text(_inspected(args.model, lambda: daemon.get_model(args.model, args.remote))))
 
 
-def show_text(model: dict[str, Any]) -> str:
+def show_text(model: Model) -> str:
     """show.go formatModelInfo: labels padded to 13 (14 for the config's), the tags as the daemon answers
     them, the creation time in RFC 3339 and the local zone, a blank line before the config and before each
     metadata section (Go walks a map in random order: sorted here)."""
     from modelrunner.artifact.gojson import local_rfc3339nano
 
-    lines = [f"Model:       {model['id']}"]
-    if model.get("tags"):
-        lines.append(f"Tags:        {', '.join(model['tags'])}")
-    if model.get("created"):
-        lines.append(f"Created:     {local_rfc3339nano(int(model['created']) * 10**9)}")
-    cfg = model.get("config")
-    if cfg is not None:
+    lines = [f"Model:       {model.id}"]
+    if model.tags:
+        lines.append(f"Tags:        {', '.join(model.tags)}")
+    if model.created:
+        lines.append(f"Created:     {local_rfc3339nano(model.created * 10**9)}")
+    cfg = model.config
+    if model.raw.get("config") is not None:  # show.go: no config section for a model without one
         lines.append("")
         for label, key in (
             ("Format:", "format"),

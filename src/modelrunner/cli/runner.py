@@ -110,7 +110,7 @@ def cmd_version(_: argparse.Namespace) -> None:
     print()
     print("Server:")
     try:
-        print(f" Version:    {connect(autostart=False).version().get('version', '?')}")
+        print(f" Version:    {connect(autostart=False).version().version or '?'}")
         print(" Engine:     Docker Engine (Manual Install)")
     except DaemonError:
         print(" Version:    (not reachable)")
