@@ -77,7 +77,10 @@ class FakeEngine(Engine):
         self, name: str = "llama.cpp", env: dict[str, str] | None = None, memory: int = 1000
     ) -> None:
         self.name = name
-        self.assembles_unstreamed = name == "llama.cpp"  # it plays llama-server, or another engine
+        # it plays llama-server, vLLM or another engine, with their API's ways
+        self.assembles_unstreamed = self.completions_json_schema = name == "llama.cpp"
+        self.ignores_forced_tool_choice = name == "llama.cpp"
+        self.schema_grammar = name in ("llama.cpp", "vllm")
         self.env = env or {}
         self.memory = memory
 

@@ -12,6 +12,8 @@ import pytest
 from modelrunner.compat import anthropic_chat
 from modelrunner.compat.assemble import CHAT, MESSAGES
 from modelrunner.compat.tool_choice import engine_request, forced
+from modelrunner.engines.llamacpp import LlamaCppEngine
+from modelrunner.engines.vllm import VllmEngine
 from modelrunner.errors import BadRequest
 from modelrunner.wire import SSEDecoder
 
@@ -20,6 +22,9 @@ TOOLS: Any = [
     {"name": "get_weather", "description": "Weather now", "input_schema": CITY},
     {"type": "web_search_20250305", "name": "web"},
 ]
+
+
+ENGINES = {"llama.cpp": LlamaCppEngine, "vllm": VllmEngine}  # the facts the daemon reads from each
 
 
 def request(**fields: Any) -> dict[str, Any]:
@@ -45,8 +50,9 @@ def request(**fields: Any) -> dict[str, Any]:
     ],
 )
 def test_which_requests_go_through_chat(engine: str, doc: dict[str, Any], through: bool) -> None:
-    assert anthropic_chat.through_chat(engine, MESSAGES, doc) is through
-    assert not anthropic_chat.through_chat(engine, MESSAGES + "/count_tokens", doc)
+    forces = ENGINES[engine].ignores_forced_tool_choice
+    assert anthropic_chat.through_chat(forces, MESSAGES, doc) is through
+    assert not anthropic_chat.through_chat(forces, MESSAGES + "/count_tokens", doc)
 
 
 def test_a_conversation_with_a_call_and_its_result_becomes_chat_messages() -> None:
@@ -125,12 +131,17 @@ def test_choices_become_chat_choices(choice: Any, chat_choice: Any) -> None:
 def test_a_forced_choice_takes_the_forced_chat_path() -> None:
     doc = request(tool_choice={"type": "tool", "name": "get_weather"})
     choice = forced(MESSAGES, doc)
-    body, tools = engine_request("llama.cpp", CHAT, anthropic_chat.chat_request(doc), choice)
+    body, tools = engine_request(
+        LlamaCppEngine.ignores_forced_tool_choice, CHAT, anthropic_chat.chat_request(doc), choice
+    )
     assert body["tool_choice"] == "none" and body["response_format"]["type"] == "json_schema"
     assert tools == {"get_weather": CITY}
     none = anthropic_chat.chat_request(request(tool_choice={"type": "none"}))
     assert engine_request(
-        "llama.cpp", CHAT, none, forced(MESSAGES, request(tool_choice={"type": "none"}))
+        LlamaCppEngine.ignores_forced_tool_choice,
+        CHAT,
+        none,
+        forced(MESSAGES, request(tool_choice={"type": "none"})),
     ) == (
         none,
         None,

@@ -53,6 +53,21 @@ def test_engines_say_whether_an_unstreamed_generation_is_assembled() -> None:
     }
 
 
+def test_engines_say_how_their_api_takes_schemas_and_forced_tool_choices() -> None:
+    """What compat/ does for each engine is read from the engine: a grammar from a schema (llama-server and
+    vLLM), the schema in llama-server's completions field, the daemon's forcing of a tool choice that
+    llama-server b11434 accepts and does not apply (vLLM applies its own)."""
+    engines = EngineRegistry.of(default_registry())
+    facts = ("schema_grammar", "completions_json_schema", "ignores_forced_tool_choice")
+    assert {
+        name: [getattr(engines[name], fact) for fact in facts] for name in ("llama.cpp", "vllm", "diffusers")
+    } == {
+        "llama.cpp": [True, True, True],
+        "vllm": [True, False, False],
+        "diffusers": [False, False, False],
+    }
+
+
 @pytest.mark.parametrize(("engine", "assembled"), [("llama.cpp", True), ("vllm", False)])
 def test_an_unstreamed_chat_is_asked_for_as_a_stream_only_where_the_engine_needs_it(
     engine: str, assembled: bool

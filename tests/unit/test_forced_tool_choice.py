@@ -11,6 +11,8 @@ import pytest
 from modelrunner.compat.assemble import CHAT, MESSAGES
 from modelrunner.compat.tool_choice import Forced, engine_request, forced
 from modelrunner.compat.tool_rescue import rescue
+from modelrunner.engines.llamacpp import LlamaCppEngine
+from modelrunner.engines.vllm import VllmEngine
 from modelrunner.errors import BadRequest
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -72,7 +74,7 @@ def test_a_choice_of_no_declared_tool_is_a_bad_request(path: str, doc: Any, word
 def test_llama_cpp_gets_the_call_as_its_grammar_and_the_rescue_makes_it_a_call() -> None:
     doc = {"messages": [], "tools": CHAT_TOOLS, "tool_choice": "required"}
     choice = forced(CHAT, doc)
-    sent, tools = engine_request("llama.cpp", CHAT, doc, choice)
+    sent, tools = engine_request(LlamaCppEngine.ignores_forced_tool_choice, CHAT, doc, choice)
     assert (
         sent["tool_choice"] == "none"
         and sent["tools"] == CHAT_TOOLS
@@ -100,10 +102,10 @@ def test_llama_cpp_gets_the_call_as_its_grammar_and_the_rescue_makes_it_a_call()
 
 def test_other_engines_and_unforced_requests_go_as_they_are() -> None:
     doc = {"messages": [], "tools": CHAT_TOOLS, "tool_choice": "required"}
-    assert engine_request("vllm", CHAT, doc, forced(CHAT, doc)) == (
+    assert engine_request(VllmEngine.ignores_forced_tool_choice, CHAT, doc, forced(CHAT, doc)) == (
         doc,
         {"get_weather": CITY, "get_time": {}},
     )
     auto = {**doc, "tool_choice": "auto"}
-    assert engine_request("llama.cpp", CHAT, auto, None)[0] is auto
+    assert engine_request(LlamaCppEngine.ignores_forced_tool_choice, CHAT, auto, None)[0] is auto
     assert Forced({"get_time": {}}).call_schema()["anyOf"][0]["properties"]["arguments"] == {"type": "object"}

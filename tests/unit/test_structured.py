@@ -17,6 +17,10 @@ from modelrunner.compat.structured import (
     constrained,
     requested_schema,
 )
+from modelrunner.engines.base import Engine
+from modelrunner.engines.diffusers import DiffusersEngine
+from modelrunner.engines.llamacpp import LlamaCppEngine
+from modelrunner.engines.vllm import VllmEngine
 from modelrunner.errors import BadRequest
 
 SCHEMA = {
@@ -25,6 +29,11 @@ SCHEMA = {
     "required": ["answer"],
 }
 AS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+
+
+def constraint_of(engine: type[Engine]) -> Constraint:
+    """SCHEMA's constraint for a request `engine` answers, as server/engine_request.py makes it."""
+    return Constraint(SCHEMA, enforced=engine.schema_grammar)
 
 
 def test_the_schema_each_request_asks_for() -> None:
@@ -60,19 +69,26 @@ def test_only_bodies_that_ask_are_taken_off_the_byte_relay() -> None:
 
 
 def test_the_grammar_reaches_llama_servers_completions_as_its_json_schema_field() -> None:
-    constraint = Constraint.for_engine("llama.cpp", SCHEMA)
+    constraint = constraint_of(LlamaCppEngine)
     doc = {"prompt": "x", "response_format": AS_SCHEMA}
-    assert constraint.engine_request("llama.cpp", COMPLETIONS, doc)["json_schema"] == SCHEMA
-    assert constraint.engine_request("llama.cpp", CHAT, doc) is doc  # chat parses response_format
-    assert constraint.engine_request("vllm", COMPLETIONS, doc) is doc  # vLLM's completions parse it
+    assert (
+        constraint.engine_request(LlamaCppEngine.completions_json_schema, COMPLETIONS, doc)["json_schema"]
+        == SCHEMA
+    )
+    assert (
+        constraint.engine_request(LlamaCppEngine.completions_json_schema, CHAT, doc) is doc
+    )  # chat parses response_format
+    assert (
+        constraint.engine_request(VllmEngine.completions_json_schema, COMPLETIONS, doc) is doc
+    )  # vLLM's completions parse it
     grammar = {**doc, "grammar": "root ::= x"}  # llama-server refuses both: the client's stays
-    assert constraint.engine_request("llama.cpp", COMPLETIONS, grammar) is grammar
+    assert constraint.engine_request(LlamaCppEngine.completions_json_schema, COMPLETIONS, grammar) is grammar
 
 
 def test_enforced_only_where_the_engine_builds_a_grammar() -> None:
-    assert Constraint.for_engine("llama.cpp", SCHEMA).header == (b"x-modelrunner-constraint", b"enforced")
-    assert Constraint.for_engine("vllm", SCHEMA).header[1] == b"enforced"
-    assert Constraint.for_engine("diffusers", SCHEMA).header[1] == b"validated"
+    assert constraint_of(LlamaCppEngine).header == (b"x-modelrunner-constraint", b"enforced")
+    assert constraint_of(VllmEngine).header[1] == b"enforced"
+    assert constraint_of(DiffusersEngine).header[1] == b"validated"
 
 
 def chat_answer(content: str, **message: Any) -> dict[str, Any]:
@@ -81,7 +97,7 @@ def chat_answer(content: str, **message: Any) -> dict[str, Any]:
 
 
 def test_whole_answers_are_checked() -> None:
-    constraint = Constraint.for_engine("llama.cpp", SCHEMA)
+    constraint = constraint_of(LlamaCppEngine)
     constraint.check_answer(chat_answer('{"answer": "yes"}'))
     constraint.check_answer({"choices": [{"index": 0, "text": '{"answer": "no"}'}]})
     with pytest.raises(ConstraintFailed, match=r"does not match.*'maybe' is not one of.*answer"):
@@ -99,7 +115,7 @@ def event(content: str) -> bytes:
 
 
 def test_a_stream_passes_whole_events_and_holds_its_done_until_checked() -> None:
-    check = StreamCheck(Constraint.for_engine("llama.cpp", SCHEMA))
+    check = StreamCheck(constraint_of(LlamaCppEngine))
     first, second = event('{"answer": '), event('"yes"}')
     assert check.feed(first[:7]) == b""  # half an event waits for its end
     assert check.feed(first[7:] + b": ping\n\n") == first + b": ping\n\n"
@@ -108,7 +124,7 @@ def test_a_stream_passes_whole_events_and_holds_its_done_until_checked() -> None
 
 
 def test_a_stream_whose_text_does_not_validate_fails_at_its_end() -> None:
-    check = StreamCheck(Constraint.for_engine("llama.cpp", SCHEMA))
+    check = StreamCheck(constraint_of(LlamaCppEngine))
     data = event('{"answer": "maybe"}') + b"data: [DONE]\n\n"
     assert check.feed(data) == event('{"answer": "maybe"}')
     with pytest.raises(ConstraintFailed, match="does not match"):

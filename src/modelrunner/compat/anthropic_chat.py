@@ -32,7 +32,6 @@ from typing import Any
 from modelrunner.compat import responses
 from modelrunner.compat.anthropic import new_message
 from modelrunner.compat.assemble import MESSAGES
-from modelrunner.compat.tool_choice import ENFORCING_ENGINES
 from modelrunner.compat.tool_rescue import new_call_id
 from modelrunner.errors import BadRequest
 
@@ -41,11 +40,12 @@ _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_
 _SAMPLING = (("max_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"))
 
 
-def through_chat(engine: str, path: str, doc: dict[str, Any]) -> bool:
-    """Whether a Messages request to `engine` is served through chat completions (the module says why)."""
+def through_chat(daemon_forces: bool, path: str, doc: dict[str, Any]) -> bool:
+    """Whether a Messages request is served through chat completions (the module says why); `daemon_forces`:
+    the engine does not apply a forced tool choice itself (`Engine.ignores_forced_tool_choice`)."""
     choice = doc.get("tool_choice")
     return (
-        engine in ENFORCING_ENGINES
+        daemon_forces
         and path == MESSAGES
         and isinstance(choice, dict)
         and choice.get("type") in KEPT_CHOICES

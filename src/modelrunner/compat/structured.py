@@ -24,7 +24,6 @@ from modelrunner.errors import BadRequest, ModelRunnerError
 from modelrunner.wire import sse_events
 
 HEADER = b"x-modelrunner-constraint"
-GRAMMAR_ENGINES = frozenset({"llama.cpp", "vllm"})  # they turn `response_format` into a grammar
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # `json_object`: llama-server's grammar for it
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 
@@ -90,22 +89,14 @@ class Constraint:
     schema: dict[str, Any]
     enforced: bool
 
-    @classmethod
-    def for_engine(cls, engine: str, schema: dict[str, Any]) -> Constraint:
-        return cls(schema, engine in GRAMMAR_ENGINES)
-
     @property
     def header(self) -> tuple[bytes, bytes]:
         return HEADER, b"enforced" if self.enforced else b"validated"
 
-    def engine_request(self, engine: str, path: str, doc: dict[str, Any]) -> dict[str, Any]:
-        """The request as the engine takes the grammar: llama-server's completions want `json_schema`."""
-        if (
-            engine == "llama.cpp"
-            and path == COMPLETIONS
-            and "json_schema" not in doc
-            and "grammar" not in doc
-        ):
+    def engine_request(self, json_schema_field: bool, path: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """The request as the engine takes the grammar: one whose completions read only `json_schema`
+        (`json_schema_field`: llama-server's) gets it there."""
+        if json_schema_field and path == COMPLETIONS and "json_schema" not in doc and "grammar" not in doc:
             return {**doc, "json_schema": self.schema}
         return doc
 

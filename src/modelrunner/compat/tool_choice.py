@@ -25,10 +25,6 @@ from modelrunner.compat.assemble import CHAT, MESSAGES
 from modelrunner.compat.tool_rescue import Tools, declared
 from modelrunner.errors import BadRequest
 
-# vLLM builds its own grammar for required and named choices (with the arguments' schema only as started by
-# engines/vllm.py: --tool-strict-level parameter)
-ENFORCING_ENGINES = frozenset({"llama.cpp"})
-
 
 @dataclass(frozen=True)
 class Forced:
@@ -92,12 +88,13 @@ def forced(path: str, doc: dict[str, Any]) -> Forced | None:
 
 
 def engine_request(
-    engine: str, path: str, doc: dict[str, Any], choice: Forced | None
+    daemon_forces: bool, path: str, doc: dict[str, Any], choice: Forced | None
 ) -> tuple[dict[str, Any], Tools | None]:
-    """The request (whose forced call is `choice`) as `engine` is to get it, and the tools whose calls
-    written as text become calls."""
+    """The request (whose forced call is `choice`) as the engine is to get it, and the tools whose calls
+    written as text become calls. `daemon_forces`: the engine does not apply a forced choice itself
+    (`Engine.ignores_forced_tool_choice`), so its chat request gets the daemon's grammar of the call."""
     if choice is None:
         return doc, declared(path, doc)
-    if engine in ENFORCING_ENGINES and path == CHAT:
+    if daemon_forces and path == CHAT:
         return choice.engine_request(doc), choice.tools
     return doc, choice.tools

@@ -120,6 +120,12 @@ class Engine(ABC):
     # an engine that stops generating for a client that left only while it streams (llama-server) needs
     # it; one that aborts a generation whose client closed, streamed or not (vLLM), does not.
     assembles_unstreamed: bool = False
+    # How its OpenAI-compatible API takes what a request asks (server/engine_request.py, compat/):
+    schema_grammar: bool = False  # a JSON schema (response_format) becomes a grammar it applies
+    completions_json_schema: bool = False  # its /v1/completions reads a schema from `json_schema` only
+    # A forced tool_choice ("required", a named tool) is accepted but not applied: the daemon forces the call
+    # with a grammar of its own (compat/tool_choice.py)
+    ignores_forced_tool_choice: bool = False
 
     @abstractmethod
     def status(self) -> EngineStatus: ...

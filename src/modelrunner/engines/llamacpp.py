@@ -165,6 +165,9 @@ class LlamaCppEngine(Engine):
     modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
     settings_type = LlamaCppSettings
     assembles_unstreamed = True  # llama-server stops generating for a client that left only in a stream
+    schema_grammar = True
+    completions_json_schema = True  # its completions route ignores response_format
+    ignores_forced_tool_choice = True  # b11434 builds the grammar of a forced choice and does not apply it
 
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/llama.cpp, read when needed

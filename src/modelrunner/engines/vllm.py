@@ -458,6 +458,9 @@ class VllmEngine(Engine):
     modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
     settings_type = VllmSettings
     assembles_unstreamed = False  # vLLM aborts a generation whose client closed, streamed or not
+    # its own grammar for schemas, and for required and named tool choices (with the arguments' schema only
+    # as started by AGENT_FLAGS: --tool-strict-level parameter)
+    schema_grammar = True
 
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/vllm, read when needed

@@ -76,23 +76,26 @@ async def prepare(
     started = time.monotonic()
     runner = await inference.acquire(name, mode, keep_alive, backend, record=not preload, needs=needs)
     load_seconds = time.monotonic() - started
-    engine = runner.key.engine
+    engine = inference.engines[runner.key.engine]
     if runner.model.reference != name:
         # Engines such as vLLM answer only to the names they were started with: another name of the same
         # model (a tag, the short form) is sent as the runner's.
         doc, changed = {**doc, "model": runner.model.reference}, True
     if shortening is not None:
         doc, changed = shortening.engine_request(doc), True
-    if anthropic_chat.through_chat(engine, path, doc):  # a tool choice the engine's Messages loses
+    if anthropic_chat.through_chat(
+        engine.ignores_forced_tool_choice, path, doc
+    ):  # a tool choice the engine's Messages loses
         path, doc, changed = assemble.CHAT, anthropic_chat.chat_request(doc), True
     constraint = None
     if schema is not None:
-        constraint = structured.Constraint.for_engine(engine, schema)
-        doc, changed = _changed(doc, constraint.engine_request(engine, path, doc), changed)
-    engine_doc, tools = tool_choice.engine_request(engine, path, doc, forced)
+        constraint = structured.Constraint(schema, enforced=engine.schema_grammar)
+        engine_doc = constraint.engine_request(engine.completions_json_schema, path, doc)
+        doc, changed = _changed(doc, engine_doc, changed)
+    engine_doc, tools = tool_choice.engine_request(engine.ignores_forced_tool_choice, path, doc, forced)
     doc, changed = _changed(doc, engine_doc, changed)
     assembling = None
-    if inference.engines[engine].assembles_unstreamed and assemble.streamable(path, doc):
+    if engine.assembles_unstreamed and assemble.streamable(path, doc):
         assembling, doc, changed = path, assemble.streamed_request(path, doc), True
     return EngineRequest(runner, path, doc, changed, load_seconds, assembling, shortening, constraint, tools)
 

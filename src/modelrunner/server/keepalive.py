@@ -58,10 +58,10 @@ def announce_constraint(
     if schema is None:
         return
     try:
-        engine = inference.engine_for(inference.store.get(name), backend).name
+        engine = inference.engine_for(inference.store.get(name), backend)
     except ModelRunnerError:
         return
-    lifecycle.current().announce(structured.Constraint.for_engine(engine, schema).header)
+    lifecycle.current().announce(structured.Constraint(schema, enforced=engine.schema_grammar).header)
 
 
 async def discard(task: asyncio.Task[Any], close: Callable[[Any], Coroutine[Any, Any, None]]) -> None:
