@@ -10,7 +10,8 @@
   (~/.local/share/modelrunner), or connects to or binds the default port 12434, fails.
 * Shared fixtures (`pytest_plugins`): a test asks for `llama_server`, `vllm_venv`, `tiny_vllm_model`,
   `diffusers_python`, `tiny_sd_dduf`, `daemon`, `daemons`, `fake_daemon`, `fake_daemons` or `endpoint` by
-  parameter name, nothing to import.
+  parameter name, nothing to import; the signing tests' `signing_registry`, `referrers_registry` and
+  `cosign_password` likewise (tests/signing_fixtures.py, none autouse).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ pytest_plugins = [
     "tests.engines",
     "tests.vllm_env",
     "tests.diffusers_env",
+    "tests.signing_fixtures",
     "tests.conformance.dmr_daemons",
     "tests.conformance.openai_endpoint",
 ]

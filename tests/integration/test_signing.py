@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -19,34 +18,9 @@ from modelrunner.store.store import ModelStore
 from tests.daemon import Daemon, error_message, free_port
 from tests.models import write_tiny_gguf
 from tests.registry import Registry, require_tool
+from tests.signing_fixtures import OCI, keygen, pushed, upload
 
-PASSWORD = "correct horse"
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[Registry]:
-    running = Registry(tmp_path / "registry").start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture(autouse=True)
-def cosign_password(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COSIGN_PASSWORD", PASSWORD)
-
-
-def keygen(daemon: Daemon, prefix: Path) -> tuple[Path, Path]:
-    daemon.cli("trust", "keygen", str(prefix))
-    return prefix.with_suffix(".key"), prefix.with_suffix(".pub")
-
-
-def pushed(
-    daemon: Daemon, registry: Registry, tmp_path: Path, name: str = "team/tiny:v1", seed: int = 0
-) -> str:
-    ref = f"{registry.host}/{name}"
-    gguf = write_tiny_gguf(tmp_path / f"tiny-{seed}.gguf", seed=seed)
-    daemon.cli("package", "--gguf", str(gguf), "--push", ref)
-    return ref
+pytestmark = pytest.mark.usefixtures("cosign_password")
 
 
 def manifest_digest(registry: Registry, repository: str, reference: str) -> str:
@@ -58,30 +32,30 @@ def manifest_digest(registry: Registry, repository: str, reference: str) -> str:
     return str(response.headers["docker-content-digest"])
 
 
-def test_sign_then_verify(daemon: Daemon, registry: Registry, tmp_path: Path) -> None:
+def test_sign_then_verify(daemon: Daemon, signing_registry: Registry, tmp_path: Path) -> None:
     private, public = keygen(daemon, tmp_path / "cosign")
-    ref = pushed(daemon, registry, tmp_path)
+    ref = pushed(daemon, signing_registry, tmp_path)
     daemon.cli("sign", "--key", str(private), ref)
-    digest = manifest_digest(registry, "team/tiny", "v1")
-    assert manifest_digest(registry, "team/tiny", signature_tag(digest))  # cosign's place for it
+    digest = manifest_digest(signing_registry, "team/tiny", "v1")
+    assert manifest_digest(signing_registry, "team/tiny", signature_tag(digest))  # cosign's place for it
     verified = daemon.cli("verify", ref, "--key", str(public))
     assert f"Verified {ref}@{digest}" in verified.stdout
 
 
 def test_push_with_a_sign_key_signs_what_it_pushed(
-    daemon: Daemon, registry: Registry, tmp_path: Path
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
 ) -> None:
     private, public = keygen(daemon, tmp_path / "cosign")
-    ref = f"{registry.host}/team/tiny:v2"
+    ref = f"{signing_registry.host}/team/tiny:v2"
     daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "t.gguf")), ref)
     daemon.cli("push", "--sign-key", str(private), ref)
     assert daemon.cli("verify", ref, "--key", str(public)).returncode == 0
 
 
-def test_verify_fails_with_the_reason(daemon: Daemon, registry: Registry, tmp_path: Path) -> None:
+def test_verify_fails_with_the_reason(daemon: Daemon, signing_registry: Registry, tmp_path: Path) -> None:
     private, _ = keygen(daemon, tmp_path / "signer")
     _, other_public = keygen(daemon, tmp_path / "other")
-    ref = pushed(daemon, registry, tmp_path)
+    ref = pushed(daemon, signing_registry, tmp_path)
     unsigned = daemon.cli("verify", ref, "--key", str(other_public), check=False)
     assert unsigned.returncode == 1
     assert "Verification failed:" in unsigned.stderr and "is not signed" in unsigned.stderr
@@ -91,34 +65,34 @@ def test_verify_fails_with_the_reason(daemon: Daemon, registry: Registry, tmp_pa
 
 
 def test_a_wrong_password_signs_nothing(
-    daemon: Daemon, registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     private, _ = keygen(daemon, tmp_path / "cosign")
-    ref = pushed(daemon, registry, tmp_path)
+    ref = pushed(daemon, signing_registry, tmp_path)
     monkeypatch.setenv("COSIGN_PASSWORD", "wrong")
     result = daemon.cli("sign", "--key", str(private), ref, check=False)
     assert result.returncode == 1 and "wrong password" in result.stderr
-    digest = manifest_digest(registry, "team/tiny", "v1")
-    response = httpx.head(f"{registry.url}/v2/team/tiny/manifests/{signature_tag(digest)}")
+    digest = manifest_digest(signing_registry, "team/tiny", "v1")
+    response = httpx.head(f"{signing_registry.url}/v2/team/tiny/manifests/{signature_tag(digest)}")
     assert response.status_code == 404
 
 
 def test_a_signature_moved_to_another_model_does_not_verify(
-    daemon: Daemon, registry: Registry, tmp_path: Path
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
 ) -> None:
     """A registry in the middle copies model A's signature manifest to model B's `.sig` tag."""
     private, public = keygen(daemon, tmp_path / "cosign")
-    signed = pushed(daemon, registry, tmp_path, "team/tiny:a", seed=0)
-    other = pushed(daemon, registry, tmp_path, "team/tiny:b", seed=1)
+    signed = pushed(daemon, signing_registry, tmp_path, "team/tiny:a", seed=0)
+    other = pushed(daemon, signing_registry, tmp_path, "team/tiny:b", seed=1)
     daemon.cli("sign", "--key", str(private), signed)
-    digest_a = manifest_digest(registry, "team/tiny", "a")
-    digest_b = manifest_digest(registry, "team/tiny", "b")
+    digest_a = manifest_digest(signing_registry, "team/tiny", "a")
+    digest_b = manifest_digest(signing_registry, "team/tiny", "b")
     sig_manifest = httpx.get(
-        f"{registry.url}/v2/team/tiny/manifests/{signature_tag(digest_a)}",
+        f"{signing_registry.url}/v2/team/tiny/manifests/{signature_tag(digest_a)}",
         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
     ).content
     httpx.put(
-        f"{registry.url}/v2/team/tiny/manifests/{signature_tag(digest_b)}",
+        f"{signing_registry.url}/v2/team/tiny/manifests/{signature_tag(digest_b)}",
         content=sig_manifest,
         headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"},
     ).raise_for_status()
@@ -139,28 +113,19 @@ def openssl(*args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
-OCI = "application/vnd.oci.image.manifest.v1+json"
-
-
-def upload(registry: Registry, repository: str, data: bytes) -> str:
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    started = httpx.post(f"{registry.url}/v2/{repository}/blobs/uploads/")
-    location = httpx.URL(registry.url).join(started.headers["location"])
-    httpx.put(location.copy_add_param("digest", digest), content=data).raise_for_status()
-    return digest
-
-
-def test_openssl_verifies_what_model_sign_stored(daemon: Daemon, registry: Registry, tmp_path: Path) -> None:
+def test_openssl_verifies_what_model_sign_stored(
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
+) -> None:
     private, public = keygen(daemon, tmp_path / "cosign")
-    ref = pushed(daemon, registry, tmp_path)
+    ref = pushed(daemon, signing_registry, tmp_path)
     daemon.cli("sign", "--key", str(private), ref)
-    digest = manifest_digest(registry, "team/tiny", "v1")
+    digest = manifest_digest(signing_registry, "team/tiny", "v1")
     sig_manifest = httpx.get(
-        f"{registry.url}/v2/team/tiny/manifests/{signature_tag(digest)}", headers={"Accept": OCI}
+        f"{signing_registry.url}/v2/team/tiny/manifests/{signature_tag(digest)}", headers={"Accept": OCI}
     ).json()
     (layer,) = sig_manifest["layers"]
     assert layer["mediaType"] == "application/vnd.dev.cosign.simplesigning.v1+json"
-    payload = httpx.get(f"{registry.url}/v2/team/tiny/blobs/{layer['digest']}").content
+    payload = httpx.get(f"{signing_registry.url}/v2/team/tiny/blobs/{layer['digest']}").content
     claim = json.loads(payload)["critical"]
     assert claim["image"]["docker-manifest-digest"] == digest
     assert claim["identity"]["docker-reference"] == ref
@@ -180,11 +145,11 @@ def test_openssl_verifies_what_model_sign_stored(daemon: Daemon, registry: Regis
 
 
 def test_model_verify_takes_a_signature_made_elsewhere(
-    daemon: Daemon, registry: Registry, tmp_path: Path
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
 ) -> None:
     """openssl's key and signature, a payload laid out differently (indented, keys in another order)."""
-    ref = pushed(daemon, registry, tmp_path)
-    digest = manifest_digest(registry, "team/tiny", "v1")
+    ref = pushed(daemon, signing_registry, tmp_path)
+    digest = manifest_digest(signing_registry, "team/tiny", "v1")
     key, public = tmp_path / "ec.pem", tmp_path / "ec.pub"
     openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key))
     openssl("ec", "-in", str(key), "-pubout", "-out", str(public))
@@ -193,15 +158,15 @@ def test_model_verify_takes_a_signature_made_elsewhere(
         "critical": {
             "type": "cosign container image signature",
             "image": {"docker-manifest-digest": digest},
-            "identity": {"docker-reference": f"{registry.host}/team/tiny"},
+            "identity": {"docker-reference": f"{signing_registry.host}/team/tiny"},
         },
     }
     payload = json.dumps(claim, indent=2).encode()
     (tmp_path / "payload").write_bytes(payload)
     openssl("dgst", "-sha256", "-sign", str(key), "-out", str(tmp_path / "sig"), str(tmp_path / "payload"))
-    payload_digest = upload(registry, "team/tiny", payload)
+    payload_digest = upload(signing_registry, "team/tiny", payload)["digest"]
     config = json.dumps({"rootfs": {"type": "layers", "diff_ids": [payload_digest]}}).encode()
-    config_digest = upload(registry, "team/tiny", config)
+    config_digest = upload(signing_registry, "team/tiny", config)["digest"]
     manifest = {
         "schemaVersion": 2,
         "mediaType": OCI,
@@ -224,7 +189,7 @@ def test_model_verify_takes_a_signature_made_elsewhere(
         ],
     }
     httpx.put(
-        f"{registry.url}/v2/team/tiny/manifests/{signature_tag(digest)}",
+        f"{signing_registry.url}/v2/team/tiny/manifests/{signature_tag(digest)}",
         content=json.dumps(manifest).encode(),
         headers={"Content-Type": OCI},
     ).raise_for_status()
@@ -240,14 +205,14 @@ def blobs(daemon: Daemon) -> set[str]:
 
 
 def test_enforce_refuses_an_unsigned_pull_before_any_blob_is_stored(
-    daemon: Daemon, registry: Registry, tmp_path: Path
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
 ) -> None:
     private, public = keygen(daemon, tmp_path / "cosign")
-    ref = pushed(daemon, registry, tmp_path, "team/tiny:v1", seed=3)
+    ref = pushed(daemon, signing_registry, tmp_path, "team/tiny:v1", seed=3)
     daemon.cli("rm", ref)
     before = blobs(daemon)
-    daemon.cli("trust", "set", f"{registry.host}/team/*", "--key", str(public), "--mode", "enforce")
-    assert f"{registry.host}/team/*" in daemon.cli("trust", "ls").stdout
+    daemon.cli("trust", "set", f"{signing_registry.host}/team/*", "--key", str(public), "--mode", "enforce")
+    assert f"{signing_registry.host}/team/*" in daemon.cli("trust", "ls").stdout
     refused = daemon.cli("pull", ref, check=False)
     assert refused.returncode == 1
     assert "Failed to pull model" in refused.stderr and "is not signed" in refused.stderr
@@ -257,9 +222,11 @@ def test_enforce_refuses_an_unsigned_pull_before_any_blob_is_stored(
     assert any(ref in model["tags"] for model in daemon.models())
 
 
-def test_warn_pulls_an_unsigned_model_and_says_so(daemon: Daemon, registry: Registry, tmp_path: Path) -> None:
+def test_warn_pulls_an_unsigned_model_and_says_so(
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
+) -> None:
     _, public = keygen(daemon, tmp_path / "cosign")
-    ref = pushed(daemon, registry, tmp_path, "team/tiny:v1", seed=4)
+    ref = pushed(daemon, signing_registry, tmp_path, "team/tiny:v1", seed=4)
     daemon.cli("rm", ref)
     daemon.cli("trust", "set", "*", "--key", str(public), "--mode", "warn")
     pulled = daemon.cli("pull", ref)
@@ -272,9 +239,9 @@ def test_warn_pulls_an_unsigned_model_and_says_so(daemon: Daemon, registry: Regi
 
 
 def test_a_policy_that_is_not_valid_refuses_the_pull(
-    daemon: Daemon, registry: Registry, tmp_path: Path
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
 ) -> None:
-    ref = pushed(daemon, registry, tmp_path, "team/tiny:v1", seed=5)
+    ref = pushed(daemon, signing_registry, tmp_path, "team/tiny:v1", seed=5)
     daemon.cli("rm", ref)
     before = blobs(daemon)
     (daemon.home / "trust-policy.json").write_text("{not json")
@@ -306,15 +273,15 @@ def engine_daemon(tmp_path: Path, llama_server: Path, monkeypatch: pytest.Monkey
 
 
 def test_enforce_runs_only_what_was_verified(
-    engine_daemon: Daemon, registry: Registry, tmp_path: Path
+    engine_daemon: Daemon, signing_registry: Registry, tmp_path: Path
 ) -> None:
     daemon = engine_daemon
     private, public = keygen(daemon, tmp_path / "cosign")
-    ref = pushed(daemon, registry, tmp_path, "team/tiny:v1", seed=6)
+    ref = pushed(daemon, signing_registry, tmp_path, "team/tiny:v1", seed=6)
     daemon.cli("sign", "--key", str(private), ref)
     daemon.cli("rm", ref)
-    daemon.cli("trust", "set", f"{registry.host}/team/*", "--key", str(public))
-    local = f"{registry.host}/team/local:v1"  # packaged here, never signed
+    daemon.cli("trust", "set", f"{signing_registry.host}/team/*", "--key", str(public))
+    local = f"{signing_registry.host}/team/local:v1"  # packaged here, never signed
     daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "local.gguf", seed=7)), local)
     refused = chat(daemon, local)  # refused before any engine starts
     assert refused.status_code == 403

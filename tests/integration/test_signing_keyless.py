@@ -6,7 +6,6 @@ front of Debian's docker-registry."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,21 +24,11 @@ from modelrunner.signing.record import problem_before_load
 from modelrunner.store.store import ModelStore
 from tests.daemon import Daemon, free_port, snapshot
 from tests.fake_sigstore import FakeSigstore, statement
-from tests.integration.test_signing_hostile import OCI, a_model, registry, upload
 from tests.models import write_tiny_gguf
 from tests.registry import Registry, RegistryProxy
+from tests.signing_fixtures import OCI, a_model, upload
 
-__all__ = ["registry"]
 ME = Identity("dev@example.com", "https://issuer.example")
-
-
-@pytest.fixture
-def referrers_registry(registry: Registry) -> Iterator[RegistryProxy]:
-    running = RegistryProxy(registry.host)
-    running.controls.serve_referrers = True
-    running.start()
-    yield running
-    running.stop()
 
 
 @pytest.fixture
@@ -83,9 +72,9 @@ def verify(proxy: RegistryProxy, sigstore: FakeSigstore, identity: Identity = ME
 
 
 def test_model_verify_checks_a_keyless_bundle_against_the_trusted_root(
-    registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore, tmp_path: Path
+    signing_registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore, tmp_path: Path
 ) -> None:
-    digest = signed_model(registry, referrers_registry, sigstore)
+    digest = signed_model(signing_registry, referrers_registry, sigstore)
     root = tmp_path / "trusted_root.json"
     root.write_text(json.dumps(sigstore.trusted_root()))
     cli = Daemon(tmp_path / "home", free_port())  # the verification runs in the CLI: no daemon needed
@@ -100,53 +89,53 @@ def test_model_verify_checks_a_keyless_bundle_against_the_trusted_root(
 
 
 def test_another_issuer_for_the_same_identity_is_refused(
-    registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
+    signing_registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
 ) -> None:
-    signed_model(registry, referrers_registry, sigstore)
+    signed_model(signing_registry, referrers_registry, sigstore)
     with pytest.raises(InvalidSignature, match=r"https://issuer\.example"):
         verify(referrers_registry, sigstore, Identity(ME.identity, "https://other-issuer.example"))
     assert verify(referrers_registry, sigstore).startswith(ME.identity)
 
 
 def test_a_bundle_from_another_sigstore_is_refused(
-    registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
+    signing_registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
 ) -> None:
     """Its certificate does not chain to the trusted root's CA, whatever identity it names."""
-    signed_model(registry, referrers_registry, FakeSigstore())
+    signed_model(signing_registry, referrers_registry, FakeSigstore())
     with pytest.raises(InvalidSignature, match="certificate chain"):
         verify(referrers_registry, sigstore)
 
 
 def test_a_log_entry_the_trusted_rekor_did_not_sign_is_refused(
-    registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
+    signing_registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
 ) -> None:
     """The CA and CT log are trusted, the Rekor log is another: its checkpoint does not verify."""
     impostor = FakeSigstore()
     impostor.ca_key, impostor.ca_cert, impostor.ct_key = sigstore.ca_key, sigstore.ca_cert, sigstore.ct_key
-    signed_model(registry, referrers_registry, impostor)
+    signed_model(signing_registry, referrers_registry, impostor)
     with pytest.raises(InvalidSignature, match="invalid log entry"):
         verify(referrers_registry, sigstore)
 
 
 def test_a_bundle_for_another_manifest_is_refused(
-    registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
+    signing_registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
 ) -> None:
     """A valid bundle moved onto this manifest: its statement names another digest."""
-    digest = a_model(registry)
+    digest = a_model(signing_registry)
     other = "sha256:" + "0" * 64
     bundle = sigstore.bundle(statement(f"{referrers_registry.host}/team/m", other), ME.identity, ME.issuer)
-    store_bundle(registry, referrers_registry, digest, bundle)
+    store_bundle(signing_registry, referrers_registry, digest, bundle)
     with pytest.raises(InvalidSignature, match=f"for another manifest, not {digest}"):
         verify(referrers_registry, sigstore)
 
 
 def test_a_tampered_envelope_is_refused(
-    registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
+    signing_registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
 ) -> None:
-    digest = a_model(registry)
+    digest = a_model(signing_registry)
     bundle = sigstore.bundle(statement(f"{referrers_registry.host}/team/m", digest), ME.identity, ME.issuer)
     bundle["dsseEnvelope"]["payload"] = bundle["dsseEnvelope"]["payload"][:-8] + "AAAAAAA="
-    store_bundle(registry, referrers_registry, digest, bundle)
+    store_bundle(signing_registry, referrers_registry, digest, bundle)
     with pytest.raises(InvalidSignature, match="team/m@sha256:"):
         verify(referrers_registry, sigstore)
 
@@ -161,21 +150,21 @@ def test_a_tampered_envelope_is_refused(
     ids=["not-json", "empty", "oversized"],
 )
 def test_hostile_bundles_are_refused_with_the_reason(
-    registry: Registry,
+    signing_registry: Registry,
     referrers_registry: RegistryProxy,
     sigstore: FakeSigstore,
     content: bytes,
     reason: str,
 ) -> None:
-    store_bundle(registry, referrers_registry, a_model(registry), content)
+    store_bundle(signing_registry, referrers_registry, a_model(signing_registry), content)
     with pytest.raises(InvalidSignature, match=reason):
         verify(referrers_registry, sigstore)
 
 
 def test_no_bundle_and_no_referrers_api(
-    registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
+    signing_registry: Registry, referrers_registry: RegistryProxy, sigstore: FakeSigstore
 ) -> None:
-    a_model(registry)
+    a_model(signing_registry)
     with pytest.raises(InvalidSignature, match="has no Sigstore bundle"):
         verify(referrers_registry, sigstore)
     referrers_registry.controls.serve_referrers = False
@@ -199,7 +188,7 @@ def test_a_trusted_root_that_does_not_hold_is_refused(tmp_path: Path) -> None:
 
 def test_a_policy_of_an_identity_pulls_what_it_signed_and_refuses_the_rest(
     daemon: Daemon,
-    registry: Registry,
+    signing_registry: Registry,
     referrers_registry: RegistryProxy,
     sigstore: FakeSigstore,
     tmp_path: Path,
@@ -210,7 +199,7 @@ def test_a_policy_of_an_identity_pulls_what_it_signed_and_refuses_the_rest(
     daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "t.gguf", seed=31)), "--push", ref)
     digest = daemon.models()[0]["id"]
     bundle = sigstore.bundle(statement(f"{referrers_registry.host}/team/m", digest), ME.identity, ME.issuer)
-    store_bundle(registry, referrers_registry, digest, bundle)
+    store_bundle(signing_registry, referrers_registry, digest, bundle)
     daemon.cli("rm", ref)
     root = tmp_path / "trusted_root.json"
     root.write_text(json.dumps(sigstore.trusted_root()))

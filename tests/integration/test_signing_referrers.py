@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,22 +18,12 @@ from modelrunner.signing.payload import InvalidSignature, make_payload
 from modelrunner.signing.referrers import SIGNATURE_ARTIFACT_TYPE
 from modelrunner.signing.registry import sign_reference, signature_tag, verify_reference
 from tests.daemon import Daemon
-from tests.integration.test_signing import cosign_password, keygen
-from tests.integration.test_signing_hostile import OCI, a_model, key, registry, signature_layer
 from tests.models import write_tiny_gguf
 from tests.registry import Registry, RegistryProxy
+from tests.signing_fixtures import OCI, a_model, key, keygen, signature_layer
 
-__all__ = ["cosign_password", "registry"]  # the first round's fixtures, shared
+pytestmark = pytest.mark.usefixtures("cosign_password")
 INDEX = "application/vnd.oci.image.index.v1+json"
-
-
-@pytest.fixture
-def referrers_registry(registry: Registry) -> Iterator[RegistryProxy]:
-    running = RegistryProxy(registry.host)
-    running.controls.serve_referrers = True
-    running.start()
-    yield running
-    running.stop()
 
 
 def referrers(proxy: RegistryProxy, digest: str) -> list[dict[str, object]]:
@@ -49,16 +38,18 @@ def tag_exists(registry: Registry, repository: str, tag: str) -> bool:
 
 
 def test_sign_stores_a_referrer_where_the_registry_serves_them(
-    registry: Registry, referrers_registry: RegistryProxy
+    signing_registry: Registry, referrers_registry: RegistryProxy
 ) -> None:
     private = key()
-    digest = a_model(registry)
+    digest = a_model(signing_registry)
     reference = parse_reference(f"{referrers_registry.host}/team/m:v1")
     sign_reference(reference, private)
     [listed] = referrers(referrers_registry, digest)
     assert listed["artifactType"] == SIGNATURE_ARTIFACT_TYPE
-    assert not tag_exists(registry, "team/m", signature_tag(digest))  # no .sig tag beside it
-    manifest = httpx.get(f"{registry.url}/v2/team/m/manifests/{listed['digest']}", headers={"Accept": OCI})
+    assert not tag_exists(signing_registry, "team/m", signature_tag(digest))  # no .sig tag beside it
+    manifest = httpx.get(
+        f"{signing_registry.url}/v2/team/m/manifests/{listed['digest']}", headers={"Accept": OCI}
+    )
     document = manifest.json()
     assert document["subject"]["digest"] == digest
     assert document["config"]["mediaType"] == "application/vnd.oci.empty.v1+json"
@@ -67,15 +58,15 @@ def test_sign_stores_a_referrer_where_the_registry_serves_them(
     assert verified.signer == keys.key_id(private.public_key())
 
 
-def test_verify_falls_back_to_the_tag(registry: Registry, referrers_registry: RegistryProxy) -> None:
+def test_verify_falls_back_to_the_tag(signing_registry: Registry, referrers_registry: RegistryProxy) -> None:
     """Signed where there was no referrers API (the `.sig` tag), verified where there is one."""
     private = key()
-    digest = a_model(registry)
+    digest = a_model(signing_registry)
     sign_reference(parse_reference(f"{referrers_registry.host}/team/m:v1"), private)
     assert referrers(referrers_registry, digest)  # signed as a referrer; now the tag too:
     referrers_registry.controls.serve_referrers = False
     sign_reference(parse_reference(f"{referrers_registry.host}/team/m:v1"), private)
-    assert tag_exists(registry, "team/m", signature_tag(digest))
+    assert tag_exists(signing_registry, "team/m", signature_tag(digest))
     referrers_registry.controls.serve_referrers = True
     referrers_registry.referrers = type(referrers_registry.referrers)()  # the referrers are gone
     assert referrers(referrers_registry, digest) == []
@@ -84,7 +75,7 @@ def test_verify_falls_back_to_the_tag(registry: Registry, referrers_registry: Re
 
 
 def test_model_sign_verify_and_an_enforced_pull_with_referrers(
-    daemon: Daemon, registry: Registry, referrers_registry: RegistryProxy, tmp_path: Path
+    daemon: Daemon, signing_registry: Registry, referrers_registry: RegistryProxy, tmp_path: Path
 ) -> None:
     private, public = keygen(daemon, tmp_path / "cosign")
     ref = f"{referrers_registry.host}/team/m:v1"
@@ -92,7 +83,7 @@ def test_model_sign_verify_and_an_enforced_pull_with_referrers(
     daemon.cli("sign", "--key", str(private), ref)
     digest = daemon.models()[0]["id"]
     assert len(referrers(referrers_registry, digest)) == 1
-    assert not tag_exists(registry, "team/m", signature_tag(digest))
+    assert not tag_exists(signing_registry, "team/m", signature_tag(digest))
     assert daemon.cli("verify", ref, "--key", str(public)).returncode == 0
     daemon.cli("rm", ref)
     daemon.cli("trust", "set", f"{referrers_registry.host}/team/*", "--key", str(public))
@@ -116,17 +107,17 @@ def manifest_gets(proxy: RegistryProxy) -> int:
     return sum(1 for method, path in proxy.requests if method == "GET" and "/manifests/sha256:" in path)
 
 
-def test_a_referrer_loop_is_refused(registry: Registry, referrers_registry: RegistryProxy) -> None:
-    digest = a_model(registry)
+def test_a_referrer_loop_is_refused(signing_registry: Registry, referrers_registry: RegistryProxy) -> None:
+    digest = a_model(signing_registry)
     serve_index(referrers_registry, digest, [signature_entry(digest)])  # the model lists itself
     with pytest.raises(InvalidSignature, match="a loop"):
         verify_reference(parse_reference(f"{referrers_registry.host}/team/m:v1"), [key().public_key()])
 
 
 def test_hundreds_of_referrers_are_bounded_work(
-    registry: Registry, referrers_registry: RegistryProxy
+    signing_registry: Registry, referrers_registry: RegistryProxy
 ) -> None:
-    digest = a_model(registry)
+    digest = a_model(signing_registry)
     reference = parse_reference(f"{referrers_registry.host}/team/m:v1")
     fake = ["sha256:" + hashlib.sha256(str(i).encode()).hexdigest() for i in range(300)]
     serve_index(referrers_registry, digest, [signature_entry(d) for d in fake])
@@ -141,11 +132,11 @@ def test_hundreds_of_referrers_are_bounded_work(
 
 
 def test_a_referrer_for_another_digest_is_refused(
-    registry: Registry, referrers_registry: RegistryProxy
+    signing_registry: Registry, referrers_registry: RegistryProxy
 ) -> None:
     private = key()
-    digest = a_model(registry, tag="v1", content=b"one")
-    other = a_model(registry, tag="v2", content=b"two")
+    digest = a_model(signing_registry, tag="v1", content=b"one")
+    other = a_model(signing_registry, tag="v2", content=b"two")
     reference = parse_reference(f"{referrers_registry.host}/team/m:v2")
     sign_reference(reference, private)  # a referrer of v2's manifest
     [listed] = referrers(referrers_registry, other)
@@ -155,12 +146,12 @@ def test_a_referrer_for_another_digest_is_refused(
 
 
 def test_a_referrer_that_does_not_match_its_digest_is_refused(
-    registry: Registry, referrers_registry: RegistryProxy
+    signing_registry: Registry, referrers_registry: RegistryProxy
 ) -> None:
     private = key()
-    digest = a_model(registry)
+    digest = a_model(signing_registry)
     reference = parse_reference(f"{referrers_registry.host}/team/m:v1")
-    layer = signature_layer(registry, private, make_payload(str(reference), digest))
+    layer = signature_layer(signing_registry, private, make_payload(str(reference), digest))
     body = json.dumps({"schemaVersion": 2, "layers": [layer], "subject": {"digest": digest}}).encode()
     claimed = "sha256:" + "0" * 64
     referrers_registry.controls.manifests[f"/v2/team/m/manifests/{claimed}"] = (body, OCI)

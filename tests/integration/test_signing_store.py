@@ -8,15 +8,17 @@ import base64
 import json
 from pathlib import Path
 
+import pytest
+
 from modelrunner.signing.payload import make_payload
 from modelrunner.signing.record import read_record
 from modelrunner.store.store import ModelStore
 from tests.daemon import Daemon, snapshot
-from tests.integration.test_signing import cosign_password, keygen, pushed, registry
-
-__all__ = ["cosign_password", "registry"]  # the fixtures of the first round's tests, shared
 from tests.models import write_tiny_gguf
 from tests.registry import Registry
+from tests.signing_fixtures import keygen, pushed
+
+pytestmark = pytest.mark.usefixtures("cosign_password")
 
 
 def pulled_under_policy(daemon: Daemon, registry: Registry, tmp_path: Path) -> tuple[str, Path]:
@@ -32,10 +34,10 @@ def pulled_under_policy(daemon: Daemon, registry: Registry, tmp_path: Path) -> t
 
 
 def test_verify_local_checks_the_kept_signature_with_no_registry(
-    daemon: Daemon, registry: Registry, tmp_path: Path
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
 ) -> None:
-    ref, public = pulled_under_policy(daemon, registry, tmp_path)
-    registry.stop()  # offline from here on
+    ref, public = pulled_under_policy(daemon, signing_registry, tmp_path)
+    signing_registry.stop()  # offline from here on
     before = snapshot(daemon.store_root)
     local = daemon.cli("verify", "--local", ref, "--key", str(public))
     model_id = daemon.models()[0]["id"]
@@ -48,13 +50,15 @@ def test_verify_local_checks_the_kept_signature_with_no_registry(
     assert snapshot(daemon.store_root) == before  # verifying changes nothing
 
 
-def test_verify_local_fails_with_the_reason(daemon: Daemon, registry: Registry, tmp_path: Path) -> None:
-    ref, _ = pulled_under_policy(daemon, registry, tmp_path)
+def test_verify_local_fails_with_the_reason(
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
+) -> None:
+    ref, _ = pulled_under_policy(daemon, signing_registry, tmp_path)
     _, other = keygen(daemon, tmp_path / "other")
     wrong = daemon.cli("verify", "--local", ref, "--key", str(other), check=False)
     assert wrong.returncode == 1
     assert "Verification failed:" in wrong.stderr and "no signature was made by the given key" in wrong.stderr
-    unsigned = f"{registry.host}/team/local:v1"
+    unsigned = f"{signing_registry.host}/team/local:v1"
     daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "local.gguf", seed=12)), unsigned)
     none_kept = daemon.cli("verify", "--local", unsigned, "--key", str(other), check=False)
     assert none_kept.returncode == 1 and "no signature kept in the store" in none_kept.stderr
@@ -66,8 +70,10 @@ def test_verify_local_fails_with_the_reason(daemon: Daemon, registry: Registry, 
     assert refused.returncode == 1 and "public key" in refused.stderr
 
 
-def test_a_changed_blob_fails_local_and_deep(daemon: Daemon, registry: Registry, tmp_path: Path) -> None:
-    ref, public = pulled_under_policy(daemon, registry, tmp_path)
+def test_a_changed_blob_fails_local_and_deep(
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
+) -> None:
+    ref, public = pulled_under_policy(daemon, signing_registry, tmp_path)
     store = ModelStore(daemon.store_root)
     stored = store.get(daemon.models()[0]["id"])
     layer = store.layout.blob_path(stored.manifest.layers[0].digest)
@@ -80,8 +86,10 @@ def test_a_changed_blob_fails_local_and_deep(daemon: Daemon, registry: Registry,
     assert deep.returncode == 1 and "does not hash to its digest" in deep.stderr
 
 
-def test_inspect_and_ls_show_the_verification(daemon: Daemon, registry: Registry, tmp_path: Path) -> None:
-    ref, _ = pulled_under_policy(daemon, registry, tmp_path)
+def test_inspect_and_ls_show_the_verification(
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
+) -> None:
+    ref, _ = pulled_under_policy(daemon, signing_registry, tmp_path)
     model_id = daemon.models()[0]["id"]
     record = read_record(ModelStore(daemon.store_root), model_id)
     assert record is not None and record.payload and record.signature
@@ -93,15 +101,15 @@ def test_inspect_and_ls_show_the_verification(daemon: Daemon, registry: Registry
     assert listed[0]["verification"]["signer"] == record.signer
     table = daemon.cli("ls", "--verified").stdout.splitlines()
     assert table[0].split()[-1] == "VERIFIED" and record.signer[:19] in table[1]
-    unsigned = f"{registry.host}/team/local:v1"
+    unsigned = f"{signing_registry.host}/team/local:v1"
     daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "local.gguf", seed=12)), unsigned)
     assert "verification" not in json.loads(daemon.cli("inspect", unsigned).stdout)
 
 
 def test_a_tampered_record_or_a_bad_request_verifies_nothing(
-    daemon: Daemon, registry: Registry, tmp_path: Path
+    daemon: Daemon, signing_registry: Registry, tmp_path: Path
 ) -> None:
-    ref, public = pulled_under_policy(daemon, registry, tmp_path)
+    ref, public = pulled_under_policy(daemon, signing_registry, tmp_path)
     model_id = daemon.models()[0]["id"]
     for body in ({"keys": []}, {"keys": ["x"], "extra": 1}, {"keys": "not a list"}):
         refused = daemon.http("POST", f"/models/{ref}/verify", json=body)
