@@ -43,7 +43,7 @@ from bench.proxy import runner_socket  # noqa: E402
 from modelrunner.embedded import smollm2_gguf  # noqa: E402
 from modelrunner.engines import build, vllm  # noqa: E402
 from tests.agent_sessions import MAIN, TurnResult, run_claude_code, run_codex, run_opencode  # noqa: E402
-from tests.daemon import Daemon, free_port  # noqa: E402
+from tests.daemon import Daemon, engine_log, free_port  # noqa: E402
 from tests.models import CHAT_TEMPLATE  # noqa: E402
 from tests.vllm_env import BUILD_TINY_LLAMA, configure_vllm, venv_python, vllm_daemon  # noqa: E402
 from tests.vllm_env import CHAT_TEMPLATE as TINY_TEMPLATE  # noqa: E402
@@ -158,11 +158,16 @@ def main() -> None:
             )  # TTFT of turn 0: no load in it
             size = {"main_turns": args.main_turns, "system_tokens": args.system_tokens}
             claude = run_claude_code(messages, MODEL, args.max_tokens, **size)
+            claude_report(claude, [])
             direct = []
             if args.direct:
-                alone = run_claude_code(direct_client(daemon), MODEL, args.max_tokens, **size)
+                try:
+                    alone = run_claude_code(direct_client(daemon), MODEL, args.max_tokens, **size)
+                except anthropic.APIError:  # what the engine and the daemon said, before the home goes
+                    print(engine_log(daemon.home, args.engine)[-4000:], daemon.log.read_text()[-4000:])
+                    raise
                 direct = [replace(turn, agent="claude-code-direct") for turn in alone]
-            claude_report(claude, direct)
+                claude_report(claude, direct)
             turns += claude + direct
             for session in (
                 run_codex(oai, MODEL, args.max_tokens),
