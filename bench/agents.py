@@ -90,8 +90,12 @@ def claude_report(daemon: list[TurnResult], direct: list[TurnResult]) -> None:
 
 def direct_client(daemon: Daemon) -> anthropic.Anthropic:
     """The same SDK on the runner's own socket: the engine alone, no daemon in between (the SDK brings its
-    own `httpx2`, so tests/engines.py's `unix_client` does not fit it)."""
-    transport = httpx2.HTTPTransport(uds=str(runner_socket(daemon)))
+    own `httpx2`, so tests/engines.py's `unix_client` does not fit it). A connection per request: on one
+    kept alive across a `count_tokens`, llama-server b11434 closed a stream whose prefill took ~40 s before
+    its head (the SDK: "Server disconnected without sending a response"); a fresh one got its head at once."""
+    transport = httpx2.HTTPTransport(
+        uds=str(runner_socket(daemon)), limits=httpx2.Limits(max_keepalive_connections=0)
+    )
     return anthropic.Anthropic(
         base_url="http://localhost",
         api_key="unused",
