@@ -22,6 +22,8 @@ from typing import Any
 import anthropic
 import openai
 
+from tests.agent_prompts import further_step, padded_system
+
 MAIN, SIDE = "main", "side"
 
 
@@ -93,15 +95,23 @@ TASK = "fix the add test"
 CLAUDE_HEADERS = {"anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14"}
 
 
-def claude_code() -> list[Turn]:
-    """Five main turns, each the history so far plus the user's last `tool_result`, with a side call after
-    the first and the third (as Claude Code's title and summary calls)."""
+def side_call_after(step: int) -> bool:
+    """Claude Code's title and summary calls: after the first and the third main turn, then every fourth."""
+    return step in (0, 2) or (step >= 6 and step % 4 == 2)
+
+
+def claude_code(main_turns: int = len(STEPS) + 1, system_tokens: int = 0) -> list[Turn]:
+    """`main_turns` main turns (five by default), each the history so far plus the user's last
+    `tool_result`, with a side call after the first, the third, then every fourth (as Claude Code's title
+    and summary calls). `system_tokens`: the system prompt padded with agent instructions to about that
+    many tokens (tests/agent_prompts.py); 0 keeps the one-line prompt."""
     history: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
     turns: list[Turn] = []
-    for step in range(len(STEPS) + 1):
+    prompt = padded_system(CLAUDE_SYSTEM, system_tokens) if system_tokens else CLAUDE_SYSTEM
+    for step in range(main_turns):
         system = [
             billing(len(turns)),
-            {"type": "text", "text": CLAUDE_SYSTEM, "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": prompt, "cache_control": {"type": "ephemeral"}},
         ]
         request = {
             "system": system,
@@ -110,11 +120,11 @@ def claude_code() -> list[Turn]:
             "tool_choice": {"type": "auto"},
         }
         turns.append(Turn(MAIN, {**request, "metadata": {"user_id": "user_replay_session_1"}}))
-        if step in (0, 2):
-            side = [billing(len(turns)), {"type": "text", "text": CLAUDE_SIDE_SYSTEM}]
-            turns.append(Turn(SIDE, {"system": side, "messages": [{"role": "user", "content": TASK}]}))
-        if step < len(STEPS):
-            name, arguments, result = STEPS[step]
+        if step < main_turns - 1:
+            if side_call_after(step):
+                side = [billing(len(turns)), {"type": "text", "text": CLAUDE_SIDE_SYSTEM}]
+                turns.append(Turn(SIDE, {"system": side, "messages": [{"role": "user", "content": TASK}]}))
+            name, arguments, result = STEPS[step] if step < len(STEPS) else further_step(step - len(STEPS))
             call_id = f"toolu_{step:02d}"
             use = {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
             history.append({"role": "assistant", "content": [use]})
@@ -123,9 +133,16 @@ def claude_code() -> list[Turn]:
     return turns
 
 
-def run_claude_code(client: anthropic.Anthropic, model: str, max_tokens: int) -> list[TurnResult]:
+def run_claude_code(
+    client: anthropic.Anthropic,
+    model: str,
+    max_tokens: int,
+    main_turns: int = len(STEPS) + 1,
+    system_tokens: int = 0,
+) -> list[TurnResult]:
+    """The session of `claude_code(main_turns, system_tokens)`, turn by turn."""
     results = []
-    for number, turn in enumerate(claude_code()):
+    for number, turn in enumerate(claude_code(main_turns, system_tokens)):
         counted = None
         if turn.kind == MAIN:
             keys = ("system", "messages", "tools", "tool_choice")
