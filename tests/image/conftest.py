@@ -20,7 +20,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True, scope="session")
 def _docker_config_for_buildah() -> None:
     """buildah takes `$DOCKER_CONFIG/config.json` as its auth file and fails when it is missing: the test
-    session's own Docker config folder (tests/conftest.py) gets an empty one, before the module-scoped image build needs it."""
+    session's own Docker config folder (tests/conftest.py) gets an empty one, before the module-scoped
+    image build needs it."""
     folder = Path(os.environ["DOCKER_CONFIG"])
     folder.mkdir(parents=True, exist_ok=True)
     auth = folder / "config.json"
