@@ -121,6 +121,20 @@ def publish_model(
     return f"{registry.host}/{repository}:v1", digests
 
 
+def pull_through(daemon: Daemon, reference: str) -> None:
+    """One pull of `reference` through the daemon's API, as `model pull` asks for it; its last progress
+    message must be the success."""
+    response = daemon.http(
+        "POST",
+        "/models/create",
+        json={"from": reference},
+        headers={"Accept": "application/json"},
+        timeout=900,
+    )
+    last = json.loads(response.text.splitlines()[-1])
+    assert last["type"] == "success", last
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -171,15 +185,7 @@ def main() -> None:
             )
 
         def pull(reference: str = ref, through: Daemon = daemon) -> None:
-            response = through.http(
-                "POST",
-                "/models/create",
-                json={"from": reference},
-                headers={"Accept": "application/json"},
-                timeout=900,
-            )
-            last = json.loads(response.text.splitlines()[-1])
-            assert last["type"] == "success", last
+            pull_through(through, reference)
 
         def clean() -> None:
             copy_target.unlink(missing_ok=True)

@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.pull import publish_model  # noqa: E402
+from bench.pull import publish_model, pull_through  # noqa: E402
 from bench.timing import timed  # noqa: E402
 
 from modelrunner.distribution.registry import RegistryClient  # noqa: E402
@@ -134,15 +134,7 @@ def pull_and_load(work: Path, registry: Registry, size_mib: int, rounds: int) ->
         pid = daemon.process.pid if daemon.process else None
 
         def pull() -> None:
-            response = daemon.http(
-                "POST",
-                "/models/create",
-                json={"from": ref},
-                headers={"Accept": "application/json"},
-                timeout=900,
-            )
-            last = json.loads(response.text.splitlines()[-1])
-            assert last["type"] == "success", last
+            pull_through(daemon, ref)
 
         def delete() -> None:
             daemon.http("DELETE", f"/models/{ref}").raise_for_status()
