@@ -31,11 +31,27 @@ from tests.terminal import Terminal
 QUESTION = "Why is the sky blue? Answer in two sentences."
 # Words an answer about the sky's colour uses; SmolLM2-135M-Instruct's answers name at least one of them.
 ON_TOPIC = ("blue", "sky", "light", "scatter", "atmosphere", "sun", "wavelength")
+# The engine samples (DMR's `run` sends no temperature), and a 135M model now and then wanders ("The answer is
+# not in the text."): a CI run met it once in ~20 answers. A question is asked up to this many times, and one
+# answer on topic passes; a model that never answers (or a broken chat template) still fails every time.
+TRIES = 3
 
 
 def on_topic(answer: str) -> bool:
     words = answer.lower()
     return len(answer.split()) >= 5 and any(word in words for word in ON_TOPIC)
+
+
+def ask(env: dict[str, str], *flags: str) -> None:
+    """`docker model run ai/smollm2 [flags] QUESTION` exits 0 and answers on topic within TRIES asks."""
+    answers = []
+    for _ in range(TRIES):
+        answer = docker(env, "model", "run", "ai/smollm2", *flags, QUESTION)
+        assert answer.returncode == 0, answer.stderr
+        if on_topic(answer.stdout):
+            return
+        answers.append(answer.stdout)
+    raise AssertionError(f"no answer on topic in {TRIES} asks: {answers}")
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +76,12 @@ def seeded(
 
 def test_run_answers_a_question(seeded: tuple[Daemon, dict[str, str]]) -> None:
     _, env = seeded
-    answer = docker(env, "model", "run", "ai/smollm2", QUESTION)
-    assert answer.returncode == 0, answer.stderr
-    assert on_topic(answer.stdout), answer.stdout
+    ask(env)
 
 
 def test_run_with_the_llama_cpp_backend(seeded: tuple[Daemon, dict[str, str]]) -> None:
     daemon, env = seeded
-    answer = docker(env, "model", "run", "ai/smollm2", "--backend", "llama.cpp", QUESTION)
-    assert answer.returncode == 0, answer.stderr
-    assert on_topic(answer.stdout), answer.stdout
+    ask(env, "--backend", "llama.cpp")
     [runner] = daemon.http("GET", "/engines/ps").json()
     assert runner["backend_name"] == "llama.cpp" and runner["model_name"] == "ai/smollm2"
 
@@ -79,9 +91,14 @@ def test_run_without_a_prompt_is_a_chat(seeded: tuple[Daemon, dict[str, str]], t
     term = Terminal(["model", "run", "ai/smollm2"], {**env, "TERM": "dumb"}, tmp_path, program=[DOCKER])
     try:
         term.expect("> ")
-        term.send(QUESTION)
-        answer = term.expect("> ", timeout=120)
-        assert on_topic(answer.removeprefix(QUESTION)), answer
+        answers = []
+        for _ in range(TRIES):
+            term.send(QUESTION)
+            answers.append(term.expect("> ", timeout=120).removeprefix(QUESTION))
+            if on_topic(answers[-1]):
+                break
+        else:
+            raise AssertionError(f"no answer on topic in {TRIES} asks: {answers}")
         term.send("/bye")
         assert term.close() == 0
     finally:
@@ -116,8 +133,7 @@ def test_configure_sets_the_context_size(seeded: tuple[Daemon, dict[str, str]]) 
     _, env = seeded
     configured = docker(env, "model", "configure", "--context-size", "2048", "ai/smollm2")
     assert (configured.returncode, configured.stdout, configured.stderr) == (0, "", "")
-    answer = docker(env, "model", "run", "ai/smollm2", QUESTION)
-    assert answer.returncode == 0 and on_topic(answer.stdout), answer.stderr
+    ask(env)
     # the engine now runs with that context: the last load's command line says so
     logs = docker(env, "model", "logs", "--no-engines").stdout.splitlines()
     [*_, load] = [line for line in logs if "event=load" in line and "model=ai/smollm2 " in line]
