@@ -18,10 +18,9 @@ SIGNED = signature("".join(THOUGHT))
 
 
 def wire(*docs: dict[str, Any]) -> bytes:
-    """Events as llama-server writes them (format_anthropic_sse; nlohmann's JSON: sorted keys, compact)."""
+    """Events as llama-server writes them (format_anthropic_sse: compact JSON)."""
     return b"".join(
-        b"event: %s\ndata: %s\n\n"
-        % (d["type"].encode(), json.dumps(d, sort_keys=True, separators=(",", ":")).encode())
+        b"event: %s\ndata: %s\n\n" % (d["type"].encode(), json.dumps(d, separators=(",", ":")).encode())
         for d in docs
     )
 
