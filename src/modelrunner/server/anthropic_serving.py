@@ -118,6 +118,7 @@ async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]
     blocks are signed (compat/thinking_signature.py; other events pass untouched), and an engine that dies
     mid-stream (or a daemon that stops) ends it with an `error` event."""
     signed = thinking_signature.SignedStream()
+    sign = signed.feed
     opening: bytes | None = b""  # the first bytes, until it is clear how the stream opens
     try:
         async for chunk in call.chunks():
@@ -128,7 +129,7 @@ async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]
                 chunk, opening = opening, None
                 if not chunk.startswith(_MESSAGE_START):
                     yield await start.event()
-            out = signed.feed(chunk)
+            out = sign(chunk)
             if out:
                 yield out
         if opening:  # a stream shorter than the event name
