@@ -45,11 +45,11 @@ def stop(index: int) -> dict[str, Any]:
     return {"type": "content_block_stop", "index": index}
 
 
-def llama_server_stream(signature_delta: bool = True) -> list[bytes]:
+def llama_server_stream(engine_signature: str | None = "") -> list[bytes]:
     """A thinking block then text, one chunk per result as b11434 streams it: the first with the message's
     and the block's start, the last closing every block, the thinking block first (after an empty
     `signature_delta`), at the message's end."""
-    closing = [delta(0, "signature_delta", "")] if signature_delta else []
+    closing = [delta(0, "signature_delta", engine_signature)] if engine_signature is not None else []
     return [
         wire(START, block_start(0, "thinking"), delta(0, "thinking_delta", THOUGHT[0])),
         *(wire(delta(0, "thinking_delta", piece)) for piece in THOUGHT[1:]),
@@ -83,9 +83,13 @@ def expected(chunks: list[bytes]) -> list[dict[str, Any]]:
     return [*out[:at], delta(0, "signature_delta", SIGNED), *out[at:]]
 
 
-@pytest.mark.parametrize("with_delta", [True, False], ids=["empty-replaced", "absent-added"])
-def test_the_thinking_block_gets_its_signature_before_it_stops(with_delta: bool) -> None:
-    chunks = llama_server_stream(with_delta)
+@pytest.mark.parametrize(
+    "engine_signature",
+    ["", "0b7c6f1e9a2d4c3b8e5f6a7b8c9d0e1f", None],
+    ids=["empty-replaced", "vllm-uuid-replaced", "absent-added"],
+)
+def test_the_thinking_block_gets_its_signature_before_it_stops(engine_signature: str | None) -> None:
+    chunks = llama_server_stream(engine_signature)
     out = docs(relayed(chunks))
     assert out == expected(chunks)
     completion = {"choices": [{"message": {"reasoning_content": "".join(THOUGHT)}, "finish_reason": "stop"}]}

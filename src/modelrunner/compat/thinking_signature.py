@@ -12,7 +12,9 @@ block is `{"type": "thinking", "thinking": ..., "signature": ""}` (`to_json_anth
 block's `content_block_stop` at the message's end, after the text's and calls' deltas
 (`to_json_anthropic_stream`). So an unstreamed body gets its blocks signed (`signed_body`), and a stream
 (`SignedStream`) has the engine's signature deltas of a thinking block dropped and ours sent right before
-the block stops (one is added where the engine sends none).
+the block stops (one is added where the engine sends none). vLLM 0.32's own Messages
+(entrypoints/anthropic/serving.py) signs with a random uuid, which is replaced the same way: a block's
+signature is the digest of its thinking on every engine and route.
 
 Most streams have no thinking: `SignedStream` passes their chunks on untouched, looking only for the
 bytes `"thinking"` (a thinking block's start has them; inside a JSON string its quotes would be escaped),
