@@ -29,7 +29,8 @@ reason `tool_calls`), with FAKE_TOOL_ARGS (default: the last user message as `{"
 request holds FAKE_TOOL_ROUNDS tool results (default 1); then the answer is `found: <each tool result>`.
 FAKE_TEXT scripts the answer's text (streamed in pieces of a few characters), e.g. a call written as text;
 FAKE_REASONING the reasoning before it (a chat stream's `reasoning_content` deltas, as llama-server's);
-`/v1/messages` answers it as an Anthropic message, streamed as llama-server streams one; with
+`/v1/messages` answers them as an Anthropic message (the reasoning a thinking block signed with an empty
+string, which a stream stops at the message's end), streamed as llama-server b11434 streams one; with
 FAKE_NO_MESSAGE_START=1 that stream lacks its `message_start` (as llama-server b11434's does when its first
 tokens are an incomplete UTF-8 sequence). `/v1/messages/count_tokens` counts the 3 input tokens its
 messages report.
@@ -312,12 +313,14 @@ class Handler(BaseHTTPRequestHandler):
         self._chunk(b"")
 
     def _message(self, request: dict[str, Any], text: str) -> None:
+        thought = os.environ.get("FAKE_REASONING", "")
+        thinking = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
         message = {
             "id": "msg_fake",
             "type": "message",
             "role": "assistant",
             "model": request.get("model"),
-            "content": [{"type": "text", "text": text}],
+            "content": [*thinking, {"type": "text", "text": text}],
             "stop_reason": "end_turn",
             "stop_sequence": None,
             "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": 5},
@@ -329,14 +332,47 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, message)
             return
         start = {"type": "message_start", "message": {**message, "content": [], "stop_reason": None}}
+        at = len(thinking)  # the text block's index; a thinking block is block 0, stopped at the end
+        thoughts = [thought[i : i + 7] for i in range(0, len(thought), 7)]
         events: list[dict[str, Any]] = [
             *([] if os.environ.get("FAKE_NO_MESSAGE_START") else [start]),
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
             *(
-                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}
+                [
+                    {
+                        "type": "content_block_start",
+                        "index": 0,
+                        "content_block": {"type": "thinking", "thinking": ""},
+                    }
+                ]
+                if thought
+                else []
+            ),
+            *(
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "thinking_delta", "thinking": p},
+                }
+                for p in thoughts
+            ),
+            {"type": "content_block_start", "index": at, "content_block": {"type": "text", "text": ""}},
+            *(
+                {"type": "content_block_delta", "index": at, "delta": {"type": "text_delta", "text": p}}
                 for p in pieces
             ),
-            {"type": "content_block_stop", "index": 0},
+            *(
+                [
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "signature_delta", "signature": ""},
+                    },
+                    {"type": "content_block_stop", "index": 0},
+                ]
+                if thought
+                else []
+            ),
+            {"type": "content_block_stop", "index": at},
             {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 5}},
             {"type": "message_stop"},
         ]

@@ -39,6 +39,23 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# A reasoning model's template, as Qwen3's renders thinking: a past turn's `reasoning_content` in
+# `<think>...</think>` before its text, and a generation prompt that opens `<think>` unless thinking is off.
+# llama-server's template analysis (b11434 common/chat-diff-analyzer.cpp) reads `<think>\n` / `</think>` as
+# its reasoning markers and the prompt as thinking forced open: what the tiny model writes is reasoning
+# until it writes `</think>` (it never does), a thinking block on the Messages API.
+THINKING_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' and message['reasoning_content'] is defined"
+    " and message['reasoning_content'] %}"
+    "<think>\n{{ message['reasoning_content'] }}\n</think>\n\n{% endif %}"
+    "{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is not defined or enable_thinking %}<think>\n{% endif %}{% endif %}"
+)
+
 # SPM pieces after the control and byte tokens; "▁" marks a leading space in sentencepiece vocabularies.
 _SPM_PIECES = [
     "▁",

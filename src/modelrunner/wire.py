@@ -23,6 +23,18 @@ def sse_field(line: bytes) -> tuple[bytes, bytes]:
     return name, value[1:] if value.startswith(b" ") else value
 
 
+def sse_event(name: str | None, data: bytes) -> bytes:
+    """One event as it goes on the wire: its name (if any), each line of `data` as a `data:` line, the
+    blank line that ends it."""
+    head = b"event: %s\n" % name.encode() if name is not None else b""
+    return head + b"data: " + data.replace(b"\n", b"\ndata: ") + b"\n\n"
+
+
+# The blank line that ends an event, as SSEDecoder reads lines: `data.endswith(EVENT_ENDS)` says whether
+# bytes end with a whole event.
+EVENT_ENDS = (b"\n\n", b"\n\r\n")
+
+
 class SSEDecoder:
     """`feed(bytes)` returns the events completed by those bytes: (event name or None, data), the data
     lines of one event joined by newlines; `end()` those the stream's end completes. Comment lines (`:`
@@ -51,6 +63,11 @@ class SSEDecoder:
             elif name == b"event":
                 self._event = value.decode("utf-8", "replace")
         return events
+
+    @property
+    def between_events(self) -> bool:
+        """Nothing of an unfinished event held: what is fed next starts a new one."""
+        return not self._pending and not self._data and self._event is None
 
     def end(self) -> list[tuple[str | None, bytes]]:
         """The events a stream that stops here still completes (its last line, its last event)."""

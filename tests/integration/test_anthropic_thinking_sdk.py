@@ -3,7 +3,12 @@ own Messages loses: compat/anthropic_chat.py), with the official `anthropic` SDK
 engine, whose chat answers carry `reasoning_content`: the stream helper accumulates a thinking block with a
 signature (its `signature_delta` came before the block stopped), the unstreamed message carries one too,
 and a later turn that sends the thinking back gives it to the engine as the turn's `reasoning_content`,
-which a real llama-server (b11434) takes on its chat completions."""
+which a real llama-server (b11434) takes on its chat completions.
+
+On the engine's own Messages route, where llama-server signs with an empty string, the block gets the same
+signature (compat/thinking_signature.py): against the scripted engine, shaped as b11434 answers, and against
+a real llama-server serving the tiny model with a template that opens `<think>` (tests/models.py), so that
+all it writes is reasoning."""
 
 from __future__ import annotations
 
@@ -15,10 +20,12 @@ from typing import Any
 import anthropic
 import pytest
 
+from modelrunner.compat.thinking_signature import signature
 from tests.conformance.dmr_daemons import FakeDaemons
 from tests.daemon import Daemon
 from tests.engines import tiny_daemon
 from tests.inprocess import InProcessDaemon
+from tests.models import THINKING_CHAT_TEMPLATE, write_tiny_gguf
 
 REASONING = "The user greets me; answer briefly."
 TOOLS: Any = [{"name": "get_weather", "input_schema": {"type": "object"}}]
@@ -78,3 +85,58 @@ def test_llama_server_takes_past_thinking_on_the_chat_path(llama: Daemon) -> Non
             model="tiny", max_tokens=4, messages=history, tools=TOOLS, tool_choice=NONE
         )
         assert answer.stop_reason in ("end_turn", "max_tokens") and answer.usage.output_tokens > 0
+
+
+def streamed(daemon: InProcessDaemon | Daemon, **request: Any) -> tuple[list[Any], anthropic.types.Message]:
+    """The stream's own events (not the helper's) and the message the SDK's helper accumulated."""
+    with client(daemon).messages.stream(**request) as stream:
+        raw = [e for e in stream if e.type.startswith(("message", "content_block"))]
+        return raw, stream.get_final_message()
+
+
+def signed_thinking(raw: list[Any], answer: anthropic.types.Message) -> str:
+    """The thinking of the answer's first block, which is signed by the one `signature_delta` that came right
+    before the block stopped."""
+    thinking = answer.content[0]
+    assert thinking.type == "thinking" and thinking.signature == signature(thinking.thinking)
+    deltas = [getattr(getattr(event, "delta", None), "type", None) for event in raw]
+    assert deltas.count("signature_delta") == 1
+    after = raw[deltas.index("signature_delta") + 1]
+    assert after.type == "content_block_stop" and after.index == 0
+    return thinking.thinking
+
+
+def test_the_engines_own_thinking_block_is_signed(daemon: InProcessDaemon) -> None:
+    raw, answer = streamed(daemon, model="tiny", max_tokens=50, messages=HI)
+    assert signed_thinking(raw, answer) == REASONING
+    assert answer.content[1].type == "text" and answer.content[1].text == "Hello there."
+    again = client(daemon).messages.create(model="tiny", max_tokens=50, messages=HI)
+    assert again.content[0].type == "thinking" and again.content[0].signature == signature(REASONING)
+
+
+@pytest.fixture(scope="module")
+def thinker(llama: Daemon, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model packaged with a template that opens `<think>`, on the real llama-server."""
+    folder = tmp_path_factory.mktemp("thinker")
+    template = folder / "thinking.jinja"
+    template.write_text(THINKING_CHAT_TEMPLATE)
+    gguf = write_tiny_gguf(folder / "thinker.gguf")
+    llama.cli("package", "--gguf", str(gguf), "--chat-template", str(template), "thinker")
+    return "thinker"
+
+
+def test_llama_servers_own_thinking_block_is_signed(llama: Daemon, thinker: str) -> None:
+    request: Any = {"model": thinker, "max_tokens": 8, "messages": HI, "extra_body": {"temperature": 0}}
+    raw, answer = streamed(llama, **request)
+    thought = signed_thinking(raw, answer)
+    assert thought and answer.stop_reason == "max_tokens"  # all it wrote is reasoning
+    again = client(llama).messages.create(**request)
+    assert again.content[0].type == "thinking" and again.content[0].thinking
+    assert again.content[0].signature == signature(again.content[0].thinking)
+    history: Any = [
+        *HI,
+        {"role": "assistant", "content": answer.content},
+        {"role": "user", "content": "more"},
+    ]
+    back = client(llama).messages.create(**{**request, "messages": history})
+    assert back.content[0].type == "thinking" and back.content[0].signature  # the block went back

@@ -15,8 +15,10 @@ from modelrunner.server.anthropic_serving import AnthropicServing
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.serving import EventStream, RawAnswer
 from modelrunner.store.store import ModelStore
+from modelrunner.wire import sse_events
 from tests.serving import EngineCalls, FakeCall, FakeScheduler, collect
 from tests.unit.test_anthropic_chat import COMPLETION
+from tests.unit.test_thinking_signature import SIGNED, THOUGHT, llama_server_stream
 
 MESSAGE = {"model": "ai/tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -88,3 +90,25 @@ def test_an_answer_through_chat_is_an_anthropic_message(
     )
     delta = json.loads(events[-3].split(b"data: ", 1)[1])
     assert delta["delta"]["stop_reason"] == "tool_use" and streamed.closed
+
+
+def test_the_engines_thinking_is_signed_unstreamed_and_streamed(
+    store: ModelStore, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama-server's own Messages (b11434) signs with an empty string: the daemon's signature instead,
+    on the relayed stream and on a stream parsed for tools (`rescued_events`) alike."""
+    thinking = {"type": "thinking", "thinking": "".join(THOUGHT), "signature": ""}
+    body = json.dumps({"type": "message", "content": [thinking, {"type": "text", "text": "Hi"}]}).encode()
+    stream = b"".join(llama_server_stream())
+    relayed, rescued = FakeCall(raw=(200, stream)), FakeCall(raw=(200, stream))
+    rescued.tools = {"get_weather": {"type": "object"}}
+    EngineCalls(monkeypatch, anthropic_serving, FakeCall(raw=(200, body)), relayed, rescued)
+    answer = asyncio.run(serving(store).messages(dict(MESSAGE)))
+    assert isinstance(answer, RawAnswer) and json.loads(answer.body)["content"][0]["signature"] == SIGNED
+    for _ in (relayed, rescued):
+        result = asyncio.run(serving(store).messages(MESSAGE | {"stream": True}))
+        assert isinstance(result, EventStream)
+        events = [json.loads(data) for _, data in sse_events(asyncio.run(collect(result.events)))]
+        signed = [e for e in events if e.get("delta", {}).get("type") == "signature_delta"]
+        assert [(e["index"], e["delta"]["signature"]) for e in signed] == [(0, SIGNED)]
+        assert events[events.index(signed[0]) + 1] == {"type": "content_block_stop", "index": 0}

@@ -8,7 +8,15 @@ import sys
 
 import pytest
 
-from modelrunner.wire import SSEDecoder, document_message, error_message, sse_events, sse_field
+from modelrunner.wire import (
+    EVENT_ENDS,
+    SSEDecoder,
+    document_message,
+    error_message,
+    sse_event,
+    sse_events,
+    sse_field,
+)
 
 STREAM = (
     b": ping\r\n\r\n"
@@ -27,6 +35,22 @@ def test_events_are_the_same_however_the_bytes_are_cut() -> None:
         for at in range(0, len(STREAM), size):
             events += decoder.feed(STREAM[at : at + size])
         assert events + decoder.end() == EVENTS
+
+
+def test_an_event_written_is_the_event_read() -> None:
+    written = b"".join(sse_event(name, data) for name, data in EVENTS)
+    assert sse_events(written) == EVENTS
+    assert sse_event("ping", b"{}") == b"event: ping\ndata: {}\n\n"
+    assert written.endswith(EVENT_ENDS) and b"data: x\r\n\r\n".endswith(EVENT_ENDS)
+    assert not b"data: x\n".endswith(EVENT_ENDS)
+
+
+def test_the_decoder_says_when_it_holds_nothing_of_an_event() -> None:
+    decoder = SSEDecoder()
+    assert decoder.between_events
+    for piece, between in ((b"event: a\n", False), (b"data: 1", False), (b"\n", False), (b"\n", True)):
+        decoder.feed(piece)
+        assert decoder.between_events is between, piece
 
 
 def test_the_end_of_a_stream_completes_its_last_event() -> None:

@@ -17,6 +17,7 @@ from modelrunner.compat.bodies import validated
 from modelrunner.compat.ollama import timestamp_text
 from modelrunner.display import display_name
 from modelrunner.errors import BadRequest
+from modelrunner.wire import sse_event
 
 # HTTP status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors).
 _ERROR_TYPES = {
@@ -57,10 +58,14 @@ def new_message(model: str, input_tokens: int = 0) -> dict[str, Any]:
     }
 
 
+def event(doc: dict[str, Any]) -> bytes:
+    """One event of a Messages stream, named by its type as Anthropic names them."""
+    return sse_event(str(doc.get("type")), json.dumps(doc, ensure_ascii=False).encode())
+
+
 def message_start_event(model: str, input_tokens: int = 0) -> bytes:
     """A `message_start` event for a stream that lacks one (`new_message`)."""
-    data = json.dumps({"type": "message_start", "message": new_message(model, input_tokens)})
-    return b"event: message_start\ndata: " + data.encode() + b"\n\n"
+    return event({"type": "message_start", "message": new_message(model, input_tokens)})
 
 
 def model_object(model_id: str, created: int) -> dict[str, Any]:

@@ -17,21 +17,18 @@ assistant's text and calls as one turn, a tool's output as a `tool` message) is 
 Thinking, as llama-server's own translation has it (server-chat.cpp): a past assistant turn's `thinking`
 blocks go to the engine as that turn's `reasoning_content` (llama-server parses it on chat messages;
 templates that render past reasoning, Qwen3's, read it, others leave it out), and the engine's reasoning
-comes back as a `thinking` block. Anthropic's clients need that block's `signature` (the SDK's stream
-accumulates it from a `signature_delta`, Claude Code sends it back): a local model has no signing key,
-so it is an opaque digest of the thinking (llama-server's own sends an empty one).
+comes back as a `thinking` block, signed as on every route (compat/thinking_signature.py).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 from typing import Any
 
 from modelrunner.compat import responses
-from modelrunner.compat.anthropic import new_message
+from modelrunner.compat.anthropic import event, new_message
 from modelrunner.compat.assemble import MESSAGES
+from modelrunner.compat.thinking_signature import signature, signature_delta
 from modelrunner.compat.tool_rescue import new_call_id
 from modelrunner.errors import BadRequest
 
@@ -130,11 +127,6 @@ def _thinking(content: Any) -> str:
     if isinstance(content, str):
         return ""
     return "".join(str(b.get("thinking") or "") for b in content if b.get("type") == "thinking")
-
-
-def signature(thinking: str) -> str:
-    """The opaque `signature` of a thinking block the daemon answers (the module says why)."""
-    return base64.b64encode(hashlib.sha256(b"modelrunner thinking\0" + thinking.encode()).digest()).decode()
 
 
 def _message_item(role: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -249,7 +241,7 @@ def message_events(done: dict[str, Any]) -> list[bytes]:
     """The Messages stream of a finished message: its start, each block, its stop reason and end (a
     thinking block's signature in a `signature_delta` before its stop, as Anthropic streams it)."""
     start = {**done, "content": [], "stop_reason": None, "usage": {**done["usage"], "output_tokens": 0}}
-    events = [_event({"type": "message_start", "message": start})]
+    events = [event({"type": "message_start", "message": start})]
     for index, block in enumerate(done["content"]):
         kind = block["type"]
         if kind == "tool_use":
@@ -260,17 +252,12 @@ def message_events(done: dict[str, Any]) -> list[bytes]:
             delta = {"type": "thinking_delta", "thinking": block["thinking"]}
         else:
             opened, delta = {**block, "text": ""}, {"type": "text_delta", "text": block["text"]}
-        events.append(_event({"type": "content_block_start", "index": index, "content_block": opened}))
-        events.append(_event({"type": "content_block_delta", "index": index, "delta": delta}))
+        events.append(event({"type": "content_block_start", "index": index, "content_block": opened}))
+        events.append(event({"type": "content_block_delta", "index": index, "delta": delta}))
         if kind == "thinking":
-            signed = {"type": "signature_delta", "signature": block["signature"]}
-            events.append(_event({"type": "content_block_delta", "index": index, "delta": signed}))
-        events.append(_event({"type": "content_block_stop", "index": index}))
+            events.append(event(signature_delta(index, block["thinking"])))
+        events.append(event({"type": "content_block_stop", "index": index}))
     stop = {"stop_reason": done["stop_reason"], "stop_sequence": None}
-    events.append(_event({"type": "message_delta", "delta": stop, "usage": done["usage"]}))
-    events.append(_event({"type": "message_stop"}))
+    events.append(event({"type": "message_delta", "delta": stop, "usage": done["usage"]}))
+    events.append(event({"type": "message_stop"}))
     return events
-
-
-def _event(doc: dict[str, Any]) -> bytes:
-    return b"event: %s\ndata: %s\n\n" % (doc["type"].encode(), json.dumps(doc, ensure_ascii=False).encode())

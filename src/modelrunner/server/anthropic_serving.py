@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from modelrunner.compat import anthropic as shapes
-from modelrunner.compat import anthropic_chat, billing
+from modelrunner.compat import anthropic_chat, billing, thinking_signature
 from modelrunner.compat.assemble import CHAT
 from modelrunner.compat.tool_rescue import MessageStreamRescue
 from modelrunner.engines.base import Mode
@@ -56,6 +56,8 @@ class AnthropicServing:
             status, body = await call.answer()
             if call.unopened:  # assembled from a stream without message_start
                 body = await Opening(call, checked.model, doc).counted(body)
+            if status == 200:
+                body = thinking_signature.signed_body(body)
         finally:
             await call.close()
         return RawAnswer(status, body)
@@ -80,7 +82,7 @@ async def streamed(start: Coroutine[Any, Any, EngineCall], model: str, doc: dict
 
 
 def _error_event(exc: ModelRunnerError) -> bytes:
-    return b"event: error\ndata: " + json.dumps(exception_payload(ANTHROPIC, exc)).encode() + b"\n\n"
+    return shapes.event(exception_payload(ANTHROPIC, exc))
 
 
 class Opening:
@@ -110,11 +112,13 @@ class Opening:
 
 
 async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]:
-    """The engine's event stream, as it comes, with two repairs: a stream that does not open with
+    """The engine's event stream, as it comes, with three repairs: a stream that does not open with
     `message_start` gets one (llama-server b11434 skips it when the first tokens are an incomplete UTF-8
-    sequence it holds back, and Anthropic's clients cannot build the message without it), and an engine
-    that dies mid-stream (or a daemon that stops) ends it with an `error` event."""
-    tail = b"\n\n"
+    sequence it holds back, and Anthropic's clients cannot build the message without it), its thinking
+    blocks are signed (compat/thinking_signature.py; other events pass untouched), and an engine that dies
+    mid-stream (or a daemon that stops) ends it with an `error` event."""
+    signed = thinking_signature.SignedStream()
+    sign = signed.feed
     opening: bytes | None = b""  # the first bytes, until it is clear how the stream opens
     try:
         async for chunk in call.chunks():
@@ -125,14 +129,18 @@ async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]
                 chunk, opening = opening, None
                 if not chunk.startswith(_MESSAGE_START):
                     yield await start.event()
-            yield chunk
-            tail = (tail + chunk)[-2:]
+            out = sign(chunk)
+            if out:
+                yield out
         if opening:  # a stream shorter than the event name
             yield opening
+        out = signed.end()
+        if out:
+            yield out
     except READ_ERRORS as exc:
         event = shapes.error_body(500, call.exchange.failure(exc))
-        boundary = b"" if tail == b"\n\n" else b"\n\n"  # end a half-sent event first
-        yield boundary + b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+        boundary = b"" if signed.at_boundary else b"\n\n"  # end a half-sent event first
+        yield boundary + shapes.event(event)
     finally:
         await call.close()
 
@@ -140,8 +148,10 @@ async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]
 async def rescued_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]:
     """The engine's event stream, for a request that declares tools: each event parsed and written anew,
     after calls written as text were made `tool_use` blocks (compat/tool_rescue.py), with the same two
-    repairs as `relay_events` (an opening `message_start`, an `error` event for an engine that dies)."""
+    repairs as `relay_events` (an opening `message_start`, an `error` event for an engine that dies) and
+    its thinking blocks signed."""
     decoder, rescue, opened = SSEDecoder(), MessageStreamRescue(call.tools or {}), False
+    signer = thinking_signature.StreamSigner()
     try:
         async for chunk in call.chunks():
             for _, payload in decoder.feed(chunk):
@@ -155,16 +165,14 @@ async def rescued_events(call: EngineCall, start: Opening) -> AsyncIterator[byte
                     yield await start.event()
                 opened = True
                 for out in rescue.feed(doc):
-                    yield b"event: %s\ndata: %s\n\n" % (
-                        str(out.get("type")).encode(),
-                        json.dumps(out).encode(),
-                    )
+                    instead = signer.feed(out)
+                    for signed in [out] if instead is None else instead:
+                        yield shapes.event(signed)
                 if rescue.rescued:
                     call.exchange.tool_calls_rescued(rescue.rescued)
                     rescue.rescued = 0
     except READ_ERRORS as exc:
-        event = shapes.error_body(500, call.exchange.failure(exc))
-        yield b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+        yield shapes.event(shapes.error_body(500, call.exchange.failure(exc)))
     finally:
         await call.close()
 
