@@ -23,23 +23,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.timing import command_seconds  # noqa: E402
 
 from tests.daemon import Daemon, free_port  # noqa: E402
 from tests.models import write_tiny_gguf  # noqa: E402
 
 AIM_MS = 50.0
 VERBS = (["ls"], ["ps"], ["status"], ["--help"])
-
-
-def timed(command: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
-    return time.perf_counter() - start
 
 
 def import_costs(command: list[str], env: dict[str, str]) -> list[dict[str, object]]:
@@ -90,8 +85,7 @@ def main() -> None:
                 "POST", "/models/package", json={"target": f"bench/tiny{i}:v1", "gguf": str(gguf)}
             )
             response.raise_for_status()
-        env = {k: v for k, v in daemon.env.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+        env = daemon.cli_env(work / "pycache")
         versions = {"": env}
         if args.baseline is not None:
             versions["baseline "] = {**env, "PYTHONPATH": str(args.baseline.resolve())}
@@ -100,11 +94,11 @@ def main() -> None:
             for verb in VERBS:
                 commands[f"{label}model {' '.join(verb)}"] = ([*model, *verb], version_env)
         for command, command_env in commands.values():  # bytecode written, page cache and daemon warm
-            timed(command, command_env)
+            command_seconds(command, command_env)
         times: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(args.runs):
             for name, (command, command_env) in commands.items():
-                times[name].append(timed(command, command_env))
+                times[name].append(command_seconds(command, command_env))
         imports = import_costs([*under_python, "ls"], env)
         baseline_imports = (
             import_costs([*under_python, "ls"], versions["baseline "]) if args.baseline is not None else []

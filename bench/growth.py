@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +41,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
+
+from bench.timing import command_seconds  # noqa: E402
 
 from modelrunner.artifact.builder import PackageSpec, build_artifact  # noqa: E402
 from modelrunner.artifact.manifest import sha256_digest  # noqa: E402
@@ -86,19 +87,12 @@ class StoreFiller:
             self.count += 1
 
 
-def timed_run(command: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
-
-
 def store_growth(work: Path, levels: list[int], runs: int) -> list[dict[str, Any]]:
     daemon = Daemon(work / "store-home", free_port()).start()
     script = Path(sys.executable).with_name("model")
     model = [str(script)] if script.exists() else [sys.executable, "-m", "modelrunner"]
     # bytecode cached, as an installed package has it (bench/cli.py): compiling is not what is measured
-    env = {k: v for k, v in daemon.env.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    env = daemon.cli_env(work / "pycache")
     rows = []
     client = httpx.Client(base_url=daemon.url, timeout=60)  # kept alive: the daemon's cost, not a connect's
     try:
@@ -114,9 +108,9 @@ def store_growth(work: Path, levels: list[int], runs: int) -> list[dict[str, Any
                 start = time.perf_counter()
                 client.get("/models").raise_for_status()
                 api.append(time.perf_counter() - start)
-            timed_run([*model, "ls"], env)  # its bytecode written
-            ls = [timed_run([*model, "ls"], env) for _ in range(runs)]
-            floor = [timed_run([sys.executable, "-c", "pass"], env) for _ in range(runs)]
+            command_seconds([*model, "ls"], env)  # its bytecode written
+            ls = [command_seconds([*model, "ls"], env) for _ in range(runs)]
+            floor = [command_seconds([sys.executable, "-c", "pass"], env) for _ in range(runs)]
             row = {
                 "models": level,
                 "api_first_ms": round(first_s * 1000, 2),

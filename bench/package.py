@@ -1,14 +1,17 @@
-"""Benchmark `model package` of a 1 GiB GGUF against `cp` of the same file alone, in the same run.
+"""Benchmark `model package` of a 1 GiB GGUF against the hash alone and `cp` of the same file, in one run.
 
 Packaging hashes the file and copies it into the store (fsynced before the rename). References, alternating
-with it: `cp` alone into the store's folder (the aim's reference: <= 1.1x its time), `cp` then `sync FILE`
+with it: `cp` alone into the store's folder, `cp` then `sync FILE`
 (the same copy made durable, as the store's is), `openssl dgst -sha256` of the file alone (the hash at
-full speed, SHA-NI, the same library as Python's hashlib: the floor of any copy that is hashed), and
+full speed, SHA-NI, the same library as Python's hashlib: the floor of any copy that is hashed; issue 25's
+aim: `model package` <= 1.1x its time, the CLI included), and
 `sha256sum` then `cp` (the two jobs one after the other with the standard tools; Debian's sha256sum does
 not use SHA-NI and is ~4x slower than openssl here). Page cache: the GGUF is cached (warm) for every run,
 each copy is a new file, and `sync` runs before each timed run so that no run waits on the writeback of
-the one before. `model package` is timed as a user sees it: the CLI process, the daemon's checks and the
-copy. Medians and the ratios model package / reference (lower is better) are printed and written as JSON.
+the one before. `model package` is timed as a user sees it: the CLI process (its bytecode cached, as an
+installed package has it), the daemon's checks and the copy; `daemon alone` is its request to the daemon
+(`POST /models/package`) without the CLI. Medians and the ratios model package / reference (lower is
+better) are printed and written as JSON.
 
     .venv/bin/python bench/package.py [--size-mib 1024] [--runs 3]
 """
@@ -50,7 +53,7 @@ def write_big_gguf(path: Path, size_mib: int) -> None:
     writer.close()
 
 
-NAMES = ("cp", "cp + sync", "sha256 (openssl)", "sha256sum + cp", "model package")
+NAMES = ("cp", "cp + sync", "sha256 (openssl)", "sha256sum + cp", "daemon alone", "model package")
 
 
 def main() -> None:
@@ -71,7 +74,9 @@ def main() -> None:
         write_big_gguf(model_file, args.size_mib)
         size = model_file.stat().st_size
         copy_target = daemon.store_root / "bench-cp-copy"  # the store's own folder and file system
-        model = [sys.executable, "-m", "modelrunner"]
+        script = Path(sys.executable).with_name("model")
+        model = [str(script)] if script.exists() else [sys.executable, "-m", "modelrunner"]
+        cli_env = daemon.cli_env(work / "pycache")
 
         def quiet(command: list[str], env: dict[str, str] | None = None) -> None:
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
@@ -90,19 +95,24 @@ def main() -> None:
             quiet(["sha256sum", str(model_file)])
             cp()
 
+        def daemon_alone() -> None:
+            body = {"target": "bench:big", "gguf": str(model_file)}
+            daemon.http("POST", "/models/package", json=body, timeout=600).raise_for_status()
+
         def package() -> None:
-            quiet([*model, "package", "--gguf", str(model_file), "bench:big"], env=daemon.env)
+            quiet([*model, "package", "--gguf", str(model_file), "bench:big"], env=cli_env)
 
         def clean() -> None:
             copy_target.unlink(missing_ok=True)
             if daemon.models():
-                quiet([*model, "rm", "bench:big"], env=daemon.env)
+                quiet([*model, "rm", "bench:big"], env=cli_env)
 
         runs: dict[str, Callable[[], None]] = {
             "cp": cp,
             "cp + sync": cp_sync,
             "sha256 (openssl)": sha256,
             "sha256sum + cp": sha256sum_cp,
+            "daemon alone": daemon_alone,
             "model package": package,
         }
         for run in runs.values():  # warm the page cache and the daemon
@@ -129,7 +139,7 @@ def main() -> None:
         "cpu_seconds": cpu,
         "median_s": {name: round(value, 3) for name, value in medians.items()},
         "package_time_over_reference": {name: round(value, 3) for name, value in ratios.items()},
-        "aim": "model package <= 1.1 x cp",
+        "aim": "model package <= 1.1 x sha256 (openssl), the CLI included (issue 25)",
         "cpus": os.cpu_count(),
         "load_average_after": os.getloadavg(),
     }
@@ -137,7 +147,7 @@ def main() -> None:
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     print("\n".join(table_rows(times, cpu, size)))
     summary = ", ".join(f"{name} **{ratio:.2f}**" for name, ratio in ratios.items())
-    print(f"model package time / reference time: {summary} (aim <= 1.1 against cp)")
+    print(f"model package time / reference time: {summary} (aim <= 1.1 against sha256 (openssl))")
     print(f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

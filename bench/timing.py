@@ -1,4 +1,5 @@
-"""Wall time and CPU time of benchmark runs, and their table, for bench/pull.py and bench/package.py.
+"""Wall time and CPU time of benchmark runs, and their table, for bench/pull.py and bench/package.py; the
+wall time of one command (bench/cli.py, bench/growth.py).
 
 CPU seconds are the ones that another job on a shared machine cannot move much (wall times are its share
 of the cores): user + system time of the commands this process ran and waited for, plus a long-running
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import resource
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +34,13 @@ def timed(run: Callable[[], object], pid: int | None = None) -> tuple[float, flo
     run()
     wall = time.perf_counter() - start
     return wall, cpu_seconds(pid) - cpu
+
+
+def command_seconds(command: list[str], env: dict[str, str]) -> float:
+    """Wall seconds of one command, its output dropped."""
+    start = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
+    return time.perf_counter() - start
 
 
 def table_rows(times: dict[str, list[float]], cpu: dict[str, list[float]], size: int) -> list[str]:

@@ -63,6 +63,12 @@ class Daemon:
     def env(self) -> dict[str, str]:
         return runner_env(self.home, self.port)
 
+    def cli_env(self, pycache: Path) -> dict[str, str]:
+        """`env` for timed CLI runs (bench/): bytecode cached under `pycache`, as an installed package has
+        it; the tests' PYTHONDONTWRITEBYTECODE would make every run compile the CLI's modules again."""
+        env = {k: v for k, v in self.env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        return {**env, "PYTHONPYCACHEPREFIX": str(pycache)}
+
     @property
     def store_root(self) -> Path:
         return self.home / "models"
