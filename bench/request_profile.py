@@ -1,0 +1,130 @@
+"""Where a streamed request's CPU goes in the daemon (issue 25 aim 1): short streams through the daemon on
+the stand-in engine (bench/standin_engine.py, as bench/relay.py runs it), CPU per request from /proc, and
+with `--py-spy` the daemon sampled by py-spy meanwhile: the share of its busy samples by the line that was
+running (its own time; a C call such as a socket write is charged to the line that made it) and by module.
+
+    .venv/bin/python bench/request_profile.py [--tokens 2] [--concurrency 16] [--seconds 15] [--py-spy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.relay import cpu_seconds_since, cpu_times, drive  # noqa: E402
+
+from tests.daemon import Daemon, free_port  # noqa: E402
+from tests.models import write_tiny_gguf  # noqa: E402
+
+PATH = "/engines/v1/chat/completions"
+# frames of threads that wait (the event loop's select, idle worker threads): not the daemon's work
+IDLE = ("Runner.run", "_worker", "Condition.wait", "select")
+AREAS = {
+    "front (HTTP/1, request state)": "server/front.py",
+    "engine connection, first chunk": "server/engine_pool.py",
+    "request lifecycle": "server/lifecycle.py",
+    "logs": ("eventlog.py", "logging/"),
+    "store lookup": ("store/", "pathlib.py"),
+    "C relay hand-off": "native_relay.py",
+    "recorder": "recorder.py",
+    "metrics": "prometheus_client",
+    "scheduler": "scheduler/",
+    "json": "json/",
+}
+
+
+def profile_shares(raw: Path) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:
+    """py-spy's raw (folded) samples: busy samples, the top lines by own share, and each area's share
+    (a sample counts for an area when one of its last three frames is in it)."""
+    own: Counter[str] = Counter()
+    areas: Counter[str] = Counter()
+    busy = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames, n = stack.split(";"), int(count)
+        if frames[-1].startswith(IDLE) or "select" in frames[-1]:
+            continue
+        busy += n
+        own[frames[-1]] += n
+        last = frames[-3:]
+        for area, keys in AREAS.items():
+            if any(key in frame for frame in last for key in ((keys,) if isinstance(keys, str) else keys)):
+                areas[area] += n
+    top = [(line, n / busy) for line, n in own.most_common(12)]
+    return busy, top, [(area, n / busy) for area, n in areas.most_common()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--py-spy", action="store_true", help="sample the daemon with py-spy meanwhile")
+    args = parser.parse_args()
+    spy_program = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if args.py_spy and not Path(spy_program).exists():
+        raise SystemExit("py-spy is missing: scripts/setup --dev installs it")
+
+    work = Path(tempfile.mkdtemp(prefix="bench-request-profile-"))
+    wrapper = work / "llama-server"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT / "bench" / "standin_engine.py"} "$@"\n')
+    wrapper.chmod(0o755)
+    os.environ.update(
+        LLAMA_SERVER_PATH=str(wrapper), STANDIN_STEP_MS="2", STANDIN_ANNOUNCE=str(work / "socket")
+    )
+    doc = {"model": "bench", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    body = json.dumps({**doc, "max_tokens": args.tokens}).encode()
+    daemon = Daemon(work / "daemon", free_port()).start()
+    try:
+        daemon.cli("package", "--gguf", str(write_tiny_gguf(work / "tiny.gguf")), "bench")
+        daemon.cli("configure", "bench", "--keep-alive", "-1")
+        asyncio.run(drive(daemon.port, PATH, body, 1, 1, args.tokens))  # the engine loaded
+        assert daemon.process is not None
+        pid = daemon.process.pid
+        spy = None
+        if args.py_spy:
+            command = [spy_program, "record", "-r", "250", "-d", str(int(args.seconds)), "-f", "raw"]
+            command += ["-o", str(work / "samples.txt"), "-p", str(pid)]
+            spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1)
+        before, started, requests = cpu_times([pid]), time.perf_counter(), 0
+        while time.perf_counter() - started < args.seconds:
+            batch = args.concurrency * 8
+            asyncio.run(drive(daemon.port, PATH, body, args.concurrency, batch, args.tokens))
+            requests += batch
+        cpu = cpu_seconds_since(before, [pid])
+        print(
+            f"{requests} requests of {args.tokens} tokens at c={args.concurrency}: "
+            f"{cpu / requests * 1e6:.0f} us of the daemon's CPU per request"
+        )
+        if spy is not None:
+            spy.wait()
+            busy, top, areas = profile_shares(work / "samples.txt")
+            print(f"py-spy: {busy} busy samples; own time by line:")
+            for line, share in top:
+                print(f"  {share:6.1%}  {line}")
+            print("by area (one of the last three frames):")
+            for area, share in areas:
+                print(f"  {share:6.1%}  {area}")
+    finally:
+        daemon.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
