@@ -30,6 +30,10 @@ class Needs:
     images: bool = False
     tools: bool = False
 
+    def __bool__(self) -> bool:
+        """Whether there is anything to check (most requests: no, and their model's files are not read)."""
+        return self.images or self.tools
+
 
 NOTHING = Needs()
 

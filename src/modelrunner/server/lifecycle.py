@@ -396,7 +396,8 @@ class Inference:
         exchange = current()
         model = self.store.get(name)
         engine = self.engine_for(model, backend)
-        capabilities.check(name, engine.name, model.config, self.store.bundle_of(model), needs)
+        if needs:
+            capabilities.check(name, engine.name, model.config, self.store.bundle_of(model), needs)
         exchange.model = exchange.model or name
         runner = self.scheduler.reuse(engine.name, model.id, mode, keep_alive)
         if runner is None:
