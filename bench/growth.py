@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
+from bench.relay import add_bench_model, use_standin_engine  # noqa: E402
 from bench.timing import command_seconds  # noqa: E402
 
 from modelrunner.artifact.builder import PackageSpec, build_artifact  # noqa: E402
@@ -157,10 +158,7 @@ async def hold_streams(port: int, body: bytes, count: int, pid: int) -> int:
 
 
 def stream_growth(work: Path, levels: list[int]) -> dict[str, Any]:
-    wrapper = work / "llama-server"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT / "bench" / "standin_engine.py"} "$@"\n')
-    wrapper.chmod(0o755)
-    os.environ.update(LLAMA_SERVER_PATH=str(wrapper), STANDIN_STEP_MS="500")
+    use_standin_engine(work, 500)
     body = json.dumps(
         {
             "model": "bench",
@@ -174,8 +172,7 @@ def stream_growth(work: Path, levels: list[int]) -> dict[str, Any]:
     try:
         assert daemon.process is not None
         pid = daemon.process.pid
-        daemon.cli("package", "--gguf", str(write_tiny_gguf(work / "stream.gguf")), "bench")
-        daemon.cli("configure", "bench", "--keep-alive", "-1")
+        add_bench_model(daemon, work)
         asyncio.run(hold_streams(daemon.port, body, 1, pid))  # load the engine, warm the paths
         time.sleep(1.5)
         idle = rss_bytes(pid)

@@ -73,6 +73,21 @@ http {{
 _INDEX = re.compile(rb'"content":"(\d+) "')
 
 
+def use_standin_engine(work: Path, step_ms: float) -> None:
+    """Daemons started from now on run the stand-in engine as their `llama-server` (a wrapper in `work`),
+    one token per stream every `step_ms` (bench/growth.py and bench/request_profile.py use it too)."""
+    wrapper = work / "llama-server"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT / "bench" / "standin_engine.py"} "$@"\n')
+    wrapper.chmod(0o755)
+    os.environ.update(LLAMA_SERVER_PATH=str(wrapper), STANDIN_STEP_MS=str(step_ms))
+
+
+def add_bench_model(daemon: Daemon, work: Path) -> None:
+    """The tiny GGUF packaged in `daemon` as `bench`, kept loaded once it is (keep-alive -1)."""
+    daemon.cli("package", "--gguf", str(write_tiny_gguf(work / "tiny.gguf")), "bench")
+    daemon.cli("configure", "bench", "--keep-alive", "-1")
+
+
 def cpu_times(pids: list[int]) -> dict[str, int]:
     """CPU time so far of each thread of the processes, in nanoseconds: the scheduler's own count
     (/proc/PID/task/TID/schedstat), not /proc/PID/stat's 10 ms ticks."""
@@ -189,10 +204,7 @@ def main() -> None:
     levels = [int(level) for level in args.levels.split(",")]
 
     work = Path(tempfile.mkdtemp(prefix="bench-relay-"))
-    wrapper = work / "llama-server"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT / "bench" / "standin_engine.py"} "$@"\n')
-    wrapper.chmod(0o755)
-    os.environ.update(LLAMA_SERVER_PATH=str(wrapper), STANDIN_STEP_MS=str(args.step_ms))
+    use_standin_engine(work, args.step_ms)
     body = json.dumps(
         {
             "model": "bench",
@@ -217,8 +229,7 @@ def main() -> None:
                 os.environ.pop(key, None)
             os.environ.update(environment)
             daemon = daemons[name] = Daemon(work / name, free_port()).start()
-            daemon.cli("package", "--gguf", str(write_tiny_gguf(work / "tiny.gguf")), "bench")
-            daemon.cli("configure", "bench", "--keep-alive", "-1")
+            add_bench_model(daemon, work)
             asyncio.run(drive(daemon.port, "/engines/v1/chat/completions", body, 1, 1, args.tokens))  # load
         for key in ("PYTHONPATH", "MODEL_RUNNER_NATIVE_RELAY"):
             os.environ.pop(key, None)

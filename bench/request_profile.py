@@ -23,10 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.relay import cpu_seconds_since, cpu_times, drive  # noqa: E402
+from bench.relay import add_bench_model, cpu_seconds_since, cpu_times, drive, use_standin_engine  # noqa: E402
 
 from tests.daemon import Daemon, free_port  # noqa: E402
-from tests.models import write_tiny_gguf  # noqa: E402
 
 PATH = "/engines/v1/chat/completions"
 # frames of threads that wait (the event loop's select, idle worker threads): not the daemon's work
@@ -80,18 +79,13 @@ def main() -> None:
         raise SystemExit("py-spy is missing: scripts/setup --dev installs it")
 
     work = Path(tempfile.mkdtemp(prefix="bench-request-profile-"))
-    wrapper = work / "llama-server"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT / "bench" / "standin_engine.py"} "$@"\n')
-    wrapper.chmod(0o755)
-    os.environ.update(
-        LLAMA_SERVER_PATH=str(wrapper), STANDIN_STEP_MS="2", STANDIN_ANNOUNCE=str(work / "socket")
-    )
+    use_standin_engine(work, 2)
+    os.environ["STANDIN_ANNOUNCE"] = str(work / "socket")
     doc = {"model": "bench", "messages": [{"role": "user", "content": "go"}], "stream": True}
     body = json.dumps({**doc, "max_tokens": args.tokens}).encode()
     daemon = Daemon(work / "daemon", free_port()).start()
     try:
-        daemon.cli("package", "--gguf", str(write_tiny_gguf(work / "tiny.gguf")), "bench")
-        daemon.cli("configure", "bench", "--keep-alive", "-1")
+        add_bench_model(daemon, work)
         asyncio.run(drive(daemon.port, PATH, body, 1, 1, args.tokens))  # the engine loaded
         assert daemon.process is not None
         pid = daemon.process.pid
