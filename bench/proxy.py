@@ -173,13 +173,22 @@ def cold_start(daemon: Daemon, body: bytes, socket_flag: str) -> dict[str, Any]:
         time.sleep(0.05)
     socket = Path(tempfile.mkdtemp(prefix="bench-")) / "direct.sock"
     argv[argv.index(socket_flag) + 1] = str(socket)
+    if "--slot-save-path" in argv:  # the runner's own folder for saved KV (warm resume) left with it
+        slots = socket.parent / "slots"
+        slots.mkdir()
+        argv[argv.index("--slot-save-path") + 1] = str(slots)
     started = time.perf_counter()
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    errors = socket.parent / "stderr"
+    with errors.open("wb") as stderr:
+        process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         from modelrunner.scheduler.runner import http_status
 
         async def ready_then_first_token() -> tuple[float, float]:
             while await http_status(socket, "/health") != 200:
+                if process.poll() is not None:
+                    tail = errors.read_text(errors="replace")[-2000:]
+                    raise SystemExit(f"the engine started by hand exited ({process.returncode}):\n{tail}")
                 await asyncio.sleep(0.01)
             healthy = time.perf_counter() - started
             sample = await stream_once(uds(socket), body, "/v1/chat/completions")

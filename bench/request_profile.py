@@ -3,7 +3,8 @@ the stand-in engine (bench/standin_engine.py, as bench/relay.py runs it), CPU pe
 with `--py-spy` the daemon sampled by py-spy meanwhile: the share of its busy samples by the line that was
 running (its own time; a C call such as a socket write is charged to the line that made it) and by module.
 
-    .venv/bin/python bench/request_profile.py [--tokens 2] [--concurrency 16] [--seconds 15] [--py-spy]
+    .venv/bin/python bench/request_profile.py [--tokens 2] [--concurrency 16] [--seconds 15]
+        [--py-spy [--samples FILE]]
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--py-spy", action="store_true", help="sample the daemon with py-spy meanwhile")
+    parser.add_argument("--samples", type=Path, help="keep py-spy's raw (folded) samples in this file")
     args = parser.parse_args()
     spy_program = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if args.py_spy and not Path(spy_program).exists():
@@ -108,6 +110,8 @@ def main() -> None:
         if spy is not None:
             spy.wait()
             busy, top, areas = profile_shares(work / "samples.txt")
+            if args.samples is not None:
+                shutil.copyfile(work / "samples.txt", args.samples)
             print(f"py-spy: {busy} busy samples; own time by line:")
             for line, share in top:
                 print(f"  {share:6.1%}  {line}")
