@@ -9,16 +9,13 @@ when a request arrives and returns it to the client as the `X-Request-Id` header
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 import os
 import re
 import stat
 import sys
-import threading
 import time
-from collections.abc import Callable
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import TextIO
@@ -102,66 +99,25 @@ def log_max_bytes() -> int:
     return int(os.environ.get("MODEL_RUNNER_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES)
 
 
-class LineBatch:
-    """The lines a handler has yet to write to its file. Lines logged from a thread that runs an event loop
-    are gathered and written with one write(2) when the loop next turns (the daemon logs two lines per
-    request to two files: four system calls per request became a few per turn of the loop); lines from any
-    other thread are written at once, after those gathered, so the order holds. A gathered line is lost only
-    if the process dies before the loop turns: `logging.shutdown` (at exit) writes what is left."""
-
-    def __init__(self, fd: Callable[[], int]) -> None:
-        self.fd = fd  # the file's descriptor now (a rotated file is a new one)
-        self.pending: list[bytes] = []
-        self.lock = threading.Lock()
-
-    def add(self, line: str) -> int:
-        """Queue `line` and a newline; returns the bytes it takes."""
-        data = (line + "\n").encode("utf-8", "backslashreplace")
-        loop = asyncio.events._get_running_loop()
-        with self.lock:
-            self.pending.append(data)
-            if loop is None:
-                self._write()
-            elif len(self.pending) == 1:
-                loop.call_soon(self.flush)
-        return len(data)
-
-    def flush(self) -> None:
-        with self.lock:
-            self._write()
-
-    def _write(self) -> None:
-        if self.pending:
-            data = b"".join(self.pending)
-            self.pending.clear()
-            write_all(self.fd(), data)
-
-
 class SizeRotatingFileHandler(RotatingFileHandler):
     """RotatingFileHandler that counts the bytes it writes, instead of asking the file system on every line
-    (two stat calls and a seek: an access line is written per request), and writes lines in batches
-    (`LineBatch`) with write(2) to its O_APPEND file, not through a text stream's buffer and a flush."""
+    (two stat calls and a seek: an access line is written per request), and writes each line with one
+    write(2) to its O_APPEND file, not through a text stream's buffer and a flush."""
 
     def __init__(self, filename: Path, max_bytes: int, backups: int) -> None:
         super().__init__(filename, maxBytes=max_bytes, backupCount=backups, encoding="utf-8", delay=True)
         self.size: int | None = None  # of the open file, counted from when it was opened
-        self.batch = LineBatch(self._fileno)
-
-    def _fileno(self) -> int:
-        if self.stream is None:
-            self.stream = self._open()
-        return self.stream.fileno()
 
     def shouldRollover(self, record: logging.LogRecord) -> bool:
+        if self.stream is None:
+            self.stream = self._open()
         if self.size is None:
             # a log file that is not a regular one (/dev/stdout, a pipe) is never rotated, as in logging
-            fd = self._fileno()
-            regular = stat.S_ISREG(os.fstat(fd).st_mode)
-            self.size = os.lseek(fd, 0, os.SEEK_END) if regular else -(2**62)
+            regular = stat.S_ISREG(os.fstat(self.stream.fileno()).st_mode)
+            self.size = self.stream.seek(0, os.SEEK_END) if regular else -(2**62)
         return self.maxBytes > 0 and self.size + len(self.format(record)) + 1 >= self.maxBytes
 
     def doRollover(self) -> None:
-        self.batch.flush()  # the lines before it end the old file
         super().doRollover()
         self.size = None
 
@@ -169,51 +125,41 @@ class SizeRotatingFileHandler(RotatingFileHandler):
         try:
             if self.shouldRollover(record):
                 self.doRollover()
-            self.size = (self.size or 0) + self.batch.add(self.format(record))
+            if self.stream is None:
+                self.stream = self._open()
+            self.size = (self.size or 0) + write_line(self.stream.fileno(), self.format(record))
         except Exception:
             self.handleError(record)
 
-    def flush(self) -> None:
-        self.batch.flush()
-
-    def close(self) -> None:
-        self.batch.flush()
-        super().close()
-
 
 class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Lines to the process's stderr in batches (`LineBatch`) where it has a file (a StreamHandler writes
-    each line through the text stream's buffer, then flushes it: several microseconds more per line)."""
+    """Lines to the process's stderr, each with one write(2) where it has a file (a StreamHandler writes
+    through the text stream's buffer, then flushes it: several microseconds more per line)."""
 
     def __init__(self, stream: TextIO) -> None:
         super().__init__(stream)
         try:
-            fd: int | None = stream.fileno()
+            self.fd: int | None = stream.fileno()
         except (AttributeError, OSError, ValueError):  # an object without a file (a test's capture)
-            fd = None
-        self.batch = None if fd is None else LineBatch(lambda: fd)
+            self.fd = None
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.batch is None:
+        if self.fd is None:
             super().emit(record)
             return
         try:
-            self.batch.add(self.format(record))
+            write_line(self.fd, self.format(record))
         except Exception:
             self.handleError(record)
 
-    def flush(self) -> None:
-        if self.batch is None:
-            super().flush()
-        else:
-            self.batch.flush()
 
-
-def write_all(fd: int, data: bytes) -> None:
-    """Write all of `data` (even if the kernel takes it in parts)."""
+def write_line(fd: int, line: str) -> int:
+    """Write `line` and a newline (whole, even if the kernel takes it in parts); returns the bytes written."""
+    data = (line + "\n").encode("utf-8", "backslashreplace")
     written = os.write(fd, data)
     while written < len(data):
         written += os.write(fd, data[written:])
+    return len(data)
 
 
 def setup(log_file: Path, level: int | None = None) -> None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import logging
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -108,82 +106,3 @@ def test_a_stderr_without_a_file_gets_lines_through_its_write() -> None:
     record.fields = {"model": "m"}
     handler.emit(record)
     assert handler.stream.getvalue().endswith("event=ready model=m\n")
-
-
-def test_lines_from_an_event_loop_go_out_in_one_write_per_turn_and_in_order(tmp_path: Path) -> None:
-    writes: list[bytes] = []
-    read_end, write_end = os.pipe()
-
-    def fd() -> int:
-        return write_end
-
-    batch = eventlog.LineBatch(fd)
-    real_write = os.write
-
-    def counted(fileno: int, data: bytes) -> int:
-        writes.append(bytes(data))
-        return real_write(fileno, data)
-
-    async def turn() -> list[bytes]:
-        batch.add("one")
-        batch.add("two")
-        seen_before_turn = list(writes)
-        # a thread without a loop writes at once, after the lines gathered before it (joined without
-        # letting the loop turn)
-        thread = threading.Thread(target=batch.add, args=("from a thread",))
-        thread.start()
-        thread.join()
-        batch.add("three")
-        await asyncio.sleep(0)
-        return seen_before_turn
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(eventlog.os, "write", counted)
-    try:
-        before_turn = asyncio.run(turn())
-    finally:
-        mp.undo()
-        os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        assert pipe.read().decode().splitlines() == ["one", "two", "from a thread", "three"]
-    assert before_turn == []  # nothing written while the loop had not turned
-    assert writes == [b"one\ntwo\nfrom a thread\n", b"three\n"]
-
-
-def test_lines_gathered_when_the_loop_stops_are_written_by_logging_s_flush(tmp_path: Path) -> None:
-    handler = eventlog.SizeRotatingFileHandler(tmp_path / "daemon.log", max_bytes=10_000, backups=1)
-    handler.setFormatter(eventlog.LogfmtFormatter())
-    record = logging.LogRecord("modelrunner.x", logging.INFO, __file__, 1, "last", None, None)
-    record.fields = {}
-    loop = asyncio.new_event_loop()
-    try:
-        loop.call_soon(handler.emit, record)
-        loop.call_soon(loop.stop)
-        loop.run_forever()  # stopped before the turn that would have written the line
-    finally:
-        loop.close()
-    assert (tmp_path / "daemon.log").read_text() == ""
-    handler.flush()  # what logging.shutdown does at exit
-    assert (tmp_path / "daemon.log").read_text().endswith("event=last\n")
-    handler.close()
-
-
-def test_rotation_writes_the_gathered_lines_to_the_old_file_first(tmp_path: Path) -> None:
-    handler = eventlog.SizeRotatingFileHandler(tmp_path / "daemon.log", max_bytes=200, backups=1)
-    handler.setFormatter(eventlog.LogfmtFormatter())
-
-    async def log_many() -> None:
-        for n in range(8):
-            record = logging.LogRecord("modelrunner.x", logging.INFO, __file__, 1, "line", None, None)
-            record.fields = {"n": n}
-            handler.emit(record)
-
-    asyncio.run(log_many())
-    handler.close()
-    logged = [
-        *(tmp_path / "daemon.log.1").read_text().splitlines(),
-        *(tmp_path / "daemon.log").read_text().splitlines(),
-    ]
-    numbers = [int(line.rsplit("n=", 1)[1]) for line in logged]
-    assert numbers == list(range(8 - len(numbers), 8)) and len(numbers) >= 2
-    assert all((tmp_path / name).stat().st_size <= 200 for name in ("daemon.log", "daemon.log.1"))
