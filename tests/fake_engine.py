@@ -14,7 +14,9 @@ body as the engine received it, byte for byte).
 Connections are kept alive (HTTP/1.1); each `request` event says how many requests its connection has
 carried (`served`). On a connection's second and later requests FAKE_REUSED scripts an engine's idle-close
 race: `drop` closes it unanswered, `cut` closes it after the head and one chunk (event `reused_closed`).
-FAKE_CONNECTION_CLOSE=1 answers streams with `Connection: close`;
+FAKE_CONNECTION_CLOSE=1 answers streams with `Connection: close`; FAKE_CLOSE_AFTER_STREAM (seconds)
+closes the connection that long after each stream without saying so (as llama-server b11434 does, at once),
+whatever came meanwhile unread (event `dropped_unread`);
 FAKE_STREAM_FRAMING frames a chat stream otherwise than chunked: `length` (the whole stream, then sent with
 its Content-Length), `close` (no length, the end of the connection ends it). FAKE_FIRST_CHUNK_DELAY:
 seconds between a chat stream's head and its first chunk (llama-server sends the head as its prefill
@@ -42,7 +44,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import socket
 import socketserver
 import subprocess
 import sys
@@ -269,6 +273,13 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
             _event("completed")
+            close_after = os.environ.get("FAKE_CLOSE_AFTER_STREAM")
+            if close_after is not None:  # unannounced: the head said nothing of it
+                time.sleep(float(close_after))
+                self.close_connection = True
+                waiting = select.select([self.connection], [], [], 0)[0]
+                if waiting and self.connection.recv(1, socket.MSG_PEEK):
+                    _event("dropped_unread")  # a request came meanwhile: it goes unanswered
         except (BrokenPipeError, ConnectionResetError):
             _event("cancelled")
 

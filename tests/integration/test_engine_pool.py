@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,24 @@ def test_an_answer_with_connection_close_is_not_kept(start: Start) -> None:
         assert answer.headers.get("connection") != "close"  # the engine's hop-by-hop header stays there
         assert idle(daemon) == 0
     assert [e["served"] for e in events(daemon, "request")] == [1, 1]
+
+
+def test_an_engine_that_closes_after_each_answer_gets_no_request_on_a_closing_connection(
+    start: Start,
+) -> None:
+    # llama-server's stream heads say `Keep-Alive`, and it closes the connection after each stream. Here
+    # it closes 0.3 s after the stream, so the second request takes the connection back from the pool and
+    # is dropped unread with it (then sent again on a new one); from then on the pool keeps none of that
+    # engine's connections, and no request goes out on one that is closing.
+    daemon = start(FAKE_CLOSE_AFTER_STREAM="0.3")
+    for _ in range(4):
+        answer = daemon.http("POST", CHAT, json=BODY)
+        assert answer.status_code == 200 and tokens(answer.text)[:3] == ["t0 ", "t1 ", "t2 "]
+    assert [e["served"] for e in events(daemon, "request")] == [1] * 4
+    daemon.wait_for(lambda: events(daemon, "dropped_unread"), "the engine to drop the second request")
+    time.sleep(0.5)  # the last connection closes too
+    assert len(events(daemon, "dropped_unread")) == 1  # the second request's first send, no other
+    assert len(pool(daemon).not_kept) == 1 and idle(daemon) == 0
 
 
 def test_a_runner_being_stopped_has_its_idle_connections_closed_at_once(

@@ -451,8 +451,10 @@ class FrontProtocol(asyncio.Protocol):
             reused = upstream.uses > 1
             if attempt or not (reused and upstream.vanished) or exchange.client_gone or exchange.aborted:
                 break
-            # A kept-alive connection the engine closed just as the request went out (its idle timeout):
-            # nothing was answered, so the request goes once more, on a new connection.
+            # A kept-alive connection the engine closed just as the request went out (its idle timeout, or
+            # an engine that closes after every answer): nothing was answered, so the request goes once
+            # more, on a new connection.
+            pool.engine_closed(upstream)
             upstream = None
         assert upstream is not None
         self._finish(upstream, exchange)
