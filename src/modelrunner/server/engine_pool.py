@@ -81,7 +81,7 @@ class EnginePool:
         self._sweep: asyncio.TimerHandle | None = None
 
     def engine_closed(self, upstream: Upstream) -> None:
-        """The engine closed a connection it had answered on, while it was idle or being reused: none of
+        """The engine closed a connection it had said it would keep (`Upstream.connection_lost`): none of
         that socket's are kept from now on."""
         self.lost(upstream)
         if upstream.socket not in self.not_kept:
@@ -451,13 +451,16 @@ class Upstream(asyncio.Protocol):
             request.reader.feed_eof()  # the end of a body that ends with the connection
         if request.reframed and not (request.finished is None or request.finished.done()):
             self._end_reframed()
-        if request.finished is None or request.finished.done():  # idle, or its answer complete
-            if self.keep_alive and not self.closed_here:
-                self.pool.engine_closed(self)  # which its answer said it would keep
-            else:
-                self.pool.lost(self)
-        else:
-            request.finished.set_result(None)
+        finished = request.finished
+        answered = finished is None or finished.done()  # idle, or its answer complete
+        if finished is not None and not answered:
+            finished.set_result(None)
+        # a connection its answers said it would keep, closed by the engine after one (or as a request
+        # went out on it again: the front sends that one once more)
+        if self.keep_alive and not self.closed_here and (answered or (self.uses > 1 and self.vanished)):
+            self.pool.engine_closed(self)
+        elif answered:
+            self.pool.lost(self)
 
     def _answered(self) -> None:
         """The whole answer is written to the client: complete now, even if the client, having read it,

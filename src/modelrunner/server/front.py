@@ -454,7 +454,6 @@ class FrontProtocol(asyncio.Protocol):
             # A kept-alive connection the engine closed just as the request went out (its idle timeout, or
             # an engine that closes after every answer): nothing was answered, so the request goes once
             # more, on a new connection.
-            pool.engine_closed(upstream)
             upstream = None
         assert upstream is not None
         self._finish(upstream, exchange)
