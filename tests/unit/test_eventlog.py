@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -106,3 +109,95 @@ def test_a_stderr_without_a_file_gets_lines_through_its_write() -> None:
     record.fields = {"model": "m"}
     handler.emit(record)
     assert handler.stream.getvalue().endswith("event=ready model=m\n")
+
+
+@contextlib.contextmanager
+def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stderr: bool = True) -> Iterator[None]:
+    """eventlog.setup() on the root logger, as the daemon has it (pytest's own capture handlers taken off
+    the root meanwhile), with a stderr of its own (tmp_path/stderr.log); undone afterwards."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, eventlog._installed[:])
+    monkeypatch.setenv("MODEL_RUNNER_LOG_MAX_BYTES", "600")
+    with open(tmp_path / "stderr.log", "a") as stream:
+        monkeypatch.setattr(sys, "stderr", stream)
+        eventlog.setup(tmp_path / "logs" / "daemon.log", stderr=stderr)
+        try:
+            yield
+        finally:
+            for handler in eventlog._installed:
+                handler.close()
+            root.handlers[:], eventlog._installed[:] = saved[0], saved[2]
+            root.setLevel(saved[1])
+
+
+class Captured(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_an_event_written_directly_is_the_line_logging_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """event() writes to setup()'s handlers itself when nothing else would see the line; with another
+    handler on the root logger (a test's caplog) logging dispatches it, and the line is the same."""
+    log = logging.getLogger("modelrunner.scheduler")
+    other = Captured()
+    token = eventlog.request_id.set("0123456789abcdef")
+    with installed(tmp_path, monkeypatch):
+        assert eventlog._direct_handlers(log) is not None
+        eventlog.event(log, "reuse", model="ai/x", note="two words", skipped=None, pid=7)
+        logging.getLogger().addHandler(other)
+        try:
+            assert eventlog._direct_handlers(log) is None
+            eventlog.event(log, "reuse", model="ai/x", note="two words", skipped=None, pid=7)
+        finally:
+            logging.getLogger().removeHandler(other)
+        log.setLevel(logging.WARNING)  # below the level: nothing, either way
+        try:
+            eventlog.event(log, "reuse", model="ai/y")
+        finally:
+            log.setLevel(logging.NOTSET)
+            eventlog.request_id.reset(token)
+    assert [record.msg for record in other.records] == ["reuse"]
+    for name in ("stderr.log", "logs/daemon.log"):
+        direct, dispatched = (tmp_path / name).read_text().splitlines()
+        assert direct.split(" ", 1)[1] == dispatched.split(" ", 1)[1]  # all but the time stamp
+        assert direct.endswith('event=reuse rid=0123456789abcdef model=ai/x note="two words" pid=7')
+        assert direct.split(" ", 3)[1:3] == ["INFO", "scheduler"]
+
+
+def test_lines_written_directly_rotate_the_file_by_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = logging.getLogger("modelrunner.scheduler")
+    with installed(tmp_path, monkeypatch):
+        for n in range(30):
+            eventlog.event(log, "request", n=n, path="/v1/chat/completions")
+    logs = tmp_path / "logs"
+    kept = [
+        *(logs / "daemon.log.3").read_text().splitlines(),
+        *(logs / "daemon.log.2").read_text().splitlines(),
+        *(logs / "daemon.log.1").read_text().splitlines(),
+        *(logs / "daemon.log").read_text().splitlines(),
+    ]
+    everything = (tmp_path / "stderr.log").read_text().splitlines()
+    assert kept == everything[-len(kept) :] and len(everything) == 30 > len(kept)  # the oldest rotated out
+    assert sorted(path.name for path in logs.iterdir()) == [
+        "daemon.log",
+        *(f"daemon.log.{n}" for n in (1, 2, 3)),
+    ]
+    assert all(path.stat().st_size <= 600 for path in logs.iterdir())
+
+
+def test_a_daemon_told_not_to_keeps_its_lines_off_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with installed(tmp_path, monkeypatch, stderr=False):
+        assert [type(h) for h in logging.getLogger().handlers] == [eventlog.SizeRotatingFileHandler]
+        eventlog.event(logging.getLogger("modelrunner.scheduler"), "ready", model="m")
+    assert (tmp_path / "logs" / "daemon.log").read_text().endswith("event=ready model=m\n")
+    assert (tmp_path / "stderr.log").read_text() == ""
