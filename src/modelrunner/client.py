@@ -501,6 +501,7 @@ def start_daemon_in_background(tls: bool = False) -> subprocess.Popen[bytes]:
     env = os.environ.copy()
     if tls:
         env["MODEL_RUNNER_TLS_ENABLED"] = "true"
+    env[config.LOG_STDERR] = "0"  # its lines are in logs/daemon.log; the file below keeps the rest (a crash)
     with open(log_dir / "daemon.stdout.log", "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "modelrunner", "serve"],

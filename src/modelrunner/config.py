@@ -76,6 +76,16 @@ def _flag(name: str, default: bool = False) -> bool:
     return default
 
 
+LOG_STDERR = "MODEL_RUNNER_LOG_STDERR"
+
+
+def log_to_stderr() -> bool:
+    """Whether the daemon writes its log lines to stderr as well as to logs/daemon.log
+    (`MODEL_RUNNER_LOG_STDERR`, on by default). A daemon the CLI starts in the background has it off: its
+    stderr goes to a file (logs/daemon.stdout.log) that would hold every line a second time, never rotated."""
+    return _flag(LOG_STDERR, default=True)
+
+
 class ListenAddress(NamedTuple):
     host: str
     port: int

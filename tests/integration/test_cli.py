@@ -140,6 +140,10 @@ def test_cli_starts_a_daemon_when_none_runs_and_stop_runner_stops_it(tmp_path: P
         assert listing.stdout.startswith("MODEL NAME")
         assert "already running" in model("start-runner").stdout
         assert "Server:\n Version:    0.1.0" in model("version").stdout
+        # its lines are in the rotated daemon.log alone: its stdout file (never rotated) holds no copies
+        logs = tmp_path / "home" / "logs"
+        assert "event=request" in (logs / "daemon.log").read_text()
+        assert "event=" not in (logs / "daemon.stdout.log").read_text()
     finally:
         stopped = model("stop-runner")
     assert "has stopped" in stopped.stdout

@@ -94,10 +94,11 @@ def is_running(pid: int) -> bool:
 
 
 def setup_logging() -> None:
-    """One structured line per event, to stderr and to logs/daemon.log (served by /logs and `model logs`)."""
+    """One structured line per event, to logs/daemon.log (served by /logs and `model logs`) and to stderr
+    unless `MODEL_RUNNER_LOG_STDERR=0` (config.log_to_stderr)."""
     from modelrunner import eventlog
 
-    eventlog.setup(config.logs_dir() / "daemon.log")
+    eventlog.setup(config.logs_dir() / "daemon.log", stderr=config.log_to_stderr())
 
 
 def fast_path_enabled() -> bool:
