@@ -4,7 +4,12 @@ with `--py-spy` the daemon sampled by py-spy meanwhile: the share of its busy sa
 running (its own time; a C call such as a socket write is charged to the line that made it) and by module.
 
     .venv/bin/python bench/request_profile.py [--tokens 2] [--concurrency 16] [--seconds 15]
-        [--py-spy [--samples FILE]]
+        [--py-spy [--samples FILE]] [--baseline /tmp/before/src [--rounds 6]]
+
+With `--baseline SRC` a second daemon runs that version (its `src` first on PYTHONPATH, its own stand-in
+engine), and the two take turns: `--rounds` windows of `--seconds` each, CPU per request in each window,
+the median per version and the ratio printed (no py-spy then): before and after in one run, on a machine
+whose single runs move by 20 %.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,6 +72,60 @@ def profile_shares(raw: Path) -> tuple[int, list[tuple[str, float]], list[tuple[
     return busy, top, [(area, n / busy) for area, n in areas.most_common()]
 
 
+def spy_program() -> str:
+    return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+
+
+def cpu_per_request(daemon: Daemon, body: bytes, args: argparse.Namespace) -> tuple[float, int]:
+    """Streams through `daemon` for `args.seconds`: its CPU seconds per request, and the requests."""
+    assert daemon.process is not None
+    pid = daemon.process.pid
+    before, started, requests = cpu_times([pid]), time.perf_counter(), 0
+    while time.perf_counter() - started < args.seconds:
+        batch = args.concurrency * 8
+        asyncio.run(drive(daemon.port, PATH, body, args.concurrency, batch, args.tokens))
+        requests += batch
+    return cpu_seconds_since(before, [pid]) / requests, requests
+
+
+def compare(daemons: dict[str, Daemon], body: bytes, args: argparse.Namespace) -> None:
+    runs: dict[str, list[float]] = {name: [] for name in daemons}
+    for _ in range(args.rounds):
+        for name, daemon in daemons.items():
+            runs[name].append(cpu_per_request(daemon, body, args)[0] * 1e6)
+    for name, values in runs.items():
+        each = " ".join(f"{value:.0f}" for value in values)
+        print(f"{name}: median {statistics.median(values):.0f} us per request ({each})")
+    ratio = statistics.median(runs["daemon"]) / statistics.median(runs["before"])
+    print(f"{args.tokens}-token streams at c={args.concurrency}: daemon / before {ratio:.2f}")
+
+
+def profile(daemon: Daemon, work: Path, body: bytes, args: argparse.Namespace) -> None:
+    spy = None
+    if args.py_spy:
+        assert daemon.process is not None
+        command = [spy_program(), "record", "-r", "250", "-d", str(int(args.seconds)), "-f", "raw"]
+        command += ["-o", str(work / "samples.txt"), "-p", str(daemon.process.pid)]
+        spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1)
+    cpu, requests = cpu_per_request(daemon, body, args)
+    print(
+        f"{requests} requests of {args.tokens} tokens at c={args.concurrency}: "
+        f"{cpu * 1e6:.0f} us of the daemon's CPU per request"
+    )
+    if spy is not None:
+        spy.wait()
+        busy, top, areas = profile_shares(work / "samples.txt")
+        if args.samples is not None:
+            shutil.copyfile(work / "samples.txt", args.samples)
+        print(f"py-spy: {busy} busy samples; own time by line:")
+        for line, share in top:
+            print(f"  {share:6.1%}  {line}")
+        print("by area (one of the last three frames):")
+        for area, share in areas:
+            print(f"  {share:6.1%}  {area}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -75,51 +135,39 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--py-spy", action="store_true", help="sample the daemon with py-spy meanwhile")
     parser.add_argument("--samples", type=Path, help="keep py-spy's raw (folded) samples in this file")
+    parser.add_argument("--baseline", type=Path, help="the src folder of a version to compare with")
+    parser.add_argument("--rounds", type=int, default=6, help="windows per version with --baseline")
     args = parser.parse_args()
-    spy_program = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if args.py_spy and not Path(spy_program).exists():
+    if args.py_spy and not Path(spy_program()).exists():
         raise SystemExit("py-spy is missing: scripts/setup --dev installs it")
+    if args.py_spy and args.baseline is not None:
+        raise SystemExit("--py-spy samples one daemon: leave out --baseline")
 
     work = Path(tempfile.mkdtemp(prefix="bench-request-profile-"))
     use_standin_engine(work, 2)
-    os.environ["STANDIN_ANNOUNCE"] = str(work / "socket")
     doc = {"model": "bench", "messages": [{"role": "user", "content": "go"}], "stream": True}
     body = json.dumps({**doc, "max_tokens": args.tokens}).encode()
-    daemon = Daemon(work / "daemon", free_port()).start()
+    daemons: dict[str, Daemon] = {}
     try:
-        add_bench_model(daemon, work)
-        asyncio.run(drive(daemon.port, PATH, body, 1, 1, args.tokens))  # the engine loaded
-        assert daemon.process is not None
-        pid = daemon.process.pid
-        spy = None
-        if args.py_spy:
-            command = [spy_program, "record", "-r", "250", "-d", str(int(args.seconds)), "-f", "raw"]
-            command += ["-o", str(work / "samples.txt"), "-p", str(pid)]
-            spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(1)
-        before, started, requests = cpu_times([pid]), time.perf_counter(), 0
-        while time.perf_counter() - started < args.seconds:
-            batch = args.concurrency * 8
-            asyncio.run(drive(daemon.port, PATH, body, args.concurrency, batch, args.tokens))
-            requests += batch
-        cpu = cpu_seconds_since(before, [pid])
-        print(
-            f"{requests} requests of {args.tokens} tokens at c={args.concurrency}: "
-            f"{cpu / requests * 1e6:.0f} us of the daemon's CPU per request"
-        )
-        if spy is not None:
-            spy.wait()
-            busy, top, areas = profile_shares(work / "samples.txt")
-            if args.samples is not None:
-                shutil.copyfile(work / "samples.txt", args.samples)
-            print(f"py-spy: {busy} busy samples; own time by line:")
-            for line, share in top:
-                print(f"  {share:6.1%}  {line}")
-            print("by area (one of the last three frames):")
-            for area, share in areas:
-                print(f"  {share:6.1%}  {area}")
+        versions: dict[str, dict[str, str]] = {}  # name: its environment
+        if args.baseline is not None:
+            versions["before"] = {"PYTHONPATH": str(args.baseline.resolve())}
+        versions["daemon"] = {}
+        for name, environment in versions.items():
+            os.environ["STANDIN_ANNOUNCE"] = str(work / f"socket-{name}")
+            os.environ.pop("PYTHONPATH", None)
+            os.environ.update(environment)
+            daemon = daemons[name] = Daemon(work / name, free_port()).start()
+            add_bench_model(daemon, work)
+            asyncio.run(drive(daemon.port, PATH, body, 1, 1, args.tokens))  # the engine loaded
+        os.environ.pop("PYTHONPATH", None)
+        if args.baseline is not None:
+            compare(daemons, body, args)
+        else:
+            profile(daemons["daemon"], work, body, args)
     finally:
-        daemon.stop()
+        for daemon in daemons.values():
+            daemon.stop()
         shutil.rmtree(work, ignore_errors=True)
     print(f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
