@@ -1,7 +1,8 @@
-"""Benchmark the inference relay: the same llama-server process called directly (its Unix socket) and
-through the daemon (TCP 127.0.0.1), streamed chat at concurrency 1, 4 and 16, alternating, in one run.
+"""Benchmark the inference relay: the same llama-server process called directly (its Unix socket),
+through the daemon (TCP 127.0.0.1), and through nginx (TCP 127.0.0.1 to the same socket, the reference for
+what one proxy hop costs on this machine), streamed chat at concurrency 1, 4 and 16, alternating, in one run.
 
-Reports, per level, time to first token (p50/p95), time per streamed chunk and tokens/s for both paths,
+Reports, per level, time to first token (p50/p95), time per streamed chunk and tokens/s for each path,
 and the differences/ratios; plus cold start: first token through the daemon for an unloaded model vs
 starting the runner's own command (same argv and environment) by hand, and the engine's RSS. Needs an
 installed llama.cpp engine (`model install-runner`, from the build cache after the first time).
@@ -31,6 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.relay import start_nginx  # noqa: E402
+
 from modelrunner.http1 import Answer  # noqa: E402
 from modelrunner.response_reader import MAX_HEAD  # noqa: E402
 from tests.daemon import Daemon, free_port  # noqa: E402
@@ -51,6 +54,10 @@ class Sample:
 class Stats:
     samples: list[Sample] = field(default_factory=list)
     wall_s: float = 0.0  # of the levels run, for the throughput of all streams together
+
+    def add(self, other: Stats) -> None:
+        self.samples += other.samples
+        self.wall_s += other.wall_s
 
     def summary(self) -> dict[str, float]:
         ttfts = sorted(s.ttft for s in self.samples)
@@ -162,7 +169,7 @@ def cold_start(daemon: Daemon, body: bytes, socket_flag: str) -> dict[str, Any]:
     runner's own argv and environment, so only the daemon's work differs. Both poll /health every 10 ms,
     one server runs at a time. Also the RSS of the loaded engine's processes."""
     daemon.http("POST", "/engines/unload", json={"all": True})
-    through = asyncio.run(stream_once(tcp(daemon), body, "/engines/v1/chat/completions")).ttft
+    through = asyncio.run(stream_once(tcp(daemon.port), body, "/engines/v1/chat/completions")).ttft
     [runner] = daemon.http("GET", "/engines/ps").json()
     rss = tree_rss(runner["pid"])
     argv = Path(f"/proc/{runner['pid']}/cmdline").read_bytes().decode().split("\0")[:-1]
@@ -209,27 +216,29 @@ def cold_start(daemon: Daemon, body: bytes, socket_flag: str) -> dict[str, Any]:
     }
 
 
-def compare(daemon: Daemon, socket: Path, body: bytes, concurrency: int, rounds: int) -> dict[str, Any]:
-    """One concurrency level, the engine's own socket and the daemon alternately, `rounds` times: both
+def compare(
+    daemon: Daemon, socket: Path, nginx_port: int, body: bytes, concurrency: int, rounds: int
+) -> dict[str, Any]:
+    """One concurrency level, the engine's own socket, the daemon and nginx in turn, `rounds` times: the
     paths' summaries, their differences, and the daemon's CPU per relayed token."""
-    direct, through = Stats(), Stats()
+    direct, through, nginx = Stats(), Stats(), Stats()
     daemon_cpu = 0.0
     for _ in range(rounds):
         requests = max(8, concurrency * 2)
         measured = asyncio.run(level(uds(socket), "/v1/chat/completions", body, concurrency, requests))
-        direct.samples += measured.samples
-        direct.wall_s += measured.wall_s
+        direct.add(measured)
         before = cpu_seconds(daemon)
-        relayed = level(tcp(daemon), "/engines/v1/chat/completions", body, concurrency, requests)
-        measured = asyncio.run(relayed)
+        relayed = level(tcp(daemon.port), "/engines/v1/chat/completions", body, concurrency, requests)
+        through.add(asyncio.run(relayed))
         daemon_cpu += cpu_seconds(daemon) - before
-        through.samples += measured.samples
-        through.wall_s += measured.wall_s
-    d, t = direct.summary(), through.summary()
+        nginx.add(asyncio.run(level(tcp(nginx_port), "/v1/chat/completions", body, concurrency, requests)))
+    d, t, n = direct.summary(), through.summary(), nginx.summary()
     return {
         "direct": d,
         "daemon": t,
+        "nginx": n,
         "added_ttft_p50_ms": t["ttft_p50_ms"] - d["ttft_p50_ms"],
+        "nginx_added_ttft_p50_ms": n["ttft_p50_ms"] - d["ttft_p50_ms"],
         "added_per_chunk_us": t["chunk_gap_mean_us"] - d["chunk_gap_mean_us"],
         "tokens_per_s_ratio": t["tokens_per_s"] / d["tokens_per_s"],
         # the daemon's own CPU time per relayed token: unlike times, not moved by other load
@@ -241,8 +250,8 @@ def uds(socket: Path) -> Any:
     return lambda: asyncio.open_unix_connection(str(socket), limit=MAX_HEAD)
 
 
-def tcp(daemon: Daemon) -> Any:
-    return lambda: asyncio.open_connection("127.0.0.1", daemon.port, limit=MAX_HEAD)
+def tcp(port: int) -> Any:
+    return lambda: asyncio.open_connection("127.0.0.1", port, limit=MAX_HEAD)
 
 
 def main() -> None:
@@ -289,7 +298,7 @@ def main() -> None:
                 "temperature": 0,
             }
         ).encode()
-        asyncio.run(stream_once(tcp(daemon), body, "/engines/v1/chat/completions"))  # load + warm up
+        asyncio.run(stream_once(tcp(daemon.port), body, "/engines/v1/chat/completions"))  # load + warm up
         socket = runner_socket(daemon)
         model_name = "tiny-safetensors" if args.engine == "vllm" else args.model
         results: dict[str, Any] = {
@@ -298,8 +307,17 @@ def main() -> None:
             "max_tokens": args.max_tokens,
             "levels": {},
         }
-        for concurrency in (1, 4, 16):
-            results["levels"][concurrency] = compare(daemon, socket, body, concurrency, args.rounds)
+        nginx, nginx_port = start_nginx(work, str(socket), keep_alive=args.engine == "vllm")
+        try:
+            for concurrency in (1, 4, 16):
+                row = compare(daemon, socket, nginx_port, body, concurrency, args.rounds)
+                results["levels"][concurrency] = row
+        except RuntimeError:
+            print((work / "nginx-error.log").read_text()[-3000:], file=sys.stderr)
+            raise
+        finally:
+            nginx.terminate()
+            nginx.wait()
         flag = "--uds" if args.engine == "vllm" else "--host"
         colds = [cold_start(daemon, body, flag) for _ in range(args.cold_runs)]
         # the run with the median ratio; every run's pair is kept (one sample moves with the machine's load)
@@ -325,6 +343,7 @@ def main() -> None:
         "+us",
         "tok/s ratio",
         "daemon CPU us/token",
+        "nginx +ms",
     ]
     print("  ".join(f"{h:>10}" for h in header))
     for concurrency, row in results["levels"].items():
@@ -339,6 +358,7 @@ def main() -> None:
             f"{row['added_per_chunk_us']:.1f}",
             f"{row['tokens_per_s_ratio']:.3f}",
             f"{row['daemon_cpu_per_token_us']:.0f}",
+            f"{row['nginx_added_ttft_p50_ms']:.2f}",
         ]
         print("  ".join(f"{c:>10}" for c in cells))
     cold = results["cold_start"]

@@ -57,7 +57,7 @@ http {{
     fastcgi_temp_path {work}/nginx-fastcgi;
     uwsgi_temp_path {work}/nginx-uwsgi;
     scgi_temp_path {work}/nginx-scgi;
-    upstream engine {{ server unix:{socket}; keepalive 512; }}
+    upstream engine {{ server unix:{socket}; {keepalive} }}
     server {{
         listen 127.0.0.1:{port};
         keepalive_requests 100000;
@@ -165,7 +165,10 @@ def measure(
     return {"chunks": chunks, "seconds": seconds, "cpu_s": cpu}
 
 
-def start_nginx(work: Path, socket: str) -> tuple[subprocess.Popen[bytes], int]:
+def start_nginx(work: Path, socket: str, keep_alive: bool = True) -> tuple[subprocess.Popen[bytes], int]:
+    """nginx on a free port of 127.0.0.1 in front of the engine's socket; with `keep_alive` its connections
+    to the engine are kept between requests (not for llama-server, which closes a stream's connection: a
+    POST nginx sends on such a connection fails with a 502, since nginx re-sends no POST)."""
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if not Path(nginx).exists():
         raise SystemExit("nginx is missing: apt-get install nginx (Debian's package is the reference)")
@@ -173,7 +176,8 @@ def start_nginx(work: Path, socket: str) -> tuple[subprocess.Popen[bytes], int]:
     conf = work / "nginx.conf"
     # as root, nginx's worker would run as nobody, who may not open the daemon's runner folder
     user = "user root;" if os.geteuid() == 0 else ""
-    conf.write_text(NGINX_CONF.format(user=user, work=work, socket=socket, port=port))
+    keepalive = "keepalive 512;" if keep_alive else ""
+    conf.write_text(NGINX_CONF.format(user=user, work=work, socket=socket, port=port, keepalive=keepalive))
     process = subprocess.Popen([nginx, "-c", str(conf), "-e", str(work / "nginx-error.log")])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
