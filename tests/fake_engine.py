@@ -14,6 +14,9 @@ body as the engine received it, byte for byte).
 Connections are kept alive (HTTP/1.1); each `request` event says how many requests its connection has
 carried (`served`). On a connection's second and later requests FAKE_REUSED scripts an engine's idle-close
 race: `drop` closes it unanswered, `cut` closes it after the head and one chunk (event `reused_closed`).
+Each first request on a connection says in `waited` the seconds since the connection was opened;
+FAKE_DROP_WAITED (seconds) closes a connection unanswered whose first request came later than that (an
+engine's idle timeout racing a connection opened ahead; event `waited_closed`).
 FAKE_CONNECTION_CLOSE=1 answers streams with `Connection: close`; FAKE_CLOSE_AFTER_STREAM (seconds)
 closes the connection that long after each stream without saying so (as llama-server b11434 does, at once),
 whatever came meanwhile unread (event `dropped_unread`);
@@ -129,6 +132,10 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     started = time.monotonic()
 
+    def setup(self) -> None:
+        super().setup()
+        self.accepted = time.monotonic()  # one handler per connection
+
     def log_message(self, format: str, *args: object) -> None:
         pass
 
@@ -167,7 +174,13 @@ class Handler(BaseHTTPRequestHandler):
         request = json.loads(raw or b"{}")
         self.served = getattr(self, "served", 0) + 1  # one handler per connection
         body = {"body": raw.decode()} if os.environ.get("FAKE_BODIES") else {}
-        _event("request", path=self.path, served=self.served, **body)
+        waited = round(time.monotonic() - self.accepted, 3) if self.served == 1 else None
+        _event("request", path=self.path, served=self.served, waited=waited, **body)
+        drop_waited = os.environ.get("FAKE_DROP_WAITED")
+        if drop_waited and waited is not None and waited > float(drop_waited):
+            _event("waited_closed")
+            self.close_connection = True
+            return
         reused = os.environ.get("FAKE_REUSED") if self.served > 1 else None
         if reused == "drop":
             _event("reused_closed", served=self.served)

@@ -164,7 +164,35 @@ def test_an_engine_that_closes_after_each_answer_gets_no_request_on_a_closing_co
     daemon.wait_for(lambda: events(daemon, "dropped_unread"), "the engine to drop the second request")
     time.sleep(0.5)  # the last connection closes too
     assert len(events(daemon, "dropped_unread")) == 1  # the second request's first send, no other
-    assert len(pool(daemon).not_kept) == 1 and idle(daemon) == 0
+    assert len(pool(daemon).not_kept) == 1
+
+
+def test_an_engine_that_keeps_no_connection_gets_the_next_one_opened_ahead(start: Start) -> None:
+    # Once the pool knows the engine closes its connections, each request that goes out opens the next
+    # request's connection (a spare): that request finds it open and waits for no connect.
+    daemon = start(FAKE_CLOSE_AFTER_STREAM="0")
+    for _ in range(4):
+        answer = daemon.http("POST", CHAT, json=BODY)
+        assert answer.status_code == 200 and tokens(answer.text)[:3] == ["t0 ", "t1 ", "t2 "]
+        time.sleep(0.3)
+    waited = [e["waited"] for e in events(daemon, "request")]
+    assert waited[:2] == pytest.approx([0, 0], abs=0.2)  # each connected for its request
+    assert all(0.3 <= seconds < engine_pool.MAX_IDLE_SECONDS for seconds in waited[2:]), waited
+    assert idle(daemon) == 1 and not events(daemon, "dropped_unread")  # the fifth request's spare
+    daemon.wait_for(lambda: idle(daemon) == 0, "the unused spare to be closed", timeout=5)
+
+
+def test_a_spare_connection_the_engine_closes_unanswered_is_retried_once_on_a_new_one(start: Start) -> None:
+    # the engine closes a connection whose request comes more than 0.2 s after it was opened (as an
+    # engine's idle timeout would): the spare, 0.3 s old, carries nothing, and the request goes again
+    daemon = start(FAKE_CLOSE_AFTER_STREAM="0", FAKE_DROP_WAITED="0.2")
+    for _ in range(3):
+        answer = daemon.http("POST", CHAT, json=BODY)
+        assert answer.status_code == 200 and tokens(answer.text)[:3] == ["t0 ", "t1 ", "t2 "]
+        time.sleep(0.3)
+    assert len(events(daemon, "waited_closed")) == 1  # the third request's spare
+    assert [e["served"] for e in events(daemon, "request")] == [1, 1, 1, 1]
+    assert len(events(daemon, "completed")) == 3
 
 
 def test_a_runner_being_stopped_has_its_idle_connections_closed_at_once(

@@ -448,12 +448,16 @@ class FrontProtocol(asyncio.Protocol):
                     pool.give_back(upstream)
                 else:
                     upstream.close()  # already closed, unless this task was cancelled
-            reused = upstream.uses > 1
-            if attempt or not (reused and upstream.vanished) or exchange.client_gone or exchange.aborted:
+            if (
+                attempt
+                or not (upstream.waited and upstream.vanished)
+                or exchange.client_gone
+                or exchange.aborted
+            ):
                 break
-            # A kept-alive connection the engine closed just as the request went out (its idle timeout, or
-            # an engine that closes after every answer): nothing was answered, so the request goes once
-            # more, on a new connection.
+            # A kept-alive or spare connection the engine closed just as the request went out (its idle
+            # timeout, or an engine that closes after every answer): nothing was answered, so the request
+            # goes once more, on a new connection.
             upstream = None
         assert upstream is not None
         self._finish(upstream, exchange)
