@@ -1,7 +1,7 @@
 """bench/proxy.py runs end to end (in a small configuration): the three paths (direct, the daemon, nginx) at
-each concurrency, and the cold
-start, whose engine started by hand gets its own slot folder (the runner's, for warm resume, is removed
-with it). The bench once waited forever there; numbers are the bench's business, not this test's."""
+each concurrency, and the cold start, whose engine started by hand gets its own slot folder (the runner's,
+for warm resume, is removed with it). The bench once waited forever there; numbers are the bench's
+business, not this test's."""
 
 from __future__ import annotations
 
