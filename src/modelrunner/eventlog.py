@@ -70,8 +70,9 @@ def _direct_handlers(log: logging.Logger) -> list[LineHandler] | None:
         if log.handlers or log.filters or not log.propagate or log.parent is None:
             return None
         log = log.parent
-    if any(handler.filters for handler in _installed):
-        return None
+    for handler in _installed:
+        if handler.filters:
+            return None
     return _installed
 
 
