@@ -75,7 +75,8 @@ class EnginePool:
     took such a connection before its close was seen went out twice (written, dropped unanswered, sent
     again on a new connection), which 17 of 64 streams at c=1 did. Such an engine gets one connection
     opened ahead instead (`open_spare`): while it answers a request, the next one's connection is opened,
-    off that request's path (the connect took ~0.2 ms of the first token's time at c=1)."""
+    off that request's path (the connect took ~0.2 ms of the first token's time at c=1). One per socket:
+    llama-server's HTTP threads are its slots + 2, and a spare holds one of the two while it waits."""
 
     def __init__(self) -> None:
         self.idle: dict[str, list[Upstream]] = {}  # per socket, the last to go idle at the end
