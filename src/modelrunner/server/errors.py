@@ -11,6 +11,7 @@ disk is a 507 "no space left on device"; anything else a 500 whose traceback goe
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import Any
@@ -55,6 +56,7 @@ _OPENAI = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=64)  # four patterns for every request; 64 heads' paths at most held
 def api_family(path: str) -> str:
     """Which API a path belongs to, for its error shape, the access log and the recorder."""
     if path.startswith("/api/"):

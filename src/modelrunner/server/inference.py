@@ -9,6 +9,7 @@ itself with the same `prepare`; this handler serves those it hands over.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import AsyncIterator
@@ -59,6 +60,7 @@ class Route:
     mode: Mode
 
 
+@functools.lru_cache(maxsize=64)  # a few paths, each request; 64 heads' paths at most held
 def match_route(path: str) -> Route | None:
     match = _ROUTE.fullmatch(path)
     if match is None:
