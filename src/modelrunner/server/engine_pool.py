@@ -131,8 +131,8 @@ class EnginePool:
     def open_spare(self, socket: str) -> None:
         """For an engine that keeps no connection: open one for the next request, unless one is open or
         being opened. It waits with the idle ones (closed after MAX_IDLE_SECONDS unused, or when the
-        runner retires); a spare the engine closed before its request was answered is one the request
-        may go again on a new connection for, as a kept one (the front's `Upstream.ahead`)."""
+        runner retires). A request sent on a spare the engine had closed goes again on a new connection,
+        as one sent on a kept connection does (`Upstream.waited`)."""
         if socket not in self.not_kept or self.idle.get(socket) or socket in self._opening:
             return
         self._opening[socket] = asyncio.get_running_loop().create_task(self._spare(socket))
