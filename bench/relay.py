@@ -165,6 +165,27 @@ def measure(
     return {"chunks": chunks, "seconds": seconds, "cpu_s": cpu}
 
 
+VERSION_VARIABLES = ("PYTHONPATH", "MODEL_RUNNER_NATIVE_RELAY")  # what a version's environment may set
+
+
+def start_versions(
+    work: Path, versions: dict[str, dict[str, str]], daemons: dict[str, Daemon], body: bytes, tokens: int
+) -> None:
+    """A daemon for each version (name: its environment), each with a stand-in engine of its own (announced
+    at work/socket-<name>), the bench model added and loaded with `body`. Each goes into `daemons` once
+    started, for the caller to stop."""
+    for name, environment in versions.items():
+        os.environ["STANDIN_ANNOUNCE"] = str(work / f"socket-{name}")
+        for key in VERSION_VARIABLES:
+            os.environ.pop(key, None)
+        os.environ.update(environment)
+        daemon = daemons[name] = Daemon(work / name, free_port()).start()
+        add_bench_model(daemon, work)
+        asyncio.run(drive(daemon.port, "/engines/v1/chat/completions", body, 1, 1, tokens))
+    for key in VERSION_VARIABLES:
+        os.environ.pop(key, None)
+
+
 def start_nginx(work: Path, socket: str, keep_alive: bool = True) -> tuple[subprocess.Popen[bytes], int]:
     """nginx on a free port of 127.0.0.1 in front of the engine's socket; with `keep_alive` its connections
     to the engine are kept between requests (not for llama-server, which closes a stream's connection: a
@@ -226,17 +247,7 @@ def main() -> None:
         if args.python_relay:
             versions["python"] = {"MODEL_RUNNER_NATIVE_RELAY": "0"}
         versions["daemon"] = {}
-        for name, environment in versions.items():
-            # each daemon with its own stand-in engine (the one of the last serves nginx too)
-            os.environ["STANDIN_ANNOUNCE"] = str(work / f"socket-{name}")
-            for key in ("PYTHONPATH", "MODEL_RUNNER_NATIVE_RELAY"):
-                os.environ.pop(key, None)
-            os.environ.update(environment)
-            daemon = daemons[name] = Daemon(work / name, free_port()).start()
-            add_bench_model(daemon, work)
-            asyncio.run(drive(daemon.port, "/engines/v1/chat/completions", body, 1, 1, args.tokens))  # load
-        for key in ("PYTHONPATH", "MODEL_RUNNER_NATIVE_RELAY"):
-            os.environ.pop(key, None)
+        start_versions(work, versions, daemons, body, args.tokens)  # the last one's engine serves nginx too
         nginx, nginx_port = start_nginx(work, (work / "socket-daemon").read_text())
         paths = {"nginx": (nginx_port, "/v1/chat/completions", [nginx.pid, *children(nginx.pid)])}
         for name, daemon in daemons.items():

@@ -30,9 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.relay import add_bench_model, cpu_seconds_since, cpu_times, drive, use_standin_engine  # noqa: E402
+from bench.relay import cpu_seconds_since, cpu_times, drive, start_versions, use_standin_engine  # noqa: E402
 
-from tests.daemon import Daemon, free_port  # noqa: E402
+from tests.daemon import Daemon  # noqa: E402
 
 PATH = "/engines/v1/chat/completions"
 # frames of threads that wait (the event loop's select, idle worker threads): not the daemon's work
@@ -153,14 +153,7 @@ def main() -> None:
         if args.baseline is not None:
             versions["before"] = {"PYTHONPATH": str(args.baseline.resolve())}
         versions["daemon"] = {}
-        for name, environment in versions.items():
-            os.environ["STANDIN_ANNOUNCE"] = str(work / f"socket-{name}")
-            os.environ.pop("PYTHONPATH", None)
-            os.environ.update(environment)
-            daemon = daemons[name] = Daemon(work / name, free_port()).start()
-            add_bench_model(daemon, work)
-            asyncio.run(drive(daemon.port, PATH, body, 1, 1, args.tokens))  # the engine loaded
-        os.environ.pop("PYTHONPATH", None)
+        start_versions(work, versions, daemons, body, args.tokens)
         if args.baseline is not None:
             compare(daemons, body, args)
         else:
