@@ -9,6 +9,7 @@ when a request arrives and returns it to the client as the `X-Request-Id` header
 
 from __future__ import annotations
 
+import abc
 import contextvars
 import logging
 import os
@@ -152,12 +153,13 @@ def log_max_bytes() -> int:
     return int(os.environ.get("MODEL_RUNNER_LOG_MAX_BYTES") or DEFAULT_MAX_BYTES)
 
 
-class LineHandler(logging.Handler):
+class LineHandler(logging.Handler, abc.ABC):
     """A handler of whole lines: `write(line)` writes one, formatted by LogfmtFormatter (event() hands lines
     to setup()'s handlers directly)."""
 
+    @abc.abstractmethod
     def write(self, line: str) -> None:
-        raise NotImplementedError
+        """Write `line` and its newline."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
