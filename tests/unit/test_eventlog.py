@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -201,3 +203,87 @@ def test_a_daemon_told_not_to_keeps_its_lines_off_stderr(
         eventlog.event(logging.getLogger("modelrunner.scheduler"), "ready", model="m")
     assert (tmp_path / "logs" / "daemon.log").read_text().endswith("event=ready model=m\n")
     assert (tmp_path / "stderr.log").read_text() == ""
+
+
+def test_lines_of_one_loop_turn_go_out_together_at_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an event loop's thread a turn's lines wait for its end and go out in one write(2) per handler; a
+    warning writes what waits and itself at once, so the order holds."""
+    log = logging.getLogger("modelrunner.scheduler")
+    daemon_log = tmp_path / "logs" / "daemon.log"
+    writes: list[bytes] = []
+    real_write = os.write
+
+    def counted(fd: int, data: bytes) -> int:
+        writes.append(data)
+        return real_write(fd, data)
+
+    seen: dict[str, str] = {}
+
+    async def turn() -> None:
+        eventlog.event(log, "reuse", n=1)
+        eventlog.event(log, "request", n=2)
+        seen["in the turn"] = daemon_log.read_text() if daemon_log.exists() else ""
+        await asyncio.sleep(0)  # the turn ends
+        seen["after it"] = daemon_log.read_text()
+        eventlog.event(log, "reuse", n=3)
+        eventlog.event(log, "refused", logging.WARNING, n=4)
+        seen["after the warning"] = daemon_log.read_text()
+
+    with installed(tmp_path, monkeypatch, stderr=False):
+        monkeypatch.setattr(eventlog.os, "write", counted)
+        asyncio.run(turn())
+    assert seen["in the turn"] == ""
+    assert [line.rsplit(" ", 1)[1] for line in seen["after it"].splitlines()] == ["n=1", "n=2"]
+    assert [line.rsplit(" ", 1)[1] for line in seen["after the warning"].splitlines()] == [
+        "n=1",
+        "n=2",
+        "n=3",
+        "n=4",
+    ]
+    assert [data.count(b"\n") for data in writes] == [2, 1, 1]  # the turn's two lines: one write
+
+
+def test_lines_waiting_when_their_loop_closes_are_written_by_the_next_line_or_at_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that stops before its turn ends leaves its lines waiting: a line of another thread writes them
+    first, a next loop flushes them with its own, and close() (logging.shutdown at exit) writes the rest."""
+    log = logging.getLogger("modelrunner.scheduler")
+    daemon_log = tmp_path / "logs" / "daemon.log"
+
+    def numbers() -> list[str]:
+        return [line.rsplit(" ", 1)[1] for line in daemon_log.read_text().splitlines()]
+
+    async def log_and_stop(n: int) -> None:
+        eventlog.event(log, "reuse", n=n)
+        asyncio.get_running_loop().stop()  # the loop stops: its turn's flush never runs
+
+    def left_waiting(n: int) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            task = loop.create_task(log_and_stop(n))
+            loop.run_forever()
+            assert task.done()
+        finally:
+            loop.close()
+
+    async def logs(n: int) -> None:
+        eventlog.event(log, "reuse", n=n)
+        await asyncio.sleep(0)
+
+    with installed(tmp_path, monkeypatch, stderr=False):
+        left_waiting(1)
+        left_waiting(2)
+        assert not daemon_log.exists()  # both wait
+        thread = threading.Thread(target=eventlog.event, args=(log, "request"), kwargs={"n": 3})
+        thread.start()
+        thread.join()
+        assert numbers() == ["n=1", "n=2", "n=3"]
+        left_waiting(4)
+        asyncio.run(logs(5))
+        assert numbers() == ["n=1", "n=2", "n=3", "n=4", "n=5"]
+        left_waiting(6)
+        assert len(numbers()) == 5
+    assert numbers() == ["n=1", "n=2", "n=3", "n=4", "n=5", "n=6"]  # installed() closes the handlers
