@@ -9,6 +9,11 @@
    the event loop watches, is written; Python then takes the results, ends the request as before and owns
    the sockets again. One result per stream, always.
 
+   A stream may be handed over right after its head, before the engine's first bytes (llama-server sends
+   the head as its prefill starts): until those bytes come, a ping (a whole chunk, the front's SSE comment)
+   goes to the client every `ping_every` seconds of silence, as server/front.py writes them when it relays;
+   a ping counts neither in `sent` nor for `first_data`, nor as the engine's activity.
+
    Back-pressure: one buffer per stream; while the client has not taken all of it, the engine socket is
    not watched, so a slow client slows its engine down (TCP's own flow control), as before.
    The recorder's copy: the body's data (its chunks' contents, unframed, as parsed: so Python need not
@@ -33,7 +38,8 @@
 #define BUFFER_SIZE 65536
 #define MAX_CHUNK_LINE 4096 /* chunking.MAX_CHUNK_LINE */
 #define MAX_CHUNK_SIZE ((uint64_t)1 << 62) /* chunking.MAX_CHUNK_SIZE */
-#define SWEEP_SECONDS 0.25 /* how often idle engines are looked for, while streams are live */
+#define SWEEP_SECONDS 0.25 /* how often idle engines (and pings due) are looked for, while streams are live */
+#define MAX_PING 64
 
 enum end {
     RUNNING = 0,
@@ -69,6 +75,10 @@ typedef struct stream {
     uint64_t sent;
     double first_data;
     double idle_limit, idle_since; /* seconds (0: none); since when the engine, watched, sent nothing */
+    char ping[MAX_PING]; /* written every ping_every seconds until the engine's first bytes (0: never) */
+    size_t ping_len;
+    double ping_every, ping_at;
+    int out_is_ping; /* the buffer holds a ping, not the engine's bytes */
     int added; /* under lock: add() registered it (until then the sweep leaves it alone) */
     /* the recorder's copy */
     int record;
@@ -322,9 +332,10 @@ static void flush(stream *s) {
         ssize_t n = send(s->client_fd, s->buffer + s->out_start, s->out_end - s->out_start,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
-            if (s->first_data == 0)
+            if (s->first_data == 0 && !s->out_is_ping)
                 s->first_data = now();
-            s->sent += (size_t)n;
+            if (!s->out_is_ping)
+                s->sent += (size_t)n;
             s->out_start += (size_t)n;
         } else if (n < 0 && errno == EINTR) {
             continue;
@@ -345,14 +356,36 @@ static void flush(stream *s) {
     watch(s, s->client_fd, &s->client_watched, 0, 1, 0);
     if (!watch(s, s->engine_fd, &s->engine_watched, EPOLLIN | EPOLLRDHUP, 0, 1))
         finish(s, ENGINE_ERROR);
-    s->idle_since = now(); /* the engine is read again: its idle time starts */
+    if (s->out_is_ping) /* the engine is still silent: its idle time goes on */
+        s->out_is_ping = 0;
+    else
+        s->idle_since = now(); /* the engine is read again: its idle time starts */
+}
+
+/* A ping to a stream whose engine has sent nothing yet (the engine is watched: all written before). */
+static void ping(stream *s, double at) {
+    memcpy(s->buffer, s->ping, s->ping_len);
+    s->out_start = 0;
+    s->out_end = s->ping_len;
+    s->out_is_ping = 1;
+    s->ping_at = at + s->ping_every;
+    flush(s);
 }
 
 /* End the streams whose engine, read, sent nothing for their idle limit (a client that does not read is
-   not the engine's idleness: the engine is not read meanwhile). Only streams whose add() is complete:
-   add() links a stream before it registers it, and takes it back if that fails. */
+   not the engine's idleness: the engine is not read meanwhile); ping those whose ping is due. Only streams
+   whose add() is complete: add() links a stream before it registers it, and takes it back if that fails. */
 static void sweep(void) {
     double at = now();
+    stream *due[64];
+    size_t pings = 0;
+    pthread_mutex_lock(&lock);
+    for (stream *s = live; s && pings < 64; s = s->next)
+        if (s->added && s->engine_watched && s->ping_len && at >= s->ping_at)
+            due[pings++] = s;
+    pthread_mutex_unlock(&lock);
+    for (size_t i = 0; i < pings; i++) /* (more than 64 due: the rest at the next sweep) */
+        ping(due[i], at);
     for (;;) {
         stream *idle[64];
         size_t count = 0;
@@ -379,6 +412,7 @@ static void engine_ready(stream *s) {
         finish(s, ENGINE_CLOSED);
         return;
     }
+    s->ping_len = 0; /* the engine's first bytes: no more pings */
     /* of a read found invalid, only the whole chunks before the invalid bytes are written; the framing is
        left as it was there, to say where what was written ends (between chunks or not, its last data
        bytes) */
@@ -506,12 +540,15 @@ static PyObject *relay_add(PyObject *self, PyObject *args) {
     int client_fd, engine_fd, record;
     Py_buffer tail;
     Py_ssize_t head_limit, tail_limit;
-    double idle;
-    if (!PyArg_ParseTuple(args, "iiy*pnnd", &client_fd, &engine_fd, &tail, &record, &head_limit, &tail_limit,
-                          &idle))
+    double idle, ping_every;
+    Py_buffer ping_chunk;
+    if (!PyArg_ParseTuple(args, "iiy*pnndy*d", &client_fd, &engine_fd, &tail, &record, &head_limit,
+                          &tail_limit, &idle, &ping_chunk, &ping_every))
         return NULL;
-    if (result_fd < 0 || tail.len != 2 || head_limit < 0 || tail_limit < 0 || !(idle >= 0)) {
+    if (result_fd < 0 || tail.len != 2 || head_limit < 0 || tail_limit < 0 || !(idle >= 0) ||
+        ping_chunk.len > MAX_PING || !(ping_every >= 0) || (ping_chunk.len && !(ping_every > 0))) {
         PyBuffer_Release(&tail);
+        PyBuffer_Release(&ping_chunk);
         PyErr_SetString(PyExc_ValueError, "relay not started, or invalid arguments");
         return NULL;
     }
@@ -526,11 +563,16 @@ static PyObject *relay_add(PyObject *self, PyObject *args) {
     }
     if (!s || !id) {
         PyBuffer_Release(&tail);
+        PyBuffer_Release(&ping_chunk);
         free(s);
         return PyErr_NoMemory();
     }
     memcpy(s->tail, tail.buf, 2);
     PyBuffer_Release(&tail);
+    memcpy(s->ping, ping_chunk.buf, (size_t)ping_chunk.len);
+    s->ping_len = (size_t)ping_chunk.len;
+    s->ping_every = ping_every;
+    PyBuffer_Release(&ping_chunk);
     s->engine_fd = engine_fd;
     s->client_fd = client_fd;
     s->state = SIZE_LINE;
@@ -539,6 +581,7 @@ static PyObject *relay_add(PyObject *self, PyObject *args) {
     s->ring_limit = (size_t)tail_limit;
     s->idle_limit = idle;
     s->idle_since = now();
+    s->ping_at = s->idle_since + ping_every;
     /* The engine's socket is watched from here, by this thread: the relay thread wakes when the engine
        writes, not once more now. Only it touches the stream from then on (Python: cancel by id). */
     s->engine_watched = 1;
@@ -639,10 +682,11 @@ static PyObject *relay_results(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"start", relay_start, METH_NOARGS, "Start the relay thread (once); returns the eventfd of results."},
     {"add", relay_add, METH_VARARGS,
-     "add(client_fd, engine_fd, tail, record, head_limit, tail_limit, idle) -> id: relay a chunked body "
-     "from the engine's socket to the client's, starting at a chunk boundary; both fds become the relay's. "
-     "Recorded: the body's data, unframed. Ended (ENGINE_IDLE) when the engine sends nothing for `idle` "
-     "seconds (0: no limit)."},
+     "add(client_fd, engine_fd, tail, record, head_limit, tail_limit, idle, ping, ping_every) -> id: relay "
+     "a chunked body from the engine's socket to the client's, starting at a chunk boundary; both fds become "
+     "the relay's. Recorded: the body's data, unframed. Ended (ENGINE_IDLE) when the engine sends nothing "
+     "for `idle` seconds (0: no limit). Until the engine's first bytes, `ping` (a whole chunk, at most 64 "
+     "bytes; empty: none) is written every `ping_every` seconds."},
     {"cancel", relay_cancel, METH_VARARGS, "cancel(id): end a stream; its result still comes."},
     {"results", relay_results, METH_NOARGS,
      "The ended streams: (id, end, at_boundary, excess, sent, first_data, tail, recorded head, "

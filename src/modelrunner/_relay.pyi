@@ -9,6 +9,8 @@ def add(
     head_limit: int,
     tail_limit: int,
     idle: float,
+    ping: bytes,
+    ping_every: float,
     /,
 ) -> int: ...
 def cancel(stream: int, /) -> None: ...

@@ -36,8 +36,12 @@ def new_request_id() -> str:
     return os.urandom(8).hex()  # secrets.token_hex's own source, without its two calls around it
 
 
-def event(log: logging.Logger, name: str, level: int = logging.INFO, **fields: object) -> None:
+def event(
+    log: logging.Logger, name: str, level: int = logging.INFO, *, at_once: bool = False, **fields: object
+) -> None:
     """One structured line: `event=<name>` and the fields in the order given (None values left out).
+    `at_once`: written now, after the lines that wait for the end of the loop's turn (LineHandler): a
+    request's access line, so that a client that has its answer finds it.
 
     Where the line would reach setup()'s handlers and nothing else, it is formatted and written to them
     here: the same line as logging would write, without the LogRecord and logging's dispatch, which cost
@@ -48,7 +52,7 @@ def event(log: logging.Logger, name: str, level: int = logging.INFO, **fields: o
         return
     handlers = _direct_handlers(log)
     if handlers is None:
-        log.log(level, name, extra={"fields": fields})
+        log.log(level, name, extra={"fields": fields, "at_once": at_once})
         return
     line = logfmt_line(time.time(), logging.getLevelName(level), log.name, name, fields)
     for handler in handlers:
@@ -57,7 +61,7 @@ def event(log: logging.Logger, name: str, level: int = logging.INFO, **fields: o
             assert lock is not None  # made by Handler.__init__
             with lock:
                 try:
-                    handler.put(line, level)
+                    handler.put(line, at_once or level >= logging.WARNING)
                 except Exception:
                     handler.handleError(logging.LogRecord(log.name, level, "", 0, name, None, None))
 
@@ -158,11 +162,11 @@ class LineHandler(logging.Handler, abc.ABC):
     """A handler of whole lines: `write(line)` writes one, formatted by LogfmtFormatter (event() hands lines
     to setup()'s handlers directly).
 
-    A line logged on a thread that runs an event loop waits for the end of the loop's turn, and the lines of
-    a turn go out in one write(2): a request logs two lines, and one write per line to each handler was a
-    tenth of a streamed request's CPU. They are written before the loop next waits for I/O, so the turn's own
-    work (the engine's request, the client's bytes) goes first. A warning or an error, a line of another
-    thread, flush() and close() write what waits, then their own, at once: the order of lines holds."""
+    A line logged on a thread that runs an event loop waits for the end of the loop's turn, and the lines
+    that wait go out in one write(2): a request's `reuse` line no longer costs two writes before its engine
+    gets the request. They are written before the loop next waits for I/O. A line written `at_once` (a
+    request's access line), a warning or an error, a line of another thread, flush() and close() write what
+    waits, then their own, at once: the order of lines holds."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -173,10 +177,10 @@ class LineHandler(logging.Handler, abc.ABC):
     def write(self, line: str) -> None:
         """Write `line` and its newline (`line` may be several, joined by newlines)."""
 
-    def put(self, line: str, level: int) -> None:
+    def put(self, line: str, at_once: bool) -> None:
         """Write `line` now, or at the end of the running event loop's turn. The caller holds self.lock."""
         loop = asyncio._get_running_loop()
-        if loop is None or level >= logging.WARNING:
+        if loop is None or at_once:
             self._write_waiting()
             self.write(line)
             return
@@ -200,7 +204,8 @@ class LineHandler(logging.Handler, abc.ABC):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.put(self.format(record), record.levelno)
+            at_once = getattr(record, "at_once", False) or record.levelno >= logging.WARNING
+            self.put(self.format(record), at_once)
         except Exception:
             self.handleError(record)
 

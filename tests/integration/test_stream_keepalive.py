@@ -80,7 +80,13 @@ def test_openai_streams_comment_while_the_model_loads(start: Start, path: str, f
     assert answer.content.endswith(b"data: [DONE]\n\n")
 
 
-def test_a_silent_prefill_after_the_engines_head_is_commented_through(start: Start) -> None:
+@pytest.mark.parametrize("native", ["1", "0"], ids=["c-relay", "python-relay"])
+def test_a_silent_prefill_after_the_engines_head_is_commented_through(
+    start: Start, native: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's head alone, then nothing: the C relay takes the body from the head and writes the
+    comments (server/native_relay.py); relayed in Python, the front writes them."""
+    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
     daemon = start(PREFILL)
     answer = _raw(daemon, "/v1/chat/completions", {"messages": HI})
     assert answer.status_code == 200

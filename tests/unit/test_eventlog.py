@@ -209,7 +209,8 @@ def test_lines_of_one_loop_turn_go_out_together_at_its_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On an event loop's thread a turn's lines wait for its end and go out in one write(2) per handler; a
-    warning writes what waits and itself at once, so the order holds."""
+    warning, or a line written at_once (an access line), writes what waits and itself at once, so the
+    order holds."""
     log = logging.getLogger("modelrunner.scheduler")
     daemon_log = tmp_path / "logs" / "daemon.log"
     writes: list[bytes] = []
@@ -230,6 +231,9 @@ def test_lines_of_one_loop_turn_go_out_together_at_its_end(
         eventlog.event(log, "reuse", n=3)
         eventlog.event(log, "refused", logging.WARNING, n=4)
         seen["after the warning"] = daemon_log.read_text()
+        eventlog.event(log, "reuse", n=5)
+        eventlog.event(logging.getLogger("modelrunner.access"), "request", at_once=True, n=6)
+        seen["after an access line"] = daemon_log.read_text()
 
     with installed(tmp_path, monkeypatch, stderr=False):
         monkeypatch.setattr(eventlog.os, "write", counted)
@@ -242,7 +246,11 @@ def test_lines_of_one_loop_turn_go_out_together_at_its_end(
         "n=3",
         "n=4",
     ]
-    assert [data.count(b"\n") for data in writes] == [2, 1, 1]  # the turn's two lines: one write
+    assert [line.rsplit(" ", 1)[1] for line in seen["after an access line"].splitlines()][-2:] == [
+        "n=5",
+        "n=6",
+    ]
+    assert [data.count(b"\n") for data in writes] == [2, 1, 1, 1, 1]  # the turn's two lines: one write
 
 
 def test_lines_waiting_when_their_loop_closes_are_written_by_the_next_line_or_at_close(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import time
 from collections.abc import Callable
 
 import pytest
@@ -67,6 +68,8 @@ def relay(
     tail_limit: int = 0,
     cancel_after: float | None = None,
     idle: float = 0,
+    ping: bytes = b"",
+    ping_every: float = 0,
 ) -> tuple[Result, bytes]:
     """Start a stream on `pair` (a new one by default; closed at the end), run `act` (in a thread: it
     writes the engine's side), then read everything the client gets until the relay reports; returns the
@@ -79,7 +82,16 @@ def relay(
         done: asyncio.Future[Result] = loop.create_future()
         client_fd, engine_fd = pair.far[0].fileno(), pair.far[1].fileno()
         stream = relay.add(
-            client_fd, engine_fd, b"\n\n", record, head_limit, tail_limit, idle, done.set_result
+            client_fd,
+            engine_fd,
+            b"\n\n",
+            record,
+            head_limit,
+            tail_limit,
+            idle,
+            done.set_result,
+            ping,
+            ping_every,
         )
         writer = loop.run_in_executor(None, act, pair)
         if cancel_after is not None:
@@ -247,6 +259,53 @@ def test_an_engine_that_sends_nothing_for_the_idle_limit_ends_the_stream() -> No
     result, received = relay(write, idle=0.3)
     assert result.end is End.ENGINE_IDLE and result.at_boundary
     assert received == first and result.tail == b"\n\n"
+
+
+PING = b"e\r\n: keep-alive\n\n\r\n"  # server/front.py COMMENT_CHUNK
+
+
+def test_a_stream_taken_at_its_head_gets_pings_until_the_engines_first_bytes() -> None:
+    """llama-server sends the head as its prefill starts: the relay takes the body from there, and pings the
+    client while the engine is silent (looked at every 0.25 s); the pings are not body bytes (`sent`,
+    `first_data`), and stop once the engine has sent anything, even in the middle of a chunk."""
+    body = chunked([b"data: 1\n\n", b"data: 2\n\n"])
+    times: dict[str, float] = {}
+
+    def write(pair: Pair) -> None:
+        time.sleep(1.0)  # silent: a ping every 0.2 s at the sweeps
+        times["first"] = time.monotonic()
+        pair.engine.sendall(body[:5])  # the first chunk's size line and some data
+        time.sleep(0.7)  # silent again, in the middle of a chunk: no pings now
+        pair.engine.sendall(body[5:])
+
+    result, received = relay(write, ping=PING, ping_every=0.2)
+    pings = received.index(body[:5])
+    assert received[:pings] == PING * (pings // len(PING)) and 3 <= pings // len(PING) <= 5
+    assert received[pings:] == body
+    assert result.end is End.COMPLETE and result.sent == len(body)
+    assert times["first"] <= result.first_data < times["first"] + 0.5
+
+
+def test_pings_are_not_the_engines_activity() -> None:
+    """An engine silent for its idle limit ends the stream, however many pings went to the client."""
+
+    def write(pair: Pair) -> None:
+        time.sleep(2.0)  # and then nothing
+
+    result, received = relay(write, ping=PING, ping_every=0.2, idle=0.6)
+    assert result.end is End.ENGINE_IDLE and result.sent == 0 and result.first_data == 0
+    assert received == PING * (len(received) // len(PING)) and 2 <= len(received) // len(PING) <= 4
+
+
+def test_a_stream_handed_over_without_a_ping_gets_none() -> None:
+    body = chunked([b"data: 1\n\n"])
+
+    def write(pair: Pair) -> None:
+        time.sleep(0.7)
+        pair.engine.sendall(body)
+
+    result, received = relay(write)
+    assert result.end is End.COMPLETE and received == body
 
 
 def test_the_recorder_gets_the_head_and_the_tail_of_the_data_unframed() -> None:

@@ -62,6 +62,8 @@ class Client(Protocol):
 
     def engine_silent(self, silent: bool) -> None: ...
 
+    def silent_pings(self) -> tuple[bytes, float]: ...
+
 
 class EnginePool:
     """Connections to engines' sockets kept alive between requests, as nginx's `keepalive` does: a request
@@ -341,12 +343,9 @@ class Upstream(asyncio.Protocol):
                 request.front.engine_silent(False)
             request.client.write(head + out if head else out)  # the head and the first bytes: one write
         chunks = reader.chunked or request.reframed  # comments can go between the client's chunks
-        if new_head and not body and request.event_stream and chunks and not reader.complete:
-            # llama-server sends a stream's head as its prefill starts: keep-alive comments go until
-            # its first chunk (server/keepalive.py)
-            request.silent = True
-            assert request.front is not None
-            request.front.engine_silent(True)
+        # llama-server sends a stream's head as its prefill starts: keep-alive comments go until its first
+        # chunk (server/keepalive.py), written by the C relay when it takes the body from here
+        prefill = new_head and not body and request.event_stream and chunks and not reader.complete
         request.sent += len(body)
         if request.record is not None and spans:
             request.record.tee(body_of(spans, data))  # the data, unframed
@@ -354,8 +353,12 @@ class Upstream(asyncio.Protocol):
             self._invalid(ValueError(reader.invalid))
         elif reader.complete:
             self._answered()
-        elif reader.chunked and reader.at_boundary and body and not request.native_refused:
-            self._hand_to_native()
+        elif reader.chunked and reader.at_boundary and (body or prefill) and not request.native_refused:
+            self._hand_to_native(pings=prefill)
+        if prefill and request.native is None and reader.invalid is None:  # relayed here: the front pings
+            request.silent = True
+            assert request.front is not None
+            request.front.engine_silent(True)
 
     def _reframe(self, body: bytes) -> bytes:
         """Body bytes of a reframed answer as the client's chunk, and its last chunk once it is complete."""
@@ -418,9 +421,10 @@ class Upstream(asyncio.Protocol):
             request.record.tee(body)
         self._answered()
 
-    def _hand_to_native(self) -> None:
+    def _hand_to_native(self, pings: bool = False) -> None:
         """The rest of a chunked body goes from the engine to the client through the C relay, when the
-        client has taken all that was written to it (the relay writes to its socket directly)."""
+        client has taken all that was written to it (the relay writes to its socket directly). `pings`: the
+        engine has sent the head alone; until its first bytes the relay writes the front's comments."""
         request = self.request
         assert self.transport is not None and request.client is not None and request.front is not None
         if (
@@ -444,6 +448,7 @@ class Upstream(asyncio.Protocol):
                 TAIL_KEPT,
                 request.idle,
                 self._native_done,
+                *(request.front.silent_pings() if pings else ()),
             )
         except (OSError, MemoryError) as exc:  # out of file descriptors: relayed here, as before
             log.warning("native relay refused a stream (%s): relayed in Python", exc)
@@ -459,7 +464,9 @@ class Upstream(asyncio.Protocol):
         reader = request.reader
         reader.tail = result.tail
         request.sent += result.sent
-        if request.record is not None:  # its first_data was set by the bytes relayed here before the hand-off
+        if request.record is not None:
+            if request.record.first_data is None and result.first_data:  # handed over at the head
+                request.record.first_data = result.first_data
             request.record.tee(result.recorded)
             request.record.tee(result.recorded_tail)
         if result.end is End.COMPLETE:

@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 
 UVICORN_TESTED = ("0.54.",)  # the uvicorn releases this protocol was tested with (pyproject pins them)
 REFUSED_LINGER = 2.0  # a connection refused for want of descriptors is closed after this at the latest
+COMMENT_CHUNK = keepalive.chunk(keepalive.SSE_COMMENT)  # a keep-alive comment between a stream's chunks
 _ALNUM = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _SAFE_TARGET = frozenset(_ALNUM + b"-._~/?=&+:,;")
 _TOKEN = frozenset(_ALNUM + b"!#$%&'*+-.^_`|~")  # header names
@@ -507,8 +508,15 @@ class FrontProtocol(asyncio.Protocol):
         answering.pings = None
         if self.transport is None or self.transport.is_closing():
             return
-        self.write(keepalive.chunk(keepalive.SSE_COMMENT))
+        self.write(COMMENT_CHUNK)
         answering.pings = self.loop.call_later(self.fast.keepalive, self._comment, answering)
+
+    def silent_pings(self) -> tuple[bytes, float]:
+        """What the C relay writes while the engine is silent, and how often: the comments engine_silent()
+        would write (none where it would write none)."""
+        if self.answering is None or not self.fast.keepalive:
+            return b"", 0.0
+        return COMMENT_CHUNK, self.fast.keepalive
 
     def engine_silent(self, silent: bool) -> None:
         """The engine's stream began without data (a prefill): comments until its first bytes."""

@@ -1,7 +1,7 @@
 """The relay's per-chunk loop out of Python: the C thread of modelrunner/_relay.c, seen from the event loop.
 
-The front (server/engine_pool.py) reads an engine's answer head and its first bytes itself; from a chunk
-boundary on, a chunked body goes to the C thread, which moves each chunk from the engine's socket to the
+The front (server/engine_pool.py) reads an engine's answer head (and what came with it) itself; from a
+chunk boundary on, a chunked body goes to the C thread, which moves each chunk from the engine's socket to the
 client's without waking Python, and reports once, when the body ends. Python then owns both sockets again
 and ends the request as it always does. Where the extension is not built (no C compiler at install), or
 MODEL_RUNNER_NATIVE_RELAY=0, the front relays every chunk in Python, as before.
@@ -42,7 +42,7 @@ class Result(NamedTuple):
     at_boundary: bool  # between chunks when it ended
     excess: bool  # the engine sent bytes after the body's end
     sent: int  # body bytes written to the client
-    first_data: float  # time.monotonic() of the first byte written; 0 if none
+    first_data: float  # time.monotonic() of the first body byte written (pings are not); 0 if none
     tail: bytes  # the last two data bytes parsed (ResponseReader.tail): all written when at_boundary
     recorded: bytes  # the first `head_limit` bytes of the body's data (unframed)
     recorded_tail: bytes  # the last `tail_limit` bytes of it after those
@@ -68,13 +68,17 @@ class NativeRelay:
         tail_limit: int,
         idle: float,
         done: Callable[[Result], None],
+        ping: bytes = b"",
+        ping_every: float = 0.0,
     ) -> int:
         """Relay the chunked body from `engine_fd` to `client_fd` (neither is read or written by anyone
         else until `done` is called, on the loop); returns the stream's id for cancel(). An engine that
-        sends nothing for `idle` seconds (0: no limit) while it is read ends the stream (ENGINE_IDLE)."""
+        sends nothing for `idle` seconds (0: no limit) while it is read ends the stream (ENGINE_IDLE).
+        Until the engine's first bytes, `ping` (a whole chunk) goes to the client every `ping_every`
+        seconds (a stream handed over at its head, before a prefill's end)."""
         client, engine = os.dup(client_fd), os.dup(engine_fd)  # the relay closes its own copies
         try:
-            stream = _relay.add(client, engine, tail, record, head_limit, tail_limit, idle)
+            stream = _relay.add(client, engine, tail, record, head_limit, tail_limit, idle, ping, ping_every)
         except BaseException:
             os.close(client)
             os.close(engine)
