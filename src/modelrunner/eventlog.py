@@ -37,11 +37,11 @@ def new_request_id() -> str:
 
 
 def event(
-    log: logging.Logger, name: str, level: int = logging.INFO, *, at_once: bool = False, **fields: object
+    log: logging.Logger, name: str, level: int = logging.INFO, *, soon: bool = False, **fields: object
 ) -> None:
     """One structured line: `event=<name>` and the fields in the order given (None values left out).
-    `at_once`: written now, after the lines that wait for the end of the loop's turn (LineHandler): a
-    request's access line, so that a client that has its answer finds it.
+    `soon`: the line may wait for the end of the event loop's turn (LineHandler.put), for a line on the way
+    of a request to its engine.
 
     Where the line would reach setup()'s handlers and nothing else, it is formatted and written to them
     here: the same line as logging would write, without the LogRecord and logging's dispatch, which cost
@@ -52,7 +52,7 @@ def event(
         return
     handlers = _direct_handlers(log)
     if handlers is None:
-        log.log(level, name, extra={"fields": fields, "at_once": at_once})
+        log.log(level, name, extra={"fields": fields, "soon": soon})
         return
     line = logfmt_line(time.time(), logging.getLevelName(level), log.name, name, fields)
     for handler in handlers:
@@ -61,7 +61,7 @@ def event(
             assert lock is not None  # made by Handler.__init__
             with lock:
                 try:
-                    handler.put(line, at_once or level >= logging.WARNING)
+                    handler.put(line, soon and level < logging.WARNING)
                 except Exception:
                     handler.handleError(logging.LogRecord(log.name, level, "", 0, name, None, None))
 
@@ -162,11 +162,12 @@ class LineHandler(logging.Handler, abc.ABC):
     """A handler of whole lines: `write(line)` writes one, formatted by LogfmtFormatter (event() hands lines
     to setup()'s handlers directly).
 
-    A line logged on a thread that runs an event loop waits for the end of the loop's turn, and the lines
-    that wait go out in one write(2): a request's `reuse` line no longer costs two writes before its engine
-    gets the request. They are written before the loop next waits for I/O. A line written `at_once` (a
-    request's access line), a warning or an error, a line of another thread, flush() and close() write what
-    waits, then their own, at once: the order of lines holds."""
+    A line put `soon` on a thread that runs an event loop waits for the end of the loop's turn: a request's
+    `reuse` line, which cost two writes (file and stderr) before its engine got the request, goes after it.
+    Every other line writes what waits, then itself, at once, so the order of lines holds, and a line that
+    waits goes out with the request's access line at the latest, or when the loop next waits for I/O, or
+    at flush() and close(). Only lines written at once survive the process's end within the same turn
+    (uvicorn ends a daemon stopped by SIGTERM by raising the signal again, inside the loop)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -177,10 +178,11 @@ class LineHandler(logging.Handler, abc.ABC):
     def write(self, line: str) -> None:
         """Write `line` and its newline (`line` may be several, joined by newlines)."""
 
-    def put(self, line: str, at_once: bool) -> None:
-        """Write `line` now, or at the end of the running event loop's turn. The caller holds self.lock."""
-        loop = asyncio._get_running_loop()
-        if loop is None or at_once:
+    def put(self, line: str, soon: bool) -> None:
+        """Write `line` now, or (`soon`) at the end of the running event loop's turn. The caller holds
+        self.lock."""
+        loop = asyncio._get_running_loop() if soon else None
+        if loop is None:
             self._write_waiting()
             self.write(line)
             return
@@ -204,8 +206,8 @@ class LineHandler(logging.Handler, abc.ABC):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            at_once = getattr(record, "at_once", False) or record.levelno >= logging.WARNING
-            self.put(self.format(record), at_once)
+            soon = getattr(record, "soon", False) and record.levelno < logging.WARNING
+            self.put(self.format(record), soon)
         except Exception:
             self.handleError(record)
 

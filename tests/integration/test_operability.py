@@ -238,3 +238,24 @@ def test_model_logs_explains_loads_evictions_crashes_503s_and_waits(
         if follower is not None:
             follower.kill()
             follower.wait()
+
+
+def test_a_daemon_stopped_by_sigterm_has_its_last_lines_in_its_log(first: Daemon) -> None:
+    """uvicorn ends a daemon stopped by SIGTERM by raising the signal again, inside its event loop: no
+    atexit, and the loop's turn never ends. The log still has every line, up to uvicorn's last
+    (eventlog.LineHandler: only a request's `reuse` line waits for the end of a turn, and the request's
+    access line writes it)."""
+    daemon = first
+    assert daemon.process is not None
+    for _ in range(2):
+        assert chat(daemon, "tiny").status_code == 200
+    daemon.process.terminate()
+    assert daemon.process.wait(30) == -signal.SIGTERM
+    lines = (daemon.home / "logs" / "daemon.log").read_text().splitlines()
+    assert "Application shutdown complete" in lines[-2] and "Finished server process" in lines[-1]
+    events = [parse_logfmt(line) for line in lines if " event=" in line]
+    reuse = [i for i, e in enumerate(events) if e["event"] == "reuse" and e.get("model") == "tiny"]
+    chats = [
+        i for i, e in enumerate(events) if e["event"] == "request" and e["path"].endswith("/completions")
+    ]
+    assert reuse and len(chats) == 2 and reuse[-1] < chats[-1]  # the reuse line, before its access line

@@ -205,12 +205,12 @@ def test_a_daemon_told_not_to_keeps_its_lines_off_stderr(
     assert (tmp_path / "stderr.log").read_text() == ""
 
 
-def test_lines_of_one_loop_turn_go_out_together_at_its_end(
+def test_lines_put_soon_wait_for_the_end_of_the_loops_turn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On an event loop's thread a turn's lines wait for its end and go out in one write(2) per handler; a
-    warning, or a line written at_once (an access line), writes what waits and itself at once, so the
-    order holds."""
+    """On an event loop's thread a line logged `soon` waits for the end of the turn, and those of a turn go
+    out in one write(2) per handler; any other line (a warning too) writes what waits and itself at once,
+    so the order holds."""
     log = logging.getLogger("modelrunner.scheduler")
     daemon_log = tmp_path / "logs" / "daemon.log"
     writes: list[bytes] = []
@@ -220,36 +220,34 @@ def test_lines_of_one_loop_turn_go_out_together_at_its_end(
         writes.append(data)
         return real_write(fd, data)
 
-    seen: dict[str, str] = {}
+    seen: dict[str, list[str]] = {}
+
+    def numbers() -> list[str]:
+        text = daemon_log.read_text() if daemon_log.exists() else ""
+        return [line.rsplit(" ", 1)[1] for line in text.splitlines()]
 
     async def turn() -> None:
-        eventlog.event(log, "reuse", n=1)
-        eventlog.event(log, "request", n=2)
-        seen["in the turn"] = daemon_log.read_text() if daemon_log.exists() else ""
+        eventlog.event(log, "reuse", soon=True, n=1)
+        eventlog.event(log, "reuse", soon=True, n=2)
+        seen["in the turn"] = numbers()
         await asyncio.sleep(0)  # the turn ends
-        seen["after it"] = daemon_log.read_text()
-        eventlog.event(log, "reuse", n=3)
-        eventlog.event(log, "refused", logging.WARNING, n=4)
-        seen["after the warning"] = daemon_log.read_text()
-        eventlog.event(log, "reuse", n=5)
-        eventlog.event(logging.getLogger("modelrunner.access"), "request", at_once=True, n=6)
-        seen["after an access line"] = daemon_log.read_text()
+        seen["after it"] = numbers()
+        eventlog.event(log, "reuse", soon=True, n=3)
+        eventlog.event(logging.getLogger("modelrunner.access"), "request", n=4)
+        seen["after a line at once"] = numbers()
+        eventlog.event(log, "reuse", soon=True, n=5)
+        eventlog.event(log, "refused", logging.WARNING, soon=True, n=6)
+        seen["after a warning"] = numbers()
 
     with installed(tmp_path, monkeypatch, stderr=False):
         monkeypatch.setattr(eventlog.os, "write", counted)
         asyncio.run(turn())
-    assert seen["in the turn"] == ""
-    assert [line.rsplit(" ", 1)[1] for line in seen["after it"].splitlines()] == ["n=1", "n=2"]
-    assert [line.rsplit(" ", 1)[1] for line in seen["after the warning"].splitlines()] == [
-        "n=1",
-        "n=2",
-        "n=3",
-        "n=4",
-    ]
-    assert [line.rsplit(" ", 1)[1] for line in seen["after an access line"].splitlines()][-2:] == [
-        "n=5",
-        "n=6",
-    ]
+    assert seen == {
+        "in the turn": [],
+        "after it": ["n=1", "n=2"],
+        "after a line at once": ["n=1", "n=2", "n=3", "n=4"],
+        "after a warning": ["n=1", "n=2", "n=3", "n=4", "n=5", "n=6"],
+    }
     assert [data.count(b"\n") for data in writes] == [2, 1, 1, 1, 1]  # the turn's two lines: one write
 
 
@@ -265,7 +263,7 @@ def test_lines_waiting_when_their_loop_closes_are_written_by_the_next_line_or_at
         return [line.rsplit(" ", 1)[1] for line in daemon_log.read_text().splitlines()]
 
     async def log_and_stop(n: int) -> None:
-        eventlog.event(log, "reuse", n=n)
+        eventlog.event(log, "reuse", soon=True, n=n)
         asyncio.get_running_loop().stop()  # the loop stops: its turn's flush never runs
 
     def left_waiting(n: int) -> None:
@@ -278,17 +276,17 @@ def test_lines_waiting_when_their_loop_closes_are_written_by_the_next_line_or_at
             loop.close()
 
     async def logs(n: int) -> None:
-        eventlog.event(log, "reuse", n=n)
+        eventlog.event(log, "reuse", soon=True, n=n)
         await asyncio.sleep(0)
 
     with installed(tmp_path, monkeypatch, stderr=False):
         left_waiting(1)
         left_waiting(2)
         assert not daemon_log.exists()  # both wait
-        thread = threading.Thread(target=eventlog.event, args=(log, "request"), kwargs={"n": 3})
+        thread = threading.Thread(target=eventlog.event, args=(log, "request"), kwargs={"soon": True, "n": 3})
         thread.start()
         thread.join()
-        assert numbers() == ["n=1", "n=2", "n=3"]
+        assert numbers() == ["n=1", "n=2", "n=3"]  # no loop on that thread: at once
         left_waiting(4)
         asyncio.run(logs(5))
         assert numbers() == ["n=1", "n=2", "n=3", "n=4", "n=5"]

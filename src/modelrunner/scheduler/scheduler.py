@@ -263,7 +263,7 @@ class Scheduler:
         runner = self.runners.get(RunnerKey(engine, model_id, mode))
         if runner is None or runner.state is not RunnerState.READY:
             return None
-        event(log, "reuse", model=runner.name, state=runner.state.value, pid=runner.pid)
+        event(log, "reuse", soon=True, model=runner.name, state=runner.state.value, pid=runner.pid)
         self._hold(runner, keep_alive)
         return runner
 
