@@ -332,7 +332,7 @@ class Lifecycle:
             if self.recorder is not None and exchange.record is not None:
                 self.recorder.finish(exchange.record, access)
             self.metrics.observe(access, exchange.record)
-            eventlog.event(access_log, "request", logging.INFO, **access.fields())
+            eventlog.event(access_log, "request", logging.INFO, soon=False, **access.fields())
 
     async def release(self, runner: Runner) -> None:
         if not self.scheduler.release_nowait(runner):
