@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -264,6 +265,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--cold-runs", type=int, default=1, help="cold starts, alternating (median reported)")
     parser.add_argument("--output", type=Path, help="default: bench/results/proxy[-vllm].json")
+    parser.add_argument(
+        "--engine-flags", default="", help="more llama-server flags for `model configure` (e.g. '--poll 0')"
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
@@ -286,7 +290,8 @@ def main() -> None:
             command = ["package", "--gguf", str(model_file), "bench"]
             command += ["--chat-template", str(template)] if template else []
             daemon.cli(*command)
-            daemon.cli("configure", "bench", "--keep-alive", "-1", "--", "--parallel", "16")
+            flags = ["--parallel", "16", *shlex.split(args.engine_flags)]
+            daemon.cli("configure", "bench", "--keep-alive", "-1", "--", *flags)
         else:  # vLLM batches up to 256 sequences by default
             daemon.cli("configure", "bench", "--keep-alive", "-1")
         body = json.dumps(

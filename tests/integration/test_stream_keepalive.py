@@ -12,6 +12,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from modelrunner.server import keepalive
 from modelrunner.wire import sse_events
@@ -87,12 +88,21 @@ def test_a_silent_prefill_after_the_engines_head_is_commented_through(
     """The engine's head alone, then nothing: the C relay takes the body from the head and writes the
     comments (server/native_relay.py); relayed in Python, the front writes them."""
     monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
-    daemon = start(PREFILL)
+    daemon = start({**PREFILL, "FAKE_CHUNK_DELAY": "0.4"})
     answer = _raw(daemon, "/v1/chat/completions", {"messages": HI})
     assert answer.status_code == 200
     head, _, rest = answer.content.partition(b"data: ")
     assert head.startswith(keepalive.SSE_COMMENT) and set(head.split(b"\n\n")) == {b": keep-alive", b""}
     assert rest.endswith(b"data: [DONE]\n\n")
+    # the first token's time is the engine's first chunk's (1.5 s), not the stream's end (0.4 s a chunk later)
+    metrics = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(httpx.get(daemon.url + "/metrics").text)
+        for sample in family.samples
+        if sample.labels.get("api") == "openai"
+    }
+    first_token = metrics["modelrunner_time_to_first_token_seconds_sum"]
+    assert 1.4 < first_token < metrics["modelrunner_request_duration_seconds_sum"] - 0.3
 
 
 @pytest.mark.parametrize("env", [LOADING, PREFILL], ids=["loading", "prefill"])
