@@ -187,7 +187,7 @@ class LineHandler(logging.Handler, abc.ABC):
             self.write(line)
             return
         self._waiting.append(line)
-        if self._flush_on is not loop:  # (a loop closed before its turn ended leaves no flush behind)
+        if self._flush_on is not loop:  # the loop, not a flag: a loop closed mid-turn never flushes
             self._flush_on = loop
             loop.call_soon(self._end_of_turn)
 
