@@ -240,17 +240,19 @@ def test_model_logs_explains_loads_evictions_crashes_503s_and_waits(
             follower.wait()
 
 
-def test_a_daemon_stopped_by_sigterm_has_its_last_lines_in_its_log(first: Daemon) -> None:
-    """uvicorn ends a daemon stopped by SIGTERM by raising the signal again, inside its event loop: no
-    atexit, and the loop's turn never ends. The log still has every line, up to uvicorn's last
-    (eventlog.LineHandler: only a request's `reuse` line waits for the end of a turn, and the request's
-    access line writes it)."""
+def test_a_daemon_stopped_by_sigterm_cleans_up_and_has_its_last_lines_in_its_log(first: Daemon) -> None:
+    """uvicorn stops gracefully on SIGTERM, then raises the signal again: the daemon removes its pid file
+    first (server/daemon.py pass_on_sigterm), and still ends by the signal. The log has every line, up to
+    uvicorn's last (eventlog.LineHandler: only a request's `reuse` line waits for the end of a turn, and the
+    request's access line writes it)."""
     daemon = first
     assert daemon.process is not None
     for _ in range(2):
         assert chat(daemon, "tiny").status_code == 200
+    assert (daemon.home / "daemon.pid").read_text() == str(daemon.process.pid)
     daemon.process.terminate()
     assert daemon.process.wait(30) == -signal.SIGTERM
+    assert not (daemon.home / "daemon.pid").exists()  # no pid left for `model stop-runner` to signal later
     lines = (daemon.home / "logs" / "daemon.log").read_text().splitlines()
     assert "Application shutdown complete" in lines[-2] and "Finished server process" in lines[-1]
     events = [parse_logfmt(line) for line in lines if " event=" in line]

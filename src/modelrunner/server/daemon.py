@@ -15,9 +15,11 @@ import contextlib
 import fcntl
 import logging
 import os
+import signal
 import socket
 import stat
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -321,8 +323,10 @@ def serve(
         eventlog.event(log, "listening", address=f"https://{config.ListenAddress(host, tls.port)}")
     path = pid_file()
     path.write_text(str(os.getpid()))
+    server = daemon_server(daemon, uvicorn_config(daemon, host, port), companions)
+    stopped_by = pass_on_sigterm(server)
     try:
-        daemon_server(daemon, uvicorn_config(daemon, host, port), companions).run(sockets=sockets)
+        server.run(sockets=sockets)
     finally:
         with contextlib.suppress(OSError, ValueError):
             if int(path.read_text()) == os.getpid():
@@ -331,3 +335,24 @@ def serve(
             with contextlib.suppress(OSError):
                 socket_path.unlink()
         os.close(lock)
+    if stopped_by:  # now that its files are gone, the daemon ends by the signal, as uvicorn meant it to
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+
+
+def pass_on_sigterm(server: uvicorn.Server) -> list[int]:
+    """A SIGTERM handler for uvicorn to find. uvicorn stops gracefully on SIGTERM, then sends the signal again
+    to the handler it found (`Server.capture_signals`): with Python's default there, the process died inside
+    the event loop, before serve()'s clean-up, and left `daemon.pid` behind (which `model stop-runner` would
+    later signal, whatever process had that pid by then). This one notes the signal for serve() to end by
+    after its clean-up; a SIGTERM before uvicorn has its own handler ends the start at once."""
+    stopped_by: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if not server.should_exit:
+            raise SystemExit(128 + signum)
+        stopped_by.append(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+    return stopped_by
