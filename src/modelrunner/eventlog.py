@@ -61,7 +61,7 @@ def event(
             assert lock is not None  # made by Handler.__init__
             with lock:
                 try:
-                    handler.put(line, soon and level < logging.WARNING)
+                    handler.put(line, level, soon)
                 except Exception:
                     handler.handleError(logging.LogRecord(log.name, level, "", 0, name, None, None))
 
@@ -178,10 +178,10 @@ class LineHandler(logging.Handler, abc.ABC):
     def write(self, line: str) -> None:
         """Write `line` and its newline (`line` may be several, joined by newlines)."""
 
-    def put(self, line: str, soon: bool) -> None:
-        """Write `line` now, or (`soon`) at the end of the running event loop's turn. The caller holds
-        self.lock."""
-        loop = asyncio._get_running_loop() if soon else None
+    def put(self, line: str, level: int, soon: bool) -> None:
+        """Write `line` now, or (`soon`, below a warning) at the end of the running event loop's turn. The
+        caller holds self.lock."""
+        loop = asyncio._get_running_loop() if soon and level < logging.WARNING else None
         if loop is None:
             self._write_waiting()
             self.write(line)
@@ -206,8 +206,7 @@ class LineHandler(logging.Handler, abc.ABC):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            soon = getattr(record, "soon", False) and record.levelno < logging.WARNING
-            self.put(self.format(record), soon)
+            self.put(self.format(record), record.levelno, getattr(record, "soon", False))
         except Exception:
             self.handleError(record)
 

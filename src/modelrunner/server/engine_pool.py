@@ -438,6 +438,7 @@ class Upstream(asyncio.Protocol):
         if relay is None:  # switched off, or not built: every chunk of this answer here
             request.native_refused = True
             return
+        ping, ping_every = request.front.silent_pings() if pings else (b"", 0.0)
         try:
             request.native = relay.add(
                 request.client.get_extra_info("socket").fileno(),
@@ -448,7 +449,8 @@ class Upstream(asyncio.Protocol):
                 TAIL_KEPT,
                 request.idle,
                 self._native_done,
-                *(request.front.silent_pings() if pings else ()),
+                ping,
+                ping_every,
             )
         except (OSError, MemoryError) as exc:  # out of file descriptors: relayed here, as before
             log.warning("native relay refused a stream (%s): relayed in Python", exc)

@@ -332,6 +332,7 @@ class Lifecycle:
             if self.recorder is not None and exchange.record is not None:
                 self.recorder.finish(exchange.record, access)
             self.metrics.observe(access, exchange.record)
+            # level and soon spelled out: mypy cannot tell that the fields name neither
             eventlog.event(access_log, "request", logging.INFO, soon=False, **access.fields())
 
     async def release(self, runner: Runner) -> None:
