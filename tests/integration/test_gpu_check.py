@@ -1,7 +1,9 @@
 """scripts/gpu-check --dry-run on this CPU machine: the GPU run's plan (issue #25 item 4) and everything it
-can check without a GPU. The installers take `--gpu cuda`, the tests' three models are built (with the CPU
-environments of the same engines) and packaged by a daemon that installs the CPU engines, the measurements'
-CLI flags exist, and the plan fits the 12 minutes. The run on a GPU is still owed (bench/RESULTS.md)."""
+can run without a GPU. The installers take `--gpu cuda`, the tests' three models are built (with the CPU
+environments of the same engines) and packaged by a daemon that installs the CPU engines, every measurement
+runs its own code on the CPU engines at a small scale (so that a change to bench/proxy.py or bench/relay.py
+that the GPU run's code missed fails here, not on the GPU machine), and the plan fits the 12 minutes. The
+run on a GPU is still owed (bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -69,5 +71,19 @@ def test_the_dry_run_writes_the_plan_and_checks_every_step(tmp_path: Path) -> No
     assert set(steps["build-models"]["result"]) == {"llama.cpp", "vllm", "diffusers"}
     packaged = [tag for tags in steps["daemon"]["result"]["models"] for tag in tags]
     assert sorted(packaged) == [f"docker.io/ai/bench-{m}:latest" for m in ("gguf", "sd", "vllm")]
+    # each measurement ran: the three paths of bench/proxy.py at c=1, images both ways, the relay at the
+    # rate each engine was measured at (the numbers are the CPU engines', not a GPU's)
+    for engine in ("llama.cpp", "vllm"):
+        row = steps[engine]["result"]["levels"]["1"]
+        for path in ("direct", "daemon", "nginx"):
+            assert row[path]["requests"] == 8 and row[path]["ttft_p50_ms"] > 0, (engine, path, row)
+        assert document["added_ttft_p50_ms_c1"][engine] == row["added_ttft_p50_ms"]
+    images = steps["diffusers"]["result"]["levels"]["1"]
+    assert images["direct_images_per_s"] > 0 and images["daemon_images_per_s"] > 0
+    relay = steps["relay"]["result"]
+    assert set(relay) == {"llama.cpp", "vllm"}
+    assert all(
+        relay[engine]["step_ms"] > 0 and relay[engine]["levels"]["16"]["cpu_ratio"] > 0 for engine in relay
+    )
     assert "--ray-address" in steps["vllm-ray"]["result"]["checked"]
     assert document["machine"]["cpus"] >= 1 and "nvidia_smi" in document["machine"]
