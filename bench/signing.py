@@ -121,7 +121,7 @@ def row(name: str, values: list[float], cpu: list[float] | None = None) -> str:
 
 
 def pull_and_load(work: Path, registry: Registry, size_mib: int, rounds: int) -> None:
-    ref, layer_digest = publish_model(registry, work, size_mib * 1024 * 1024)
+    ref, [layer_digest] = publish_model(registry, work, size_mib * 1024 * 1024)
     reference = parse_reference(ref)
     private = ec.generate_private_key(ec.SECP256R1())
     sign_reference(reference, private)

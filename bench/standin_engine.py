@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 VERSION = "version: 0.0.0-standin (build 11434, commit standin)"
 
@@ -25,7 +26,7 @@ class Batch:
 
     def __init__(self, step: float) -> None:
         self.step = step
-        self.streams: list[list] = []  # [writer, tokens left, next index, created, done future]
+        self.streams: list[list[Any]] = []  # [writer, tokens left, next index, created, done future]
         self.wake = asyncio.Event()
 
     async def run(self) -> None:

@@ -100,7 +100,7 @@ def main() -> None:
             daemon.stop()
             daemon = start(home / "home")
             after_restart = first_token(daemon, prompt)
-            row = {
+            row: dict[str, Any] = {
                 "size": cold["prompt_tokens"],
                 "cold": cold,
                 "unload": after_unload,
