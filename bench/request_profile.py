@@ -1,7 +1,8 @@
 """Where a streamed request's CPU goes in the daemon (issue 25 aim 1): short streams through the daemon on
-the stand-in engine (bench/standin_engine.py, as bench/relay.py runs it), CPU per request from /proc, and
-with `--py-spy` the daemon sampled by py-spy meanwhile: the share of its busy samples by the line that was
-running (its own time; a C call such as a socket write is charged to the line that made it) and by module.
+the stand-in engine (bench/standin_engine.py, as bench/relay.py runs it), CPU per request from /proc (and
+the kernel's share of it: system calls, the loopback sockets' work), and with `--py-spy` the daemon sampled
+by py-spy meanwhile: the share of its busy samples by the line that was running (its own time; a C call
+such as a socket write is charged to the line that made it) and by module.
 
     .venv/bin/python bench/request_profile.py [--tokens 2] [--concurrency 16] [--seconds 15]
         [--py-spy [--samples FILE]] [--baseline /tmp/before/src [--rounds 6]]
@@ -76,16 +77,26 @@ def spy_program() -> str:
     return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
 
 
-def cpu_per_request(daemon: Daemon, body: bytes, args: argparse.Namespace) -> tuple[float, int]:
-    """Streams through `daemon` for `args.seconds`: its CPU seconds per request, and the requests."""
+def user_system_ticks(pid: int) -> tuple[int, int]:
+    """The process's user and system CPU time so far, in clock ticks (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]), int(fields[12])
+
+
+def cpu_per_request(daemon: Daemon, body: bytes, args: argparse.Namespace) -> tuple[float, int, float]:
+    """Streams through `daemon` for `args.seconds`: its CPU seconds per request, the requests, and the
+    share of that CPU spent in the kernel (system time; from 10 ms ticks, so a rough share)."""
     assert daemon.process is not None
     pid = daemon.process.pid
+    ticks = user_system_ticks(pid)
     before, started, requests = cpu_times([pid]), time.perf_counter(), 0
     while time.perf_counter() - started < args.seconds:
         batch = args.concurrency * 8
         asyncio.run(drive(daemon.port, PATH, body, args.concurrency, batch, args.tokens))
         requests += batch
-    return cpu_seconds_since(before, [pid]) / requests, requests
+    cpu = cpu_seconds_since(before, [pid])
+    user, system = (after - then for after, then in zip(user_system_ticks(pid), ticks, strict=True))
+    return cpu / requests, requests, system / max(1, user + system)
 
 
 def compare(daemons: dict[str, Daemon], body: bytes, args: argparse.Namespace) -> None:
@@ -108,10 +119,10 @@ def profile(daemon: Daemon, work: Path, body: bytes, args: argparse.Namespace) -
         command += ["-o", str(work / "samples.txt"), "-p", str(daemon.process.pid)]
         spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1)
-    cpu, requests = cpu_per_request(daemon, body, args)
+    cpu, requests, system = cpu_per_request(daemon, body, args)
     print(
         f"{requests} requests of {args.tokens} tokens at c={args.concurrency}: "
-        f"{cpu * 1e6:.0f} us of the daemon's CPU per request"
+        f"{cpu * 1e6:.0f} us of the daemon's CPU per request, {system:.0%} of it in the kernel"
     )
     if spy is not None:
         spy.wait()
