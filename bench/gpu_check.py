@@ -59,14 +59,9 @@ from tests.ray_nodes import start_node, wait_for_nodes  # noqa: E402
 from tests.vllm_env import BUILD_TINY_LLAMA, CHAT_TEMPLATE, venv_python  # noqa: E402
 
 LIMIT_S = 720  # the whole run, on a machine with one modern NVIDIA GPU
-LEVELS = (1, 16, 64)
 RAY_LEVELS = (1, 16)
-MAX_TOKENS = 128
 LLAMA_CONTEXT = 64 * 256  # llama-server splits its context over --parallel 64 slots: 256 tokens each
-IMAGE = {"size": "256x256", "num_inference_steps": 20}
-IMAGE_LEVELS = (1, 4)
 IMAGE_ROUTE = "/engines/diffusers/v1/images/generations"
-RELAY_LEVELS = "16,64"
 DRY_LIMIT_S = 600  # a dry-run step's limit: the budgets are the GPU machine's, the CPU builds are slower
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu-check.json"
 MODELS = {"llama.cpp": "bench-gguf", "vllm": "bench-vllm", "diffusers": "bench-sd"}
@@ -84,8 +79,22 @@ class Scale:
     rate_level: int  # the chat level whose time per token sets the relay's stand-in step
 
 
-FULL = Scale(LEVELS, MAX_TOKENS, IMAGE, IMAGE_LEVELS, RELAY_LEVELS, 16)
-DRY = Scale((1,), 16, {"size": "64x64", "num_inference_steps": 2}, (1,), "16", 1)  # the CPU engines, 2 cores
+FULL = Scale(
+    levels=(1, 16, 64),
+    max_tokens=128,
+    image={"size": "256x256", "num_inference_steps": 20},
+    image_levels=(1, 4),
+    relay_levels="16,64",
+    rate_level=16,
+)
+DRY = Scale(  # the same code on the CPU engines of a 2-core machine
+    levels=(1,),
+    max_tokens=16,
+    image={"size": "64x64", "num_inference_steps": 2},
+    image_levels=(1,),
+    relay_levels="16",
+    rate_level=1,
+)
 
 
 @dataclass(frozen=True)
