@@ -95,14 +95,36 @@ def test_a_silent_prefill_after_the_engines_head_is_commented_through(
     assert head.startswith(keepalive.SSE_COMMENT) and set(head.split(b"\n\n")) == {b": keep-alive", b""}
     assert rest.endswith(b"data: [DONE]\n\n")
     # the first token's time is the engine's first chunk's (1.5 s), not the stream's end (0.4 s a chunk later)
-    metrics = {
+    metrics = _openai_metrics(daemon)
+    first_token = metrics["modelrunner_time_to_first_token_seconds_sum"]
+    assert 1.4 < first_token < metrics["modelrunner_request_duration_seconds_sum"] - 0.3
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["c-relay", "python-relay"])
+def test_a_stream_whose_head_went_out_while_its_model_loaded_has_its_first_token_timed(
+    start: Start, native: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The early head goes out before the request has a runner, and so before it has a record: the record
+    still learns that the answer is a stream (server/lifecycle.py, Exchange.recorded), and its first token
+    is timed. Before, a load longer than one keep-alive interval lost it."""
+    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
+    daemon = start({**LOADING, "FAKE_TEXT": "hello there"})
+    answer = _raw(daemon, "/v1/chat/completions", {"messages": HI})
+    assert answer.content.startswith(keepalive.SSE_COMMENT)  # the head went out while the model loaded
+    metrics = _openai_metrics(daemon)
+    assert metrics["modelrunner_time_to_first_token_seconds_count"] == 1
+    first_token = metrics["modelrunner_time_to_first_token_seconds_sum"]
+    assert 1.4 < first_token <= metrics["modelrunner_request_duration_seconds_sum"]
+
+
+def _openai_metrics(daemon: InProcessDaemon) -> dict[str, float]:
+    """The daemon's request metrics of the OpenAI family (one model in these tests)."""
+    return {
         sample.name: sample.value
         for family in text_string_to_metric_families(httpx.get(daemon.url + "/metrics").text)
         for sample in family.samples
         if sample.labels.get("api") == "openai"
     }
-    first_token = metrics["modelrunner_time_to_first_token_seconds_sum"]
-    assert 1.4 < first_token < metrics["modelrunner_request_duration_seconds_sum"] - 0.3
 
 
 @pytest.mark.parametrize("env", [LOADING, PREFILL], ids=["loading", "prefill"])

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +104,7 @@ class Exchange:
         self.request_body = b""  # its start, for the recorder (server/recorder.py bounds it)
         self.request_size = 0
         self.record: Record | None = None
+        self.head_headers: Sequence[tuple[bytes, bytes]] = ()  # the headers of the answer's head, once sent
         self.client_gone = False
         self.aborted: str | None = None  # why the daemon ended it (shutdown)
         self.receive: Receive | None = None  # the ASGI receive, to notice a client that leaves
@@ -257,11 +258,19 @@ class Exchange:
         self.announce((tool_rescue.HEADER, b"1"))
         self.lifecycle.metrics.rescued(self.api, self.model, count)
 
-    def started_answer(self, status: int, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    def started_answer(self, status: int, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
         self.status = status
         self.first_byte = time.monotonic()
+        self.head_headers = headers
         if self.record is not None:
             self.record.answer_head(status, headers)
+
+    def recorded(self, record: Record) -> None:
+        """The request's record, from its runner's acquisition on. A head that went out before (keep-alive
+        comments while the model loaded) is the record's too: its type says the answer is a stream."""
+        self.record = record
+        if self.status:
+            record.answer_head(self.status, self.head_headers)
 
     def answered(self, data: bytes, last: bool) -> None:
         self.bytes_out += len(data)
@@ -415,7 +424,7 @@ class Inference:
             config = recorder.runner_config(
                 runner, lambda: self.scheduler.settings.get(engine.name, model.id, mode)
             )
-            exchange.record = recorder.start(exchange.head, exchange.kept_request(), name, model.id, config)
+            exchange.recorded(recorder.start(exchange.head, exchange.kept_request(), name, model.id, config))
         return runner
 
     async def release(self, runner: Runner) -> None:
