@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, Route, sync_playwright
 
 from modelrunner.display import display_name
 from tests.daemon import Daemon, free_port
@@ -694,9 +694,20 @@ def test_an_engine_is_uninstalled_and_installed_with_progress(browser: Browser, 
     page.click(f"{row} button:text('Uninstall')")
     page.wait_for_selector(f"{row} .badge:text('Not Installed')")
     assert daemon.http("GET", "/engines/status").json()["diffusers"].startswith("Not Installed")
+    # the page's look at the engines as the install starts is answered last, after the install's own: an
+    # older answer is not shown over a newer one (it was, and the engine stayed "Not Installed")
+    before_install = daemon.http("GET", "/engines/info").text
+    held: list[Route] = []
+    page.route("**/engines/info", lambda route: route.continue_() if held else held.append(route))
     page.click(f"{row} button:text('Install')")
     page.wait_for_selector(".install-row pre.install-log")  # the progress lines, as they come
     page.wait_for_selector(f"{row} .badge:text('Running')", timeout=300_000)
     assert "diffusers is installed" in page.inner_text(".install-row pre.install-log")
     assert daemon.http("GET", "/engines/status").json()["diffusers"].startswith("Running")
+    [late] = held
+    with page.expect_response("**/engines/info") as answered:
+        late.fulfill(status=200, content_type="application/json", body=before_install)
+    answered.value.finished()
+    page.evaluate("() => new Promise((resolve) => setTimeout(resolve, 300))")  # time to show it, if it were
+    assert page.inner_text(f"{row} td:nth-child(2) .badge") == "Running"
     no_problems(page)

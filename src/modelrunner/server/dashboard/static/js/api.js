@@ -76,6 +76,18 @@ export async function request(path, { method = "GET", json, body, headers = {}, 
   return response;
 }
 
+// Answers can come out of order: one that comes after the answer to a newer ask of the same thing is stale
+// and is not shown over it (an install's last look at the engines, overwritten by its first, left the engine
+// "Not Installed"). `const ask = newestAnswers()` once; per request `const newest = ask()`, then
+// `if (newest()) show(answer)`.
+export function newestAnswers() {
+  let asked = 0;
+  return () => {
+    const mine = ++asked;
+    return () => mine === asked;
+  };
+}
+
 export async function getJSON(path, options) {
   return (await request(path, options)).json();
 }

@@ -2,7 +2,7 @@
 // runners against the memory budget with their keep-alive left, unload, and a model's configuration (sent to
 // POST /engines/_configure, which validates it as for every client).
 
-import { getJSON, jsonLines, listModels, postJSON, request } from "../api.js";
+import { getJSON, jsonLines, listModels, newestAnswers, postJSON, request } from "../api.js";
 import {
   bar,
   button,
@@ -34,10 +34,14 @@ export default {
     let offset = 0; // daemon clock minus this browser's
     let runners = [];
     let alive = true;
+    const askRunners = newestAnswers(); // polled, and asked again after an unload
+    const askEngines = newestAnswers(); // asked as an install starts, at each of its lines, and at its end
 
     const refresh = async () => {
+      const newest = askRunners();
       try {
         const [info, ps] = await Promise.all([getJSON("/dashboard/api/overview"), getJSON("/engines/ps")]);
+        if (!newest()) return;
         overview = info;
         offset = info.now - Date.now() / 1000;
         runners = ps;
@@ -45,10 +49,11 @@ export default {
         renderSummary();
         renderRunners();
       } catch (error) {
-        clear(runnersBox).append(notice("error", error.message));
+        if (newest()) clear(runnersBox).append(notice("error", error.message));
       }
     };
     const refreshEngines = async () => {
+      const newest = askEngines();
       let engines;
       try {
         const info = await getJSON("/engines/info");
@@ -58,11 +63,11 @@ export default {
           const plain = await getJSON("/engines/status"); // DMR's shape: {name: "Running: ..."}
           engines = Object.entries(plain).map(([name, text]) => ({ name, status: text, state: text.split(":")[0], supported: true }));
         } catch (error) {
-          clear(enginesBox).append(notice("error", error.message));
+          if (newest()) clear(enginesBox).append(notice("error", error.message));
           return;
         }
       }
-      if (alive) renderEngines(engines);
+      if (alive && newest()) renderEngines(engines);
     };
 
     const renderSummary = () => {

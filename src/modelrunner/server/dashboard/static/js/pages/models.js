@@ -1,7 +1,7 @@
 // Models: the store as a table, search, details (config, GGUF metadata, layers, licences), tag, remove,
 // export; pulls with live progress per layer; packaging from files on the daemon's machine.
 
-import { ApiError, getJSON, getKey, jsonLines, listModels, postJSON, request } from "../api.js";
+import { ApiError, getJSON, getKey, jsonLines, listModels, newestAnswers, postJSON, request } from "../api.js";
 import {
   ago,
   bar,
@@ -54,12 +54,16 @@ export default {
       clear(tableBox).append(modelTable(shown, openDetails));
       if (!models.length) tableBox.append(notice("info", "No models yet: pull one above, or package a file."));
     };
+    const ask = newestAnswers(); // asked at the start and again after a pull, a package, a tag or a delete
     const load = async () => {
+      const newest = ask();
       try {
-        models = await listModels();
+        const listed = await listModels();
+        if (!newest()) return;
+        models = listed;
         if (alive) render();
       } catch (error) {
-        clear(tableBox).append(notice("error", error.message));
+        if (newest()) clear(tableBox).append(notice("error", error.message));
       }
     };
     const openDetails = (model) => details(model, load);
