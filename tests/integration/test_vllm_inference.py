@@ -136,6 +136,9 @@ def test_the_official_openai_client(daemon: Daemon) -> None:
         client.chat.completions.create(model="absent", messages=[{"role": "user", "content": "hi"}])
 
 
+RUNNING, GENERATED = "vllm:num_requests_running", "vllm:generation_tokens_total"
+
+
 def _vllm_metrics(daemon: Daemon) -> Callable[[str], float]:
     """Reads a counter or gauge of the running vLLM engine, summed over its labels, on its own socket."""
     [runner] = engine_runners(daemon)
@@ -155,7 +158,7 @@ def test_a_client_that_leaves_aborts_the_generation(daemon: Daemon, stream: bool
     `with_cancellation`), so the daemon relays its unstreamed answers as they are and only closes the
     connection when the client leaves (llama.cpp's are assembled from a stream: server/upstream.py)."""
     metric = _vllm_metrics(daemon)
-    generated = metric("vllm:generation_tokens_total")
+    generated = metric(GENERATED)
     # 64 sequences of 480 tokens (the tiny model has 512 positions): seconds of work
     sequences, max_tokens = 64, 480
     body = json.dumps(
@@ -177,16 +180,31 @@ def test_a_client_that_leaves_aborts_the_generation(daemon: Daemon, stream: bool
         if stream:
             assert b"data: " in sock.recv(65536) or b"data: " in sock.recv(65536)  # generating: leave
         else:
+            # nothing comes before the end: watch vLLM (either number says it has begun)
             deadline = time.monotonic() + 60
-            while not metric("vllm:num_requests_running"):  # nothing comes before the end: watch vLLM
-                assert time.monotonic() < deadline, "vLLM did not start generating"
+            while not (metric(RUNNING) or metric(GENERATED) > generated):
+                assert time.monotonic() < deadline, _not_generating(daemon, sock)
                 time.sleep(0.01)
     deadline = time.monotonic() + 60
-    while metric("vllm:num_requests_running") or any(r["in_use"] for r in engine_runners(daemon)):
+    while metric(RUNNING) or any(r["in_use"] for r in engine_runners(daemon)):
         assert time.monotonic() < deadline, "the generation did not stop, or the runner was not released"
         time.sleep(0.05)
     # it stopped before the end (vLLM does not count these among its aborted requests)
-    assert metric("vllm:generation_tokens_total") - generated < sequences * max_tokens
+    assert metric(GENERATED) - generated < sequences * max_tokens
+
+
+def _not_generating(daemon: Daemon, sock: socket.socket) -> str:
+    """Why vLLM has not begun a request sent through the daemon, as far as the daemon and the client see."""
+    sock.settimeout(0.5)
+    try:
+        answered = sock.recv(4096)
+    except TimeoutError:
+        answered = b"(nothing)"
+    log = daemon.log.read_text(errors="replace").splitlines()[-40:]
+    runners = engine_runners(daemon)
+    return "\n".join(
+        ["vLLM did not start generating", f"answered: {answered!r}", f"runners: {runners}", *log]
+    )
 
 
 def test_model_run_answers_from_the_cli(daemon: Daemon) -> None:
