@@ -145,7 +145,8 @@ def test_a_model_larger_than_the_budget_is_refused(start: Start, tmp_path: Path)
 
 @both_relays
 def test_busy_runners_queue_and_a_full_queue_answers_503(start: Start, tmp_path: Path) -> None:
-    daemon = start(env={"FAKE_CHUNKS": "20", "FAKE_CHUNK_DELAY": "0.1"}, max_runners=1, max_waiting=1)
+    # "one" streams for 6 s: the checks below, on a loaded machine, happen while it is busy
+    daemon = start(env={"FAKE_CHUNKS": "60", "FAKE_CHUNK_DELAY": "0.1"}, max_runners=1, max_waiting=1)
     package(daemon, tmp_path, "one", seed=1)
     package(daemon, tmp_path, "two", seed=2)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -498,7 +499,7 @@ def test_orphaned_engine_groups_are_ended_at_start_with_a_log_line(
     try:
         daemon = start()
         assert orphan.wait(10) == -signal.SIGKILL
-        daemon.wait_for(lambda: not alive(child), "the orphan's worker to be ended")
+        assert not alive(child)  # its worker too, before the daemon started (scheduler/runner.py end_orphans)
         assert unrelated.poll() is None  # not ours: left alone
         assert daemon.daemon is not None and daemon.daemon.scheduler.orphans_ended == 1
         [line] = [r for r in caplog.records if r.msg == "orphan_ended"]

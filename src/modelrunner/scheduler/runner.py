@@ -426,6 +426,20 @@ def end_orphans(pid_dir: Path) -> list[dict[str, Any]]:
             members = [pid] if socket in cmdline else []
         if members:
             signal_processes(members, signal.SIGKILL)
+            _wait_ended(members)
             ended.append({**record, "processes": len(members)})
         record_file.unlink(missing_ok=True)
     return ended
+
+
+def _wait_ended(pids: list[int]) -> None:
+    """A SIGKILL takes effect when the process next runs: wait (at most KILL_WAIT) until none of `pids` is
+    left, so that what they held (memory, a GPU's, a port) is free before this daemon starts engines."""
+    deadline = time.monotonic() + KILL_WAIT
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(GROUP_POLL)
+
+
+def _alive(pid: int) -> bool:
+    stat = process_stat(pid)
+    return stat is not None and stat[0] != "Z"
