@@ -244,8 +244,9 @@ def test_a_client_that_leaves_stops_the_generation(daemon: Daemon) -> None:
         {"model": "tiny-sd", "prompt": "a cat", "size": "64x64", "num_inference_steps": 150, "n": 10}
     )
     data = body.encode()
-    stopped = "image generation stopped: the client left"
-    before = engine_log(daemon.home, "diffusers").count(stopped)
+    started, stopped = "image generation started", "image generation stopped: the client left"
+    log = engine_log(daemon.home, "diffusers")
+    before = log.count(started), log.count(stopped)
     with socket.create_connection(("127.0.0.1", daemon.port), timeout=120) as sock:
         sock.sendall(
             f"POST {ROUTE} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n".encode()
@@ -253,14 +254,16 @@ def test_a_client_that_leaves_stops_the_generation(daemon: Daemon) -> None:
             + data
         )
         deadline = time.monotonic() + 120
-        while not any(r["in_use"] and not r["loading"] for r in daemon.http("GET", "/engines/ps").json()):
+        while engine_log(daemon.home, "diffusers").count(started) <= before[0]:  # the engine is at work
             assert time.monotonic() < deadline, "the generation did not start"
             time.sleep(0.05)
-        time.sleep(0.5)  # into the denoising steps
     deadline = time.monotonic() + 120
-    while engine_log(daemon.home, "diffusers").count(stopped) <= before:
+    while engine_log(daemon.home, "diffusers").count(stopped) <= before[1]:
         assert time.monotonic() < deadline, "the engine did not stop generating"
         time.sleep(0.1)
-    assert not any(r["in_use"] for r in daemon.http("GET", "/engines/ps").json())
+    deadline = time.monotonic() + 60
+    while any(r["in_use"] for r in daemon.http("GET", "/engines/ps").json()):  # released as the answer ended
+        assert time.monotonic() < deadline, "the runner stayed in use"
+        time.sleep(0.05)
     [png] = images(generate(daemon))  # the pipeline is free for the next request
     assert png_size(png) == (64, 64)

@@ -90,6 +90,7 @@ def build_app(state: ServerState) -> FastAPI:
             async with busy:
                 if cancelled.is_set():
                     return error(499, "the client closed the connection")
+                print("diffusers server: image generation started", flush=True)  # its end is the answer
                 images = await asyncio.to_thread(pipeline.generate, parsed, cancelled)
         except Exception as exc:  # a pipeline failure answers this request; the server stays up
             if cancelled.is_set():
