@@ -1,8 +1,12 @@
 // Requests: the daemon's request recorder (DMR's GET /engines/requests): recent requests per model, with
-// their bodies on click; new ones arrive as server-sent events (`event: new_request`). Beside DMR's fields
-// each record has ours: duration_ms and ttfb_ms (the access line's), prompt_tokens and completion_tokens.
+// their bodies on click. One follow stream (`include_existing=true`) gives the kept records
+// (`existing_request`, running ones too), `connected`, then each request as it finishes (`new_request`).
+// The daemon adds the follower before it lists the records, so none is lost between the list and the follow
+// (a GET, then a follow, lost those that ended in between); rows are keyed by record id, and a later event
+// replaces an earlier row. Beside DMR's fields each record has ours: duration_ms and ttfb_ms (the access
+// line's), prompt_tokens and completion_tokens.
 
-import { getJSON, request, sseEvents } from "../api.js";
+import { request, sseEvents } from "../api.js";
 import { clear, displayName, h, notice, openDialog, prettyJSON, seconds } from "../dom.js";
 
 export default {
@@ -16,7 +20,11 @@ export default {
 
     const add = (groups) => {
       for (const group of groups || []) {
-        for (const record of group.records || []) records.set(record.id, { ...record, model: record.model || group.model });
+        for (const record of group.records || []) {
+          const known = records.get(record.id);
+          if (known && known.status_code && !record.status_code) continue; // a finished record stays finished
+          records.set(record.id, { ...record, model: record.model || group.model });
+        }
       }
     };
     const render = () => {
@@ -48,33 +56,33 @@ export default {
       if (!rows.length) box.append(h("p", { class: "muted empty", text: "No request recorded yet: chat with a model and it shows here." }));
     };
 
+    const card = h("section", { class: "card" }, box);
+    root.append(h("div", { class: "page-head" }, h("h1", { text: "Requests" })), status, card);
+
     const follow = async () => {
+      let response;
       try {
-        const response = await request("/engines/requests", { accept: "text/event-stream", signal: controller.signal });
+        response = await request("/engines/requests?include_existing=true", { accept: "text/event-stream", signal: controller.signal });
+      } catch (error) {
+        if (error.name === "AbortError") return;
+        const missing = error.status === 404 || error.status === 405;
+        card.hidden = true;
+        status.append(notice(missing ? "info" : "error", missing ? "This model runner has no request recorder (GET /engines/requests)." : error.message));
+        return;
+      }
+      let listed = false; // the kept records are shown at once, when `connected` says they are all here
+      try {
         for await (const event of sseEvents(response)) {
-          if (event.event === "new_request" || event.event === "existing_request") {
-            add(JSON.parse(event.data));
-            render();
-          }
+          if (event.event === "existing_request" || event.event === "new_request") add(JSON.parse(event.data));
+          if (event.event === "connected") listed = true;
+          if (listed && event.event !== "existing_request") render();
         }
       } catch (error) {
         if (error.name !== "AbortError") status.append(notice("error", `Live updates stopped: ${error.message}`));
       }
+      if (!listed && !controller.signal.aborted) render();
     };
-
-    const card = h("section", { class: "card" }, box);
-    root.append(h("div", { class: "page-head" }, h("h1", { text: "Requests" })), status, card);
-    getJSON("/engines/requests")
-      .then((groups) => {
-        add(groups);
-        render();
-        follow();
-      })
-      .catch((error) => {
-        const missing = error.status === 404 || error.status === 405;
-        card.hidden = true;
-        status.append(notice(missing ? "info" : "error", missing ? "This model runner has no request recorder (GET /engines/requests)." : error.message));
-      });
+    follow();
     return () => controller.abort();
   },
 };
