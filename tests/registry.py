@@ -385,26 +385,26 @@ class RegistryProxy:
                         cut = controls.cut_after
                         if cut is not None and sent + len(chunk) >= cut:
                             controls.cut_after = None
-                            self.wfile.write(chunk[: cut - sent])
-                            self.wfile.flush()
                             with proxy._lock:
                                 proxy.blob_bytes += cut - sent
+                            self.wfile.write(chunk[: cut - sent])
+                            self.wfile.flush()
                             self.close_connection = True
                             return
                         hold = controls.hold_after
                         if hold is not None and sent + len(chunk) > hold:
                             chunk = chunk[: max(0, hold - sent)]
-                            self.wfile.write(chunk)
-                            self.wfile.flush()
                             with proxy._lock:
                                 proxy.blob_bytes += len(chunk)
+                            self.wfile.write(chunk)
+                            self.wfile.flush()
                             controls.release.wait()
                             self.close_connection = True
                             return
+                        with proxy._lock:  # counted first: the pull may end before this thread runs again
+                            proxy.blob_bytes += len(chunk)
                         self.wfile.write(chunk)
                         sent += len(chunk)
-                        with proxy._lock:
-                            proxy.blob_bytes += len(chunk)
                 finally:
                     conn.close()
 

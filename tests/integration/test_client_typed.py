@@ -35,7 +35,8 @@ def test_answers_are_typed_and_keep_the_daemons_json(fake_daemon: InProcessDaemo
     assert isinstance(usage, DiskUsage) and usage.models > 0
     assert client.ps() == []
     client.preload("tiny")
-    fake_daemon.wait_for(lambda: client.ps() != [], "the runner to be listed")
+    # listed, and released (the preload's answer may come first): two looks at it then agree
+    fake_daemon.wait_for(lambda: [r for r in client.ps() if not r.raw["in_use"]], "the runner, idle")
     [runner] = client.ps()
     assert isinstance(runner, Runner)
     assert (runner.model_name, runner.backend_name, runner.mode) == (

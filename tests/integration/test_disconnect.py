@@ -298,6 +298,6 @@ def test_a_client_that_leaves_while_its_model_loads_leaves_the_queue(daemon: Dae
         lambda: not any(r["in_use"] or r["loading"] for r in daemon.http("GET", "/engines/ps").json()),
         "no runner in use",
     )
-    wait(lambda: "model=other" in (daemon.home / "logs" / "daemon.log").read_text(), "its access line")
+    wait(lambda: any("model=other" in line for line in access_lines(daemon)), "its access line")
     [line] = [line for line in access_lines(daemon) if "model=other" in line]
     assert "outcome=client_left" in line and "status=499" in line, line

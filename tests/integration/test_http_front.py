@@ -23,6 +23,7 @@ from modelrunner.server.native_relay import NativeRelay
 from tests.conformance.dmr_daemons import FakeDaemons
 from tests.inprocess import InProcessDaemon
 from tests.response_bodies import unchunked
+from tests.waiting import wait_until
 
 CHAT = "/engines/v1/chat/completions"
 
@@ -175,9 +176,13 @@ def test_streams_go_through_the_c_relay_unless_switched_off(
                 streamed = client.post(CHAT, json=body(True))
                 assert contents(streamed.text) == [f"t{i} " for i in range(40)]
         assert len(added) == (3 if native == "1" else 0)
-        (entry,) = running.http("GET", "/engines/requests?model=tiny").json()
-        assert entry["count"] == 3
-        for record in entry["records"]:
+
+        def finished() -> list[dict[str, Any]]:  # a record is finished after the client has the last byte
+            (entry,) = running.http("GET", "/engines/requests?model=tiny").json()
+            assert entry["count"] == 3
+            return entry["records"] if all(r["status_code"] for r in entry["records"]) else []
+
+        for record in wait_until(finished, "the three records to be finished"):
             assert record["status_code"] == 200
             answer = json.loads(record["response"])  # the stream, reassembled whole (server/recorder.py)
             assert answer["choices"][0]["message"]["content"] == "".join(f"t{i} " for i in range(40))

@@ -193,7 +193,12 @@ def test_model_logs_explains_loads_evictions_crashes_503s_and_waits(
             stdout=subprocess.PIPE,
             text=True,
         )
-        events = log_events(daemon, "--no-engines")
+
+        def with_the_crash() -> list[dict[str, str]]:  # written once the daemon has seen the exit
+            found = log_events(daemon, "--no-engines")
+            return found if any(e["event"] == "crash" for e in found) else []
+
+        events = wait_until(with_the_crash, "the crash's log line")
         by_name: dict[str, list[dict[str, str]]] = {}
         for found in events:
             by_name.setdefault(found["event"], []).append(found)

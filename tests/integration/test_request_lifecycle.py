@@ -127,15 +127,19 @@ def test_sigterm_ends_streams_in_progress_with_an_error_in_their_apis_shape(
     """Streams still running when the grace period ends get an error event and a proper end (the last
     chunk), on the front and the ASGI paths; then the daemon and its engines stop."""
     daemon = start(MODEL_RUNNER_SHUTDOWN_GRACE="1")
+    # streams that cannot end by themselves before the signal on a slow machine: the tiny model writes
+    # thousands of tokens a second, and llama-server divides the context among its slots (2**20 / 5 a slot:
+    # its KV cache is 256 bytes a token)
+    context, tokens = 2**20, 200_000
     daemon.cli(
-        "package", "--gguf", str(write_tiny_gguf(tmp_path / "long.gguf", context_length=32768)), "long"
+        "package", "--gguf", str(write_tiny_gguf(tmp_path / "long.gguf", context_length=context)), "long"
     )
-    long = {"model": "long", "max_tokens": 20000, "stream": True, "ignore_eos": True}
+    long = {"model": "long", "max_tokens": tokens, "stream": True, "ignore_eos": True}
     requests = {
         "openai-front": ("/v1/chat/completions", {**long, "messages": HI}, {}),
         "openai-asgi": ("/v1/chat/completions", {**long, "messages": HI}, {"origin": "http://localhost"}),
         "anthropic": ("/anthropic/v1/messages", {**long, "messages": HI}, {}),
-        "ollama": ("/api/chat", {"model": "long", "messages": HI, "options": {"num_predict": 20000}}, {}),
+        "ollama": ("/api/chat", {"model": "long", "messages": HI, "options": {"num_predict": tokens}}, {}),
         "responses": ("/v1/responses", {"model": "long", "input": "hi", "stream": True}, {}),
     }
     # a slot for each stream, and no end of text (the Ollama and Responses bodies cannot ask for that)

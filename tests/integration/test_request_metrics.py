@@ -154,8 +154,10 @@ def test_gauges_follow_the_runners_and_the_requests_they_answer(daemon: Daemon) 
 
     def generate() -> None:
         with httpx.stream("POST", daemon.url + "/engines/v1/chat/completions", json=body, timeout=120) as r:
-            for _ in r.iter_bytes():
-                started.set()
+            for line in r.iter_lines():
+                # a token: the request holds its runner (a slow load sends keep-alive comments first)
+                if line.startswith("data: "):
+                    started.set()
                 if stop.is_set():
                     return  # leaving closes the stream: the engine stops
 

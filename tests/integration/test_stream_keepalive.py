@@ -18,6 +18,7 @@ from modelrunner.server import keepalive
 from modelrunner.wire import sse_events
 from tests.conformance.dmr_daemons import FakeDaemons
 from tests.inprocess import InProcessDaemon
+from tests.waiting import wait_until
 
 Start = Callable[..., InProcessDaemon]
 HI = [{"role": "user", "content": "hi"}]
@@ -118,13 +119,19 @@ def test_a_stream_whose_head_went_out_while_its_model_loaded_has_its_first_token
 
 
 def _openai_metrics(daemon: InProcessDaemon) -> dict[str, float]:
-    """The daemon's request metrics of the OpenAI family (one model in these tests)."""
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(httpx.get(daemon.url + "/metrics").text)
-        for sample in family.samples
-        if sample.labels.get("api") == "openai"
-    }
+    """The daemon's request metrics of the OpenAI family (one model in these tests), once a request is
+    counted: that happens as it ends, which may be after its client has the last byte."""
+
+    def scraped() -> dict[str, float]:
+        found = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(httpx.get(daemon.url + "/metrics").text)
+            for sample in family.samples
+            if sample.labels.get("api") == "openai"
+        }
+        return found if found.get("modelrunner_request_duration_seconds_count") else {}
+
+    return wait_until(scraped, "the request's metrics")
 
 
 @pytest.mark.parametrize("env", [LOADING, PREFILL], ids=["loading", "prefill"])
