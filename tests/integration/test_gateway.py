@@ -63,11 +63,13 @@ class StandIn(BaseHTTPRequestHandler):
 def start_gateway(config: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     command = [sys.executable, "-m", "modelrunner", "gateway", "-c", str(config), "--host", "127.0.0.1"]
-    process = subprocess.Popen([*command, "--port", str(port)], env=env, stderr=subprocess.PIPE)
+    log = config.with_suffix(".stderr")  # a file, not a pipe no one reads: a full pipe would block it
+    with open(log, "ab") as stderr:
+        process = subprocess.Popen([*command, "--port", str(port)], env=env, stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180  # LiteLLM's import is slow on a busy machine
     while True:
-        assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+        assert process.poll() is None, log.read_text(errors="replace")
         try:
             if httpx.get(url + "/health").status_code == 200:
                 return process, url

@@ -220,10 +220,11 @@ def test_a_client_that_stops_reading_holds_the_engine_back(
         sock.connect(("127.0.0.1", running.port))
         sock.sendall(raw_request(CHAT, body(True)))
         answer = bytearray(sock.recv(4096))
+        wait_until(tokens, "the engine's first tokens")
         deadline = time.monotonic() + 30
-        while True:  # the engine runs until the buffers on the way are full, then waits
+        while True:  # the engine runs until the buffers on the way are full, then waits (2 s unchanged)
             before = tokens()
-            time.sleep(0.5)
+            time.sleep(2)
             if tokens() == before or time.monotonic() > deadline:
                 break
         assert 0 < tokens() == before < chunks
@@ -260,8 +261,9 @@ RELAYS = [("1", None), ("0", None), ("1", "http://localhost:3000")]
 
 # An engine that stops sending (it still answers /health: only its silence in the middle of the stream
 # tells), or that sends invalid framing: the stream ends with the error event, the runner is released.
+# The idle limit (2 s) is only the silent engine's: a slow machine's pause is not taken for silence.
 ENGINE_FAULTS = {
-    "silent": ({"FAKE_STALL_AFTER": "3"}, "the engine sent nothing for 0.5 seconds"),
+    "silent": ({"FAKE_STALL_AFTER": "3"}, "the engine sent nothing for 2 seconds"),
     "invalid framing": ({"FAKE_BAD_CHUNK_AFTER": "3"}, "invalid chunk size"),
 }
 
@@ -273,7 +275,8 @@ def test_an_engine_that_stops_sending_or_breaks_its_framing_ends_the_stream_with
 ) -> None:
     engine_env, reason = ENGINE_FAULTS[fault]
     monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", native)
-    monkeypatch.setenv("MODEL_RUNNER_ENGINE_IDLE_TIMEOUT", "0.5")
+    if fault == "silent":
+        monkeypatch.setenv("MODEL_RUNNER_ENGINE_IDLE_TIMEOUT", "2")
     with serving_tiny(tmp_path, monkeypatch, {"FAKE_CHUNKS": "10", **engine_env}) as running:
         headers = {"origin": origin} if origin else {}
         streamed = running.http("POST", CHAT, json=body(True), headers=headers)
