@@ -24,6 +24,7 @@ import openai
 import pytest
 
 from modelrunner.engines import vllm
+from modelrunner.server import keepalive
 from tests.agent_sessions import MAIN, TurnResult, billing, run_claude_code, run_codex, run_opencode
 from tests.daemon import Daemon
 from tests.models import CHAT_TEMPLATE
@@ -51,10 +52,17 @@ def daemon(
     home = tmp_path_factory.mktemp("vllm-agents")
     template = home / "template.jinja"
     template.write_text(CHAT_TEMPLATE)
-    with vllm_daemon(home / "home", tiny_vllm_model, MODEL, "--chat-template", str(template)) as running:
-        overrides = json.dumps({"max_position_embeddings": CONTEXT})
-        configure_vllm(running, MODEL, "--hf_overrides", overrides)
-        yield running
+    with pytest.MonkeyPatch.context() as env:
+        # A stream's refusal is an HTTP 400, which the SDKs raise as BadRequestError, only when the engine
+        # gives it within one keep-alive interval; after that the stream's 200 head has gone out and the
+        # refusal is its error event (server/keepalive.py; tests/unit/test_keepalive.py checks that path). The
+        # overflow tests are about the 400 the agents read, not about how long vLLM takes to tokenize
+        # LONG on a busy machine: no ping comes before LOAD, the longest any request here may wait anyway.
+        env.setenv(keepalive.ENV, str(LOAD))
+        with vllm_daemon(home / "home", tiny_vllm_model, MODEL, "--chat-template", str(template)) as running:
+            overrides = json.dumps({"max_position_embeddings": CONTEXT})
+            configure_vllm(running, MODEL, "--hf_overrides", overrides)
+            yield running
 
 
 @pytest.fixture

