@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -50,7 +51,7 @@ def packaged_model(store: ModelStore, spec: PackageSpec, tag: str) -> ModelForEn
     )
 
 
-def tiny_model(tmp_path: Path, tag: str = "ai/tiny:latest", **spec: object) -> ModelForEngine:
+def tiny_model(tmp_path: Path, tag: str = "ai/tiny:latest", **spec: Any) -> ModelForEngine:
     """The tiny llama GGUF of tests/models.py, packaged into a store under tmp_path and bundled."""
     source = tmp_path / "tiny-src"
     source.mkdir(parents=True, exist_ok=True)

@@ -201,8 +201,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"input_tokens": INPUT_TOKENS})
             return
         if self.path == "/v1/messages":
-            chunks = os.environ.get("FAKE_CHUNKS")  # a long answer, as on the chat route: t0 t1 ...
-            default = "".join(f"t{i} " for i in range(int(chunks))) if chunks else "hi"
+            long_chunks = os.environ.get("FAKE_CHUNKS")  # a long answer, as on the chat route: t0 t1 ...
+            default = "".join(f"t{i} " for i in range(int(long_chunks))) if long_chunks else "hi"
             self._message(request, os.environ.get("FAKE_TEXT", default))
             return
         if os.environ.get("FAKE_TOOL_CALL") and request.get("stream"):

@@ -222,7 +222,12 @@ class FakeSigstore:
         log_id = _key_id(self.rekor_key)
         note = f"rekor.invalid - 1\n{size}\n{_b64(root)}\n"
         signed_note = _b64(log_id[:4] + _sign(self.rekor_key, note.encode()))
-        promise = {"body": _b64(body), "integratedTime": integrated, "logID": log_id.hex(), "logIndex": index}
+        promise: dict[str, str | int] = {
+            "body": _b64(body),
+            "integratedTime": integrated,
+            "logID": log_id.hex(),
+            "logIndex": index,
+        }
         return {
             "logIndex": str(index),
             "logId": {"keyId": _b64(log_id)},

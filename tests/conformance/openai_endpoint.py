@@ -31,7 +31,7 @@ class OpenAIEndpoint:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 endpoint.requests.append({"path": self.path, "body": body})
                 kind = endpoint.script.pop(0) if endpoint.script else "ok"
-                events = [{"choices": [{"delta": {"content": "first "}}]}]
+                events: list[dict[str, Any]] = [{"choices": [{"delta": {"content": "first "}}]}]
                 if kind == "error":
                     events.append({"error": {"message": "the engine stopped", "type": "server_error"}})
                 else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -244,7 +244,7 @@ def test_execute_reads_json_or_events_and_words_failures_as_dmr(exa: ExaStandIn)
     for arguments in ({}, {"query": ""}, {"query": 3}):
         with pytest.raises(ToolError, match=r"^query parameter is required$"):
             web_search(arguments)
-    tools = {"web_search": web_search}
+    tools: dict[str, Callable[[dict[str, Any]], str]] = {"web_search": web_search}
     assert run_tool(tools, "web_fetch", "{}") == "unknown tool: web_fetch"
     assert run_tool(tools, "web_search", "{").startswith("error parsing tool arguments: ")
     assert run_tool(tools, "web_search", "null") == "tool execution error: query parameter is required"

@@ -10,12 +10,13 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from anthropic.types import MessageParam, TextBlockParam, ToolParam
 
 from tests import golden
 from tests.daemon import Daemon
 from tests.engines import tiny_daemon
 
-HI = [{"role": "user", "content": "hi"}]
+HI: list[MessageParam] = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +42,11 @@ def test_messages_not_streamed_on_every_route(daemon: Daemon, prefix: str) -> No
 
 def test_system_as_a_string_and_as_blocks(daemon: Daemon) -> None:
     client = client_for(daemon)
-    for system in (
+    systems: tuple[str, list[TextBlockParam]] = (
         "Be brief.",
         [{"type": "text", "text": "Be brief."}, {"type": "text", "text": " Really."}],
-    ):
+    )
+    for system in systems:
         # greedy: with random sampling the first token is sometimes an incomplete UTF-8 sequence, and then
         # llama-server sends no message_start (the daemon then asks for the prompt's count:
         # tests/integration/test_message_start.py)
@@ -86,7 +88,7 @@ def test_the_client_stream_helper(daemon: Daemon) -> None:
 
 
 def test_tool_use_request_is_accepted(daemon: Daemon) -> None:
-    tools = [
+    tools: list[ToolParam] = [
         {
             "name": "weather",
             "description": "The weather in a city",
@@ -97,7 +99,7 @@ def test_tool_use_request_is_accepted(daemon: Daemon) -> None:
             },
         }
     ]
-    messages: list[Any] = [
+    messages: list[MessageParam] = [
         {"role": "user", "content": "weather in Paris?"},
         {
             "role": "assistant",

@@ -153,7 +153,7 @@ def test_count_tokens_is_the_input_the_same_request_then_reports(daemon: Daemon,
     count is the request's, whatever the line held. The tiny model's template renders tools."""
     tools: Any = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}]
     request: Any = {"model": model, "messages": HI, **({"tools": tools} if model == "tiny" else {})}
-    system = {"type": "text", "text": "Be brief."}
+    system: anthropic.types.TextBlockParam = {"type": "text", "text": "Be brief."}
     client = sdk(daemon)
     counted = client.messages.count_tokens(
         **request, system=[{"type": "text", "text": billing("f9f74", "cce")}, system]

@@ -8,19 +8,21 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import ollama
 import openai
 import pytest
+from openai.types.responses import FunctionToolParam
+from openai.types.shared_params import FunctionDefinition
 
 from tests.daemon import Daemon
 from tests.engines import tiny_daemon
 
 GEMMA_TEMPLATE = Path(__file__).resolve().parents[2] / "src" / "modelrunner" / "templates" / "gemma3.jinja"
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
-FUNCTION = {
+FUNCTION: FunctionDefinition = {
     "name": "get_weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
@@ -79,7 +81,8 @@ def refused_everywhere(daemon: Daemon, model: str, images: bool, tools: bool) ->
         openai_client(daemon).responses.create(
             model=model,
             input=items,
-            tools=[{"type": "function", **FUNCTION}] if tools else openai.NOT_GIVEN,
+            # the SDK's FunctionToolParam requires `strict` (and `parameters`): the tool is sent without it
+            tools=[cast(FunctionToolParam, {"type": "function", **FUNCTION})] if tools else openai.omit,
             max_output_tokens=2,
         )
     messages.append(responses.value.body["message"])  # type: ignore[index]
@@ -89,9 +92,9 @@ def refused_everywhere(daemon: Daemon, model: str, images: bool, tools: bool) ->
             model=model,
             max_tokens=2,
             messages=[{"role": "user", "content": blocks}],
-            tools=[{"name": FUNCTION["name"], "input_schema": FUNCTION["parameters"]}]  # type: ignore[list-item]
+            tools=[{"name": FUNCTION["name"], "input_schema": FUNCTION["parameters"]}]
             if tools
-            else anthropic.NOT_GIVEN,
+            else anthropic.omit,
         )
     assert messages_api.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     messages.append(messages_api.value.body["error"]["message"])  # type: ignore[index]
@@ -125,7 +128,7 @@ def test_tools_reach_a_template_that_renders_them(daemon: Daemon) -> None:
     answer = openai_client(daemon).chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "weather in Paris?"}],
-        tools=[{"type": "function", "function": FUNCTION}],  # type: ignore[list-item]
+        tools=[{"type": "function", "function": FUNCTION}],
         max_tokens=2,
     )
     assert answer.choices[0].finish_reason in ("length", "stop", "tool_calls")

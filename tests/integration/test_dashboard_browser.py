@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,16 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, Route, expect, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    ConsoleMessage,
+    Page,
+    Playwright,
+    Route,
+    ViewportSize,
+    expect,
+    sync_playwright,
+)
 
 from modelrunner.display import display_name
 from tests.daemon import Daemon, free_port
@@ -44,8 +54,8 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-DESKTOP = {"width": 1280, "height": 800}
-PHONE = {"width": 390, "height": 844}
+DESKTOP: ViewportSize = {"width": 1280, "height": 800}
+PHONE: ViewportSize = {"width": 390, "height": 844}
 PAGES = ["models", "chat", "images", "engines", "requests", "logs", "metrics"]
 OTHER_UID = 65534  # nobody: a browser run by another user than the daemon's
 
@@ -111,18 +121,22 @@ class Problems:
             self.errors.append(f"console: {text}")
 
 
+# each page's Problems, watched from open_page on (a Page takes no attributes of ours)
+PROBLEMS: weakref.WeakKeyDictionary[Page, Problems] = weakref.WeakKeyDictionary()
+
+
 def open_page(
-    browser: Browser, daemon: Daemon, page: str = "models", viewport: dict[str, int] = DESKTOP
+    browser: Browser, daemon: Daemon, page: str = "models", viewport: ViewportSize = DESKTOP
 ) -> Page:
     tab = browser.new_context(viewport=viewport).new_page()
-    tab.problems = Problems(tab)  # type: ignore[attr-defined]
+    PROBLEMS[tab] = Problems(tab)
     tab.goto(f"{daemon.url}/dashboard#/{page}")
     tab.wait_for_selector("body[data-ready=true]")
     return tab
 
 
 def no_problems(page: Page) -> None:
-    assert page.problems.errors == []  # type: ignore[attr-defined]
+    assert PROBLEMS[page].errors == []
     page.context.close()
 
 
@@ -200,6 +214,7 @@ def test_first_load_is_small_and_the_table_lists_what_model_ls_lists(
     page.fill("input[type=search]", "")
     page.click("#models-table tr[data-id] >> text=tiny-b")
     dialog = page.wait_for_selector("dialog[open]")
+    assert dialog is not None
     page.wait_for_selector("dialog[open] .table.compact td.mono")
     assert "llama.context_length" in (dialog.text_content() or "")  # GGUF metadata, folded
     assert "application/vnd.docker.ai.gguf.v3" in dialog.inner_text()  # layers
@@ -360,6 +375,7 @@ def test_an_image_model_shows_a_png_that_can_be_downloaded(
         page.fill(f"input[name={name}]", value)
     page.click("#image-form button[type=submit]")
     image = page.wait_for_selector("#gallery img", timeout=120_000)
+    assert image is not None
     page.wait_for_function("() => document.querySelector('#gallery img').naturalWidth > 0")
     assert image.evaluate("(img) => [img.naturalWidth, img.naturalHeight]") == [64, 96]
     with page.expect_download() as download:
@@ -398,6 +414,7 @@ def test_configure_shows_the_apis_validation(browser: Browser, daemon: Daemon) -
     page.fill("#configure-form input[name=keep_alive]", "soon")
     page.click("#configure-form button[type=submit]")
     error = page.wait_for_selector("#configure .notice.error")
+    assert error is not None
     assert "keep" in error.inner_text().lower()
     assert daemon.http("GET", "/engines/_configure", params={"model": "tiny-b"}).json() == []
     page.fill("#configure-form input[name=keep_alive]", "10m")
@@ -418,6 +435,7 @@ def test_a_wrong_key_gets_a_clear_message(
     try:
         page = open_page(browser, locked)
         banner = page.wait_for_selector("#auth:not([hidden])")
+        assert banner is not None
         assert "needs an API key" in banner.inner_text() and "MODEL_RUNNER_API_KEY" in banner.inner_text()
         page.fill("#api-key", "a-wrong-key")
         page.click("#key-form button[type=submit]")
@@ -464,6 +482,7 @@ def opened_record(page: Page, record: dict[str, Any], screenshot: Path | None = 
     """Click the record's row; what its dialog shows: the fields, and the request and response parsed."""
     page.click(f"#requests-table tr[data-id='{record['id']}']")
     dialog = page.wait_for_selector("dialog[open]")
+    assert dialog is not None
     if screenshot is not None:
         page.screenshot(path=screenshot)
     shown = {
@@ -485,7 +504,7 @@ def test_requests_from_the_chat_page_and_a_client_appear_live_with_their_bodies(
     page.wait_for_selector("#requests-table")
 
     chat = page.context.new_page()  # the Chat page in another tab of the same browser
-    chat.problems = Problems(chat)  # type: ignore[attr-defined]
+    PROBLEMS[chat] = Problems(chat)
     chat.goto(f"{daemon.url}/dashboard#/chat")
     chat.wait_for_selector(".pane select option[value*='tiny']", state="attached")
     chat.select_option(".pane select", label="tiny")
@@ -494,7 +513,9 @@ def test_requests_from_the_chat_page_and_a_client_appear_live_with_their_bodies(
     chat.press("#prompt", "Enter")
     chat.wait_for_selector(".msg.assistant[data-state=done]")
     from_chat = wait_until(lambda: record_with(daemon, "asked on the chat page"), "the chat's record")
+    assert from_chat is not None  # wait_until returns a true value
     row = page.wait_for_selector(f"#requests-table tr[data-id='{from_chat['id']}']")
+    assert row is not None
     cells = row.inner_text()
     assert "tiny" in cells and "/engines/v1/chat/completions" in cells and "200" in cells
     assert f"→ {from_chat['completion_tokens']}" in cells and re.search(r"\d+ ms|\d\.\d s", cells), cells
@@ -504,7 +525,7 @@ def test_requests_from_the_chat_page_and_a_client_appear_live_with_their_bodies(
     assert shown["response"] == json.loads(from_chat["response"])
     assert shown["response"]["choices"][0]["message"]["role"] == "assistant"
     assert from_chat["request_id"] in shown["text"] and "Duration" in shown["text"]
-    assert chat.problems.errors == []  # type: ignore[attr-defined]
+    assert PROBLEMS[chat].errors == []
     chat.close()
 
     client = openai.OpenAI(base_url=daemon.url + "/engines/v1", api_key="unused", max_retries=0)
@@ -512,6 +533,7 @@ def test_requests_from_the_chat_page_and_a_client_appear_live_with_their_bodies(
         model="tiny", messages=[{"role": "user", "content": "asked by the openai client"}], max_tokens=4
     )
     from_client = wait_until(lambda: record_with(daemon, "asked by the openai client"), "the client's record")
+    assert from_client is not None
     page.wait_for_selector(f"#requests-table tr[data-id='{from_client['id']}']")
     shown = opened_record(page, from_client)
     assert shown["response"]["choices"][0]["message"]["content"] == answer.choices[0].message.content
@@ -565,6 +587,7 @@ def test_requests_that_end_while_the_requests_page_loads_are_shown_finished(
         assert unfinished is not None and unfinished["status_code"] == 0  # running until closed here
     ended = wait_until(lambda: record_with(daemon, "ended as the page loads"), "the quick request's record")
     cut = wait_until(lambda: record_with(daemon, "running as the page loads"), "the cut request's record")
+    assert ended is not None and cut is not None
     held[0].continue_()
     for record in (ended, cut):
         badge = page.locator(f"#requests-table tr[data-id='{record['id']}'] .badge")
@@ -660,6 +683,7 @@ def test_the_package_form_tells_another_user_why_it_is_refused(
             page = open_page(other_users_browser, daemon, viewport=viewport)
             page.click("#package summary")
             note = page.wait_for_selector("#package-access .notice.warn")
+            assert note is not None
             text = note.inner_text()
             assert "does not run as the model runner's user" in text and "model package" in text, text
             assert "only for the user it runs as" in (note.get_attribute("title") or "")  # the daemon's words
@@ -688,6 +712,7 @@ def test_the_requests_and_logs_pages_tell_another_user_why_they_are_refused(
     for name in ("requests", "logs"):
         page = open_page(other_users_browser, daemon, name)
         note = page.wait_for_selector(".messages .notice.error")
+        assert note is not None
         text = note.inner_text()
         assert "only to the user the model runner runs as" in text and "MODEL_RUNNER_API_KEY" in text, text
         assert page.query_selector("#requests-table, #log .line") is None

@@ -151,7 +151,7 @@ def test_hostile_ddufs_are_refused_at_package_time(daemon: Daemon, tmp_path: Pat
 
 def _swap_bundle_dduf(daemon: Daemon, tag: str, hostile: Path) -> Path:
     """Bypass the builder: replace a packaged model's bundle file (a hard link to the blob) by hand."""
-    model_id = daemon.http("GET", f"/models/{tag}").json()["id"]
+    model_id: str = daemon.http("GET", f"/models/{tag}").json()["id"]
     bundle = daemon.store_root / "bundles" / "sha256" / model_id.removeprefix("sha256:")
     if not bundle.is_dir():  # the bundle is built on first use; a chat request is refused after building it
         daemon.http(

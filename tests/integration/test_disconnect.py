@@ -26,12 +26,16 @@ import httpx
 import ollama
 import openai
 import pytest
+from anthropic.types import MessageParam
+from anthropic.types.message_create_params import MessageCreateParamsBase
+from openai.types.completion_create_params import CompletionCreateParamsNonStreaming
+from openai.types.responses.response_create_params import ResponseCreateParamsBase
 
 from tests.daemon import Daemon, engine_log, free_port
 from tests.models import write_tiny_gguf
 
 MAX_TOKENS = 20000
-HI = [{"role": "user", "content": "hi"}]
+HI: list[MessageParam] = [{"role": "user", "content": "hi"}]
 MEASURED: dict[str, tuple[int, int]] = {}  # case: (tokens decoded when the client left, after it left)
 
 
@@ -117,9 +121,9 @@ def leaves(
         time.sleep(0.005)
     wait(lambda: not slot(daemon)["is_processing"], f"{case}: the engine to stop generating")
     # the engine's own count when it stopped: its cache, prompt and generated tokens
-    line = re.compile(rf"task {state['id_task']} \| stop processing: n_tokens = (\d+)")
-    wait(lambda: line.search(engine_log(daemon.home, "llama.cpp")) is not None, f"{case}: the release line")
-    match = line.search(engine_log(daemon.home, "llama.cpp"))
+    ended = re.compile(rf"task {state['id_task']} \| stop processing: n_tokens = (\d+)")
+    wait(lambda: ended.search(engine_log(daemon.home, "llama.cpp")) is not None, f"{case}: the release line")
+    match = ended.search(engine_log(daemon.home, "llama.cpp"))
     assert match is not None
     cached = int(match.group(1))
     assert cached < MAX_TOKENS, f"{case}: the engine generated everything"
@@ -218,13 +222,13 @@ def test_openai_chat_not_streamed(daemon: Daemon) -> None:
 
 def test_openai_completions_not_streamed(daemon: Daemon) -> None:
     client = openai_client(daemon, timeout=httpx.Timeout(120, read=3))
-    body = {"model": "long", "prompt": "hi", "max_tokens": MAX_TOKENS}
+    body: CompletionCreateParamsNonStreaming = {"model": "long", "prompt": "hi", "max_tokens": MAX_TOKENS}
     leaves(daemon, "openai completions, whole", lambda: client.completions.create(**body))
 
 
 def test_openai_responses(daemon: Daemon) -> None:
     client = openai_client(daemon, timeout=httpx.Timeout(120, read=3))
-    body = {"model": "long", "input": "hi", "max_output_tokens": MAX_TOKENS}
+    body: ResponseCreateParamsBase = {"model": "long", "input": "hi", "max_output_tokens": MAX_TOKENS}
     leaves(daemon, "openai responses, whole", lambda: client.responses.create(**body))
     gate = Gate()
 
@@ -269,7 +273,7 @@ def test_ollama_client(daemon: Daemon) -> None:
 
 
 def test_anthropic_client(daemon: Daemon) -> None:
-    body = {"model": "long", "max_tokens": MAX_TOKENS, "messages": HI}
+    body: MessageCreateParamsBase = {"model": "long", "max_tokens": MAX_TOKENS, "messages": HI}
     whole = anthropic.Anthropic(base_url=daemon.url + "/anthropic", api_key="x", max_retries=0, timeout=3)
     leaves(daemon, "anthropic messages, whole", lambda: whole.messages.create(**body))
     client = anthropic.Anthropic(base_url=daemon.url + "/anthropic", api_key="x", max_retries=0)

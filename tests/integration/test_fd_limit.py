@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.daemon import Daemon, free_port
 
+Start = Callable[[int, int], Daemon]  # (soft, hard) limits of open files: a started daemon
+
 
 @pytest.fixture
-def start(tmp_path: Path) -> Iterator[type[Daemon]]:
+def start(tmp_path: Path) -> Iterator[Start]:
     started: list[Daemon] = []
 
     def starter(soft: int, hard: int) -> Daemon:
@@ -22,7 +24,7 @@ def start(tmp_path: Path) -> Iterator[type[Daemon]]:
         started.append(daemon.start())
         return daemon
 
-    yield starter  # type: ignore[misc]
+    yield starter
     for daemon in started:
         daemon.stop()
 
@@ -34,8 +36,8 @@ def soft_limit(pid: int) -> int:
     raise AssertionError("no open files limit")
 
 
-def test_the_soft_limit_is_raised_to_the_hard_one(start: type[Daemon]) -> None:
-    daemon = start(128, 4096)  # type: ignore[call-arg]
+def test_the_soft_limit_is_raised_to_the_hard_one(start: Start) -> None:
+    daemon = start(128, 4096)
     assert daemon.process is not None and soft_limit(daemon.process.pid) == 4096
 
 
@@ -57,8 +59,8 @@ def length(data: bytes) -> int:
     return 0
 
 
-def test_connections_beyond_the_limit_get_503_and_retry_after(start: type[Daemon]) -> None:
-    daemon = start(160, 160)  # type: ignore[call-arg]
+def test_connections_beyond_the_limit_get_503_and_retry_after(start: Start) -> None:
+    daemon = start(160, 160)
     request = f"GET /version HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n\r\n".encode()
     clients: list[socket.socket] = []
     try:

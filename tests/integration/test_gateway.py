@@ -18,13 +18,14 @@ from typing import Any, ClassVar
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.daemon import free_port, runner_env
 from tests.fake_engine import FakeEngine
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
 
-HI = [{"role": "user", "content": "hi"}]
+HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 KEY = "gateway-secret"
 
 
@@ -128,16 +129,16 @@ def client(url: str, key: str = KEY) -> openai.OpenAI:
 
 def test_chat_is_routed_by_alias(gateway: str) -> None:
     """model-cli/src/router.rs: Router.chat_completion; providers/mod.rs: the key from os.environ/VAR."""
-    local = client(gateway).chat.completions.create(model="local", messages=HI)  # type: ignore[arg-type]
+    local = client(gateway).chat.completions.create(model="local", messages=HI)
     assert local.choices[0].message.content == "t0 t1 t2 "  # the fake engine's answer, through the runner
-    other = client(gateway).chat.completions.create(model="other", messages=HI)  # type: ignore[arg-type]
+    other = client(gateway).chat.completions.create(model="other", messages=HI)
     assert other.choices[0].message.content == "from the stand-in"
     assert StandIn.keys[-1] == "Bearer stand-in-secret"
 
 
 def test_chat_streams(gateway: str) -> None:
     """model-cli/src/handlers.rs: chat_completion_handler, `stream: true` as server-sent events."""
-    stream = client(gateway).chat.completions.create(model="local", messages=HI, stream=True)  # type: ignore[arg-type]
+    stream = client(gateway).chat.completions.create(model="local", messages=HI, stream=True)
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert text == "t0 t1 t2 "
 
@@ -157,14 +158,14 @@ def test_models_lists_the_aliases(gateway: str) -> None:
 
 def test_a_dead_provider_falls_back(gateway: str) -> None:
     """model-cli/src/router.rs: run_with_retries_and_fallbacks, general_settings.fallbacks."""
-    answer = client(gateway).chat.completions.create(model="dead", messages=HI)  # type: ignore[arg-type]
+    answer = client(gateway).chat.completions.create(model="dead", messages=HI)
     assert answer.choices[0].message.content == "from the stand-in"
 
 
 def test_an_unknown_alias_is_404_in_openais_shape(gateway: str) -> None:
     """model-cli/src/error.rs: AppError::ModelNotFound."""
     with pytest.raises(openai.NotFoundError) as raised:
-        client(gateway).chat.completions.create(model="nope", messages=HI)  # type: ignore[arg-type]
+        client(gateway).chat.completions.create(model="nope", messages=HI)
     body: Any = raised.value.body
     assert body["type"] == "invalid_request_error"
     assert body["message"] == "The model 'nope' does not exist or you do not have access to it."

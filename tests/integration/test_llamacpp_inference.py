@@ -12,6 +12,7 @@ import signal
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import openai
@@ -149,14 +150,15 @@ def test_embeddings_dimensions_as_openai_honours_them(daemon: Daemon) -> None:
     [full] = client.embeddings.create(model="tiny", input="hello", encoding_format="float").data
     assert len(full.embedding) == 64
     expected = [v / math.sqrt(sum(x * x for x in full.embedding[:8])) for v in full.embedding[:8]]
+    encodings: tuple[Literal["base64", "float"] | None, ...] = ("base64", "float", None)
     for prefix in ("/v1", "/engines/v1", "/engines/llama.cpp/v1"):
         on = openai.OpenAI(base_url=daemon.url + prefix, api_key="unused")
-        for encoding in ("base64", "float", None):  # None: the client asks base64 and decodes it
+        for encoding in encodings:  # None: the client asks base64 and decodes it
             answer = on.embeddings.create(
                 model="tiny",
                 input=["hello", "world"],
                 dimensions=8,
-                encoding_format=encoding or openai.NOT_GIVEN,
+                encoding_format=encoding or openai.omit,
             )
             vectors = [decoded(item.embedding) for item in answer.data]
             assert [len(v) for v in vectors] == [8, 8], (prefix, encoding)

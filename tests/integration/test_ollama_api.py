@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import ollama
@@ -168,7 +169,7 @@ def test_keep_alive_durations(client: ollama.Client, daemon: Daemon) -> None:
 
 
 def test_tools_are_accepted(client: ollama.Client) -> None:
-    tool = {
+    tool: dict[str, Any] = {
         "type": "function",
         "function": {
             "name": "weather",
@@ -180,7 +181,7 @@ def test_tools_are_accepted(client: ollama.Client) -> None:
             },
         },
     }
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "weather in Paris?"},
         {
             "role": "assistant",

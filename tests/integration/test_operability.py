@@ -234,7 +234,12 @@ def test_model_logs_explains_loads_evictions_crashes_503s_and_waits(
         assert follower.stdout is not None
         followed: queue.Queue[str] = queue.Queue()
         lines_of = follower.stdout
-        threading.Thread(target=lambda: [followed.put(line) for line in lines_of], daemon=True).start()
+
+        def forward() -> None:
+            for line in lines_of:
+                followed.put(line)
+
+        threading.Thread(target=forward, daemon=True).start()
         while True:
             seen = parse_logfmt(followed.get(timeout=60))
             if seen.get("event") == "ready" and seen.get("pid") == pid:

@@ -175,7 +175,7 @@ def token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_the_cli_never_sends_the_token_to_a_listener_of_another_user(token: str, shared: Path) -> None:
-    request = {"target": "x", "gguf": str(shared / "public.gguf")}
+    request: dict[str, object] = {"target": "x", "gguf": str(shared / "public.gguf")}
     port = free_port()
     with listening(other_user_process(sys.executable, "-c", LISTENER, str(port))) as listener:
         head = head_heard(listener, Client(f"http://127.0.0.1:{port}"), request)
@@ -192,7 +192,7 @@ def test_the_cli_never_sends_the_token_to_a_listener_of_another_user(token: str,
 def test_the_cli_sends_the_token_only_where_its_own_daemon_needs_it(token: str, tmp_path: Path) -> None:
     """Over a Unix socket the daemon cannot tell who connects: the token says it, to a listener of this
     user. Over TCP the daemon knows its caller's user from the connection: the token stays home."""
-    request = {"target": "x", "gguf": "/nowhere.gguf"}
+    request: dict[str, object] = {"target": "x", "gguf": "/nowhere.gguf"}
     path = tmp_path / "runner.sock"
     listener_argv = [sys.executable, "-c", LISTENER, str(path)]
     with listening(subprocess.Popen(listener_argv, stdout=subprocess.PIPE, text=True)) as listener:

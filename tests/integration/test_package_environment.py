@@ -70,7 +70,7 @@ def test_the_daemon_builds_as_the_cli_builds_for_a_remote_daemon(
 ) -> None:
     gguf = fixed_copy(DUMMY_GGUF, tmp_path / "files")
     settings = {"SOURCE_DATE_EPOCH": str(FIXED_EPOCH), **zone}
-    local = package(daemon, gguf, "local", **settings)
+    local = package(daemon, gguf, "local", remote=False, **settings)  # settings: environment only
     assert package(daemon, gguf, "uploaded", remote=True, **settings) == local
     if zone.get("TZ", "").endswith(("New_York", "Berlin")):
         assert local != GOLDEN_ID  # the file times are written in that zone, not in UTC

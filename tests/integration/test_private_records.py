@@ -18,7 +18,7 @@ from tests.models import write_tiny_gguf
 from tests.users import request_as_other_user
 
 PROMPT = "the daemon user's own question"
-PRIVATE = (
+PRIVATE: tuple[tuple[str, dict[str, str]], ...] = (  # a path and the headers asked with
     ("/engines/requests", {}),
     ("/engines/requests?include_existing=true", {"Accept": "text/event-stream"}),
     ("/logs", {}),

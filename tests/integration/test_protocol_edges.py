@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 
 from modelrunner.server.inference import InferenceHandler
 from tests.conformance.dmr_daemons import FakeDaemons
@@ -58,6 +59,7 @@ def test_every_405_says_which_methods_are_allowed(daemon: InProcessDaemon) -> No
     app = daemon.daemon.asgi
     while not hasattr(app, "router"):  # the FastAPI app under the middleware
         app = getattr(app, "app", None) or app.api  # type: ignore[attr-defined]
+    assert isinstance(app, FastAPI)  # the one with a router: the API under the middleware
     methods_by_path = {
         path: {method.upper() for method in operations} for path, operations in app.openapi()["paths"].items()
     }

@@ -14,6 +14,8 @@ import httpx
 import ollama
 import openai
 import pytest
+from anthropic.types import MessageParam
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.daemon import Daemon
@@ -21,7 +23,9 @@ from tests.engines import tiny_daemon
 from tests.models import write_tiny_gguf
 from tests.waiting import wait_until
 
-HI = [{"role": "user", "content": "hi"}]
+# one question, typed for each SDK it is sent with (Ollama's takes any mapping, as does a JSON body)
+HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+HI_ANTHROPIC: list[MessageParam] = [{"role": "user", "content": "hi"}]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -56,14 +60,14 @@ def grew(before: Samples, after: Samples, name: str, **labels: str) -> float:
 def test_every_api_is_counted_timed_and_its_tokens_added(daemon: Daemon) -> None:
     before = scrape(daemon)
     client = openai.OpenAI(base_url=daemon.url + "/engines/v1", api_key="unused", max_retries=0)
-    whole = client.chat.completions.create(model="tiny", messages=HI, max_tokens=5)  # type: ignore[arg-type]
+    whole = client.chat.completions.create(model="tiny", messages=HI, max_tokens=5)
     assert whole.usage is not None
     generated = {"openai": whole.usage.completion_tokens}
     prompts = {"openai": whole.usage.prompt_tokens}
     # streamed, asked for by another spelling of the same model: one label, the store's name
     stream = client.chat.completions.create(
         model="ai/tiny:latest",
-        messages=HI,  # type: ignore[arg-type]
+        messages=HI,
         max_tokens=5,
         stream=True,
         stream_options={"include_usage": True},
@@ -82,7 +86,7 @@ def test_every_api_is_counted_timed_and_its_tokens_added(daemon: Daemon) -> None
     prompts["ollama"] = lines[-1].prompt_eval_count or 0
 
     messages = anthropic.Anthropic(base_url=daemon.url + "/anthropic", api_key="unused", max_retries=0)
-    with messages.messages.stream(model="tiny", max_tokens=3, messages=HI) as events:  # type: ignore[arg-type]
+    with messages.messages.stream(model="tiny", max_tokens=3, messages=HI_ANTHROPIC) as events:
         final = events.get_final_message()
     generated["anthropic"] = final.usage.output_tokens
     usage = final.usage
@@ -92,7 +96,7 @@ def test_every_api_is_counted_timed_and_its_tokens_added(daemon: Daemon) -> None
 
     # refused before any model was found (an unknown model: a name no label may carry; an empty chat)
     with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="no-such-model-xyz", messages=HI)  # type: ignore[arg-type]
+        client.chat.completions.create(model="no-such-model-xyz", messages=HI)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="tiny", messages=[])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -53,6 +54,12 @@ def read_events(path: Path, name: str) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == name]
+
+
+def event_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """An event's fields: modelrunner.eventlog logs them as the record's `fields` (an `extra`)."""
+    fields: dict[str, Any] = record.__dict__["fields"]
+    return fields
 
 
 def package(daemon: InProcessDaemon, tmp_path: Path, name: str, seed: int = 0) -> None:
@@ -448,8 +455,8 @@ def test_a_frozen_engine_fails_its_requests_and_is_restarted(
     error = json.loads(rest[-1][6:])["error"]
     assert error["type"] == "server_error" and "engine stopped" in error["message"]  # the crash path
     assert not alive(runner["pid"])
-    freeze = [r for r in caplog.records if r.msg == "freeze"]
-    assert freeze and freeze[0].fields["pid"] == runner["pid"] and freeze[0].fields["process_state"] == "T"
+    freeze = [event_fields(r) for r in caplog.records if r.msg == "freeze"]
+    assert freeze and freeze[0]["pid"] == runner["pid"] and freeze[0]["process_state"] == "T"
     assert chat(daemon, "tiny").status_code == 200  # the next request starts it again
     assert len(read_events(events, "started")) == 2
 
@@ -502,9 +509,9 @@ def test_orphaned_engine_groups_are_ended_at_start_with_a_log_line(
         assert not alive(child)  # its worker too, before the daemon started (scheduler/runner.py end_orphans)
         assert unrelated.poll() is None  # not ours: left alone
         assert daemon.daemon is not None and daemon.daemon.scheduler.orphans_ended == 1
-        [line] = [r for r in caplog.records if r.msg == "orphan_ended"]
-        assert line.fields["pid"] == orphan.pid and line.fields["model"] == "ai/x"
-        assert line.fields["processes"] == 2
+        [line] = [event_fields(r) for r in caplog.records if r.msg == "orphan_ended"]
+        assert line["pid"] == orphan.pid and line["model"] == "ai/x"
+        assert line["processes"] == 2
         assert list((runtime_dir() / "pids").glob("*.json")) == []
     finally:
         unrelated.kill()

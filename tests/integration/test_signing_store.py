@@ -111,7 +111,8 @@ def test_a_tampered_record_or_a_bad_request_verifies_nothing(
 ) -> None:
     ref, public = pulled_under_policy(daemon, signing_registry, tmp_path)
     model_id = daemon.models()[0]["id"]
-    for body in ({"keys": []}, {"keys": ["x"], "extra": 1}, {"keys": "not a list"}):
+    bad_bodies: list[dict[str, object]] = [{"keys": []}, {"keys": ["x"], "extra": 1}, {"keys": "not a list"}]
+    for body in bad_bodies:
         refused = daemon.http("POST", f"/models/{ref}/verify", json=body)
         assert refused.status_code == 400, refused.text
     path = daemon.store_root / "signatures" / (model_id.removeprefix("sha256:") + ".json")

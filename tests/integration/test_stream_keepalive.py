@@ -12,6 +12,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+from anthropic.types import MessageParam
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from modelrunner.server import keepalive
@@ -21,7 +23,9 @@ from tests.inprocess import InProcessDaemon
 from tests.waiting import wait_until
 
 Start = Callable[..., InProcessDaemon]
-HI = [{"role": "user", "content": "hi"}]
+# one question, typed for each SDK it is sent with (a JSON body takes either)
+HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+HI_ANTHROPIC: list[MessageParam] = [{"role": "user", "content": "hi"}]
 LOADING = {"FAKE_START_DELAY": "1.5"}  # the model loads for 1.5 s: several intervals of 0.2 s
 PREFILL = {"FAKE_FIRST_CHUNK_DELAY": "1.5", "FAKE_TEXT": "hello there"}  # a head, then 1.5 s of nothing
 SILENT = {"FAKE_TEXT": "one two three four", "FAKE_CHUNK_DELAY": "0.6"}  # 0.6 s between its events
@@ -53,7 +57,7 @@ def test_anthropic_streams_ping_and_the_sdk_reads_the_answer(start: Start, env: 
     assert events[-1][0] == "message_stop"
 
     client = anthropic.Anthropic(base_url=daemon.url + "/anthropic", api_key="unused", max_retries=0)
-    with client.messages.stream(model="other", max_tokens=8, messages=HI) as stream:  # type: ignore[arg-type]
+    with client.messages.stream(model="other", max_tokens=8, messages=HI_ANTHROPIC) as stream:
         text = stream.get_final_text()
     assert text == env.get("FAKE_TEXT", "hi")
 
@@ -138,7 +142,7 @@ def _openai_metrics(daemon: InProcessDaemon) -> dict[str, float]:
 def test_the_openai_sdk_reads_a_stream_that_commented(start: Start, env: dict[str, str]) -> None:
     daemon = start({**env, "FAKE_TEXT": "hello there"})
     client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
-    chunks = client.chat.completions.create(model="other", messages=HI, stream=True)  # type: ignore[arg-type]
+    chunks = client.chat.completions.create(model="other", messages=HI, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello there"
 
 
@@ -154,12 +158,14 @@ def test_an_unstreamed_request_that_waits_is_answered_whole(start: Start) -> Non
 def test_a_stream_that_declares_tools_comments_too(start: Start) -> None:
     """The front hands a stream that declares tools to the ASGI relay (its calls are rescued there)."""
     daemon = start({**LOADING, "FAKE_TOOL_CALL": "search"})
-    tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    tools: list[ChatCompletionFunctionToolParam] = [
+        {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
+    ]
     client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
     with client.chat.completions.with_streaming_response.create(
         model="tiny",
-        messages=HI,  # type: ignore[arg-type]
-        tools=tools,  # type: ignore[arg-type]
+        messages=HI,
+        tools=tools,
         stream=True,
     ) as answer:
         raw = b"".join(answer.iter_bytes())
@@ -186,7 +192,7 @@ def test_an_engine_stream_of_any_framing_follows_an_early_head(
             assert answer.content.startswith(keepalive.SSE_COMMENT)
             assert answer.content.endswith(b"data: [DONE]\n\n")
     client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
-    chunks = client.chat.completions.create(model="tiny", messages=HI, stream=True)  # type: ignore[arg-type]
+    chunks = client.chat.completions.create(model="tiny", messages=HI, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello there"
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import ollama
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from openai.types.responses import ResponseTextConfigParam
+from openai.types.shared_params import ResponseFormatJSONSchema
 
 from modelrunner.wire import sse_events
 from tests.conformance.dmr_daemons import fake_daemons_under
@@ -27,8 +29,11 @@ SCHEMA = {
     "required": ["answer"],
     "additionalProperties": False,
 }
-AS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
-HI = [{"role": "user", "content": "yes or no?"}]
+AS_SCHEMA: ResponseFormatJSONSchema = {
+    "type": "json_schema",
+    "json_schema": {"name": "answer", "schema": SCHEMA},
+}
+HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "yes or no?"}]
 HEADER = "x-modelrunner-constraint"
 
 
@@ -55,7 +60,7 @@ def test_openai_chat_json_schema_is_enforced(client: openai.OpenAI) -> None:
         model="tiny",
         messages=HI,
         max_tokens=ROOM,
-        response_format=AS_SCHEMA,  # type: ignore[arg-type]
+        response_format=AS_SCHEMA,
     )
     assert raw.headers[HEADER] == "enforced"
     content = raw.parse().choices[0].message.content
@@ -68,7 +73,7 @@ def test_openai_chat_stream_json_schema_is_enforced(client: openai.OpenAI) -> No
         messages=HI,
         max_tokens=ROOM,
         stream=True,
-        response_format=AS_SCHEMA,  # type: ignore[arg-type]
+        response_format=AS_SCHEMA,
     ) as raw:
         assert raw.headers[HEADER] == "enforced"
         text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
@@ -85,7 +90,7 @@ def test_completions_reach_llama_servers_grammar_too(client: openai.OpenAI) -> N
 
 def test_responses_text_format_is_enforced(daemon: Daemon) -> None:
     client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
-    text: Any = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA}}
+    text: ResponseTextConfigParam = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA}}
     raw = client.responses.with_raw_response.create(
         model="tiny", input="yes or no?", max_output_tokens=ROOM, text=text
     )
@@ -101,7 +106,11 @@ def test_ollama_format_is_enforced(daemon: Daemon) -> None:
     streamed = client.generate(
         model="tiny", prompt="yes?", raw=True, format=SCHEMA, stream=True, options={"num_predict": ROOM}
     )
-    jsonschema.validate(json.loads("".join(part.response for part in streamed)), SCHEMA)
+    parts = []
+    for part in streamed:
+        assert part.response is not None
+        parts.append(part.response)
+    jsonschema.validate(json.loads("".join(parts)), SCHEMA)
     body = {
         "model": "tiny",
         "prompt": "yes?",
@@ -132,7 +141,7 @@ def assert_says_it(message: str) -> None:
 def test_openai_chat_that_does_not_validate_is_an_error(wrong: InProcessDaemon) -> None:
     client = openai.OpenAI(base_url=wrong.url + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.APIStatusError) as caught:
-        client.chat.completions.create(model="tiny", messages=HI, response_format=AS_SCHEMA)  # type: ignore[arg-type]
+        client.chat.completions.create(model="tiny", messages=HI, response_format=AS_SCHEMA)
     assert caught.value.status_code == 502 and caught.value.response.headers[HEADER] == "enforced"
     assert_says_it(caught.value.message)
 

@@ -142,7 +142,8 @@ def create_message(client: anthropic.Anthropic, stream: bool, **fields: Any) -> 
     """A message, asked for whole or as a stream the SDK puts together."""
     fields = {"model": MODEL, "tools": ANTHROPIC_TOOLS, "extra_body": GREEDY, **fields}
     if not stream:
-        return client.messages.create(**fields)
+        whole: anthropic.types.Message = client.messages.create(**fields)
+        return whole
     with client.messages.stream(**fields) as events:
         return events.get_final_message()
 

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from modelrunner.compat import anthropic_chat
+from modelrunner.compat.thinking_signature import signature
 from modelrunner.wire import SSEDecoder
 
 TOOLS: Any = [{"name": "get_weather", "input_schema": {"type": "object"}}]
@@ -26,7 +27,7 @@ def request(messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
 
 
 def test_past_thinking_is_the_turns_reasoning_content() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "weather?"},
         {
             "role": "assistant",
@@ -46,7 +47,7 @@ def test_past_thinking_is_the_turns_reasoning_content() -> None:
 
 
 def test_a_turn_of_thinking_alone_is_an_empty_assistant_message_with_it() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "s"}]},
         {"role": "user", "content": "go on"},
@@ -56,7 +57,7 @@ def test_a_turn_of_thinking_alone_is_an_empty_assistant_message_with_it() -> Non
 
 
 def test_consecutive_assistant_turns_are_one_chat_turn() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "Looking."},
         {"role": "assistant", "content": [{"type": "thinking", "thinking": "call", "signature": "s"}, USE]},
@@ -84,8 +85,8 @@ COMPLETION = {
 def test_the_answers_reasoning_is_a_signed_thinking_block() -> None:
     thinking, text = anthropic_chat.message(COMPLETION, "m")["content"]
     assert thinking["type"] == "thinking" and thinking["thinking"] == "let me see"
-    assert thinking["signature"] and thinking["signature"] == anthropic_chat.signature("let me see")
-    assert anthropic_chat.signature("other") != thinking["signature"]
+    assert thinking["signature"] and thinking["signature"] == signature("let me see")
+    assert signature("other") != thinking["signature"]
     assert text == {"type": "text", "text": "Hello."}
 
 

@@ -76,11 +76,13 @@ def build(store: ModelStore, new_sink: Callable[[], Any]) -> Callable[[PackageSp
 
 
 def config_of(built: BuiltArtifact) -> dict[str, Any]:
-    return json.loads(built.config_bytes)
+    config: dict[str, Any] = json.loads(built.config_bytes)
+    return config
 
 
 def metadata_of(layer: Descriptor) -> dict[str, Any]:
-    return json.loads(layer.annotations[mt.ANNOTATION_FILE_METADATA])
+    metadata: dict[str, Any] = json.loads(layer.annotations[mt.ANNOTATION_FILE_METADATA])
+    return metadata
 
 
 def assert_consistent(store: ModelStore, built: BuiltArtifact) -> None:

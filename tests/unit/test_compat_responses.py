@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -110,7 +111,7 @@ def test_output_items_and_usage() -> None:
 
 def test_store_is_bounded_in_count_and_age(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr(shapes.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
     store = shapes.ResponseStore(max_items=2, max_age=60)
     for name in ("a", "b", "c"):
         store.put(shapes.StoredResponse({"id": name}, [], []))

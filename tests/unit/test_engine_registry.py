@@ -3,6 +3,8 @@ format (`resolve`, from `Engine.formats`), with one error naming the choices."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from modelrunner.engines.registry import EngineRegistry, default_registry
@@ -37,7 +39,11 @@ def test_a_format_no_engine_claims_goes_to_the_default_engine(registry: EngineRe
 
 def test_an_unknown_backend_is_one_404_naming_the_choices(registry: EngineRegistry) -> None:
     choices = "use one of llama.cpp, vllm, mlx, sglang, diffusers"
-    for pick in (lambda: registry.find("llama"), lambda: registry.resolve("llama", "gguf")):
+    picks: list[Callable[[], object]] = [
+        lambda: registry.find("llama"),
+        lambda: registry.resolve("llama", "gguf"),
+    ]
+    for pick in picks:
         with pytest.raises(UnknownEngine) as info:
             pick()
         assert info.value.status_code == 404

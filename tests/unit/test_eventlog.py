@@ -240,7 +240,7 @@ def test_lines_put_soon_wait_for_the_end_of_the_loops_turn(
         seen["after a warning"] = numbers()
 
     with installed(tmp_path, monkeypatch, stderr=False):
-        monkeypatch.setattr(eventlog.os, "write", counted)
+        monkeypatch.setattr(os, "write", counted)
         asyncio.run(turn())
     assert seen == {
         "in the turn": [],

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from modelrunner import config
+from modelrunner.engines.diffusers import DiffusersEngine
 from modelrunner.engines.registry import default_registry
 from tests.conftest import DEFAULT_PORT, Guard
 
@@ -21,7 +22,9 @@ def test_the_runner_home_and_port_are_the_sessions_own() -> None:
     assert "modelrunner-tests-" in user_data_dir("modelrunner", appauthor=False)
     assert config.daemon_port() != DEFAULT_PORT
     engines = {engine.name: engine for engine in default_registry()}
-    assert "modelrunner-tests-" in str(engines["diffusers"].install_root)
+    diffusers = engines["diffusers"]
+    assert isinstance(diffusers, DiffusersEngine)
+    assert "modelrunner-tests-" in str(diffusers.install_root)
 
 
 def test_the_guard_refuses_the_real_home_and_the_default_port(tmp_path: Path) -> None:

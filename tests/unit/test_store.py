@@ -91,7 +91,8 @@ def add_hand_model(store: ModelStore) -> Callable[..., str]:
 
 
 def index_models(store: ModelStore) -> list[dict[str, Any]]:
-    return json.loads(store.layout.index_file.read_text())["models"]
+    models: list[dict[str, Any]] = json.loads(store.layout.index_file.read_text())["models"]
+    return models
 
 
 def blob_names(store: ModelStore) -> set[str]:

@@ -26,7 +26,7 @@ def wire(*docs: dict[str, Any]) -> bytes:
 
 
 START = {"type": "message_start", "message": {"id": "chatcmpl-1", "content": [], "role": "assistant"}}
-STOP = [
+STOP: list[dict[str, Any]] = [
     {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 9}},
     {"type": "message_stop"},
 ]

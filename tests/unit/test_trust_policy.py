@@ -41,7 +41,10 @@ def test_the_longest_matching_pattern_wins(tmp_path: Path) -> None:
     set_rule(path, Rule("docker.io/myorg/*", (PEM,), "enforce"))
     set_rule(path, Rule("docker.io/myorg/open", (), "off"))
     rules = load_rules(path)
-    mode = lambda text: (rule_for(rules, parse_reference(text)) or Rule("", (), "none")).mode  # noqa: E731
+
+    def mode(text: str) -> str:
+        return (rule_for(rules, parse_reference(text)) or Rule("", (), "none")).mode
+
     assert mode("myorg/model:v1") == "enforce"
     assert mode("myorg/open") == "off"
     assert mode("hf.co/org/repo") == "warn"
