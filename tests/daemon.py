@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
@@ -16,8 +17,35 @@ from typing import Any
 import httpx
 
 
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (Linux: 32768 by default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports for the tests' servers are handed out from below the ephemeral range, each once per run: a port the
+# kernel found free there (bind to port 0) is one it can give any connecting socket, or another bind to 0,
+# before the server it was meant for binds it. Above Ray's worker ports (10002-19999 by default).
+_FIRST_PORT = 20000
+_next_ports = itertools.count(_FIRST_PORT + os.getpid() % 4000)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A loopback port nothing listens on, for a server a test starts."""
+    end = _ephemeral_start()
+    while end - _FIRST_PORT >= 1000:
+        port = next(_next_ports)
+        if port >= end:
+            break
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken by someone else, or still closing
+            return port
+    with socket.socket() as sock:  # a machine whose ephemeral range leaves no room below it
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
