@@ -29,24 +29,22 @@ def _ephemeral_start() -> int:
 # the kernel found free there (bind to port 0) is one it can give any connecting socket, or another bind to 0,
 # before the server it was meant for binds it. Above Ray's worker ports (10002-19999 by default); each process
 # starts at an offset of its own, so two runs on one machine seldom meet.
-_FIRST_PORT = 20000
-_next_ports = itertools.count(_FIRST_PORT + os.getpid() % 4000)
+_EPHEMERAL_START = _ephemeral_start()
+_next_ports = itertools.count(20000 + os.getpid() % 4000)
 
 
 def free_port() -> int:
     """A loopback port nothing listens on, for a server a test starts."""
-    end = _ephemeral_start()
-    if end - _FIRST_PORT >= 1000:
-        for port in _next_ports:
-            if port >= end:
-                break
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    continue  # taken by someone else, or still closing
-                return port
-    with socket.socket() as sock:  # no room left below the ephemeral range
+    for port in _next_ports:
+        if port >= _EPHEMERAL_START:
+            break  # none left below the ephemeral range: the kernel's choice, as a last resort
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken by someone else, or still closing
+            return port
+    with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
