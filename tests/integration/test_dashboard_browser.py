@@ -347,7 +347,8 @@ def test_chat_streams_and_the_stop_button_ends_the_engines_generation(
     stats = answer.query_selector(".msg-stats").inner_text()  # type: ignore[union-attr]
     assert "tokens/s" in stats and "stopped" in stats, stats
 
-    # the same prompt to two models side by side; the conversation stays in the browser
+    # the same prompt to two models side by side; the conversation stays in the browser, and so does the
+    # extra field's ignore_eos, which keeps either random-weight answer from ending before its first token
     page.fill("input[name=max_tokens]", "8")
     page.fill("input[name=context]", "")
     page.click("button:text('Compare with another model')")

@@ -172,6 +172,8 @@ def test_a_forced_messages_tool_choice_is_a_tool_use(messages: anthropic.Anthrop
     with messages.messages.stream(
         model=MODEL,
         max_tokens=160,
+        # greedy: sampled, the grammar's free whitespace may outrun max_tokens (stream() has no temperature)
+        extra_body={"temperature": 0},
         tools=tools,
         tool_choice=choice,
         messages=[{"role": "user", "content": "weather in Paris?"}],
