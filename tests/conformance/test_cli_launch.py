@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from tests.conformance.dmr_daemons import cli_env, run_cli
 from tests.daemon import free_port
 from tests.docker_cli import DOCKER, docker, plugin_env
 from tests.inprocess import InProcessDaemon
+from tests.models import write_tiny_gguf
+from tests.waiting import wait_until
 
 KEY = "sk-docker-model-runner"
 ALL_APPS = ("anythingllm", "claude", "codex", "openclaw", "opencode", "openwebui")
@@ -71,6 +74,17 @@ def openai_lines(base: str) -> list[str]:
     ]
 
 
+def codex_lines(tmp_path: Path, url: str) -> list[str]:
+    """DMR's variables and Codex's own config folder, in the CLI's runner home."""
+    return [*openai_lines(f"{url}/v1"), f"CODEX_HOME={tmp_path / 'cli-home' / 'codex'}"]
+
+
+def docker_e(line: str) -> str:
+    """How `docker run` is given a variable: a secret by name only (its value in docker's environment)."""
+    name, _, value = line.partition("=")
+    return f"-e {name}" if value == KEY else f"-e {line}"
+
+
 def test_list_marks_host_apps_missing_from_path(tmp_path: Path, closed_url: str) -> None:
     """listSupportedApps (TestNewLaunchCmdNoArgsListsApps): every app, a host app not on PATH marked."""
     listed = run_cli(launch_env(tmp_path, closed_url, "claude"), "launch")
@@ -95,16 +109,17 @@ def test_dry_run_prints_what_would_run_and_runs_nothing(tmp_path: Path, closed_u
     container = f"http://host.docker.internal:{port}"
     expected = {
         "openwebui": "Would run: docker run --rm -p 3000:8080 -v openwebui_data:/app/backend/data "
-        + " ".join(f"-e {line}" for line in [*openai_lines(f"{container}/engines/v1"), "WEBUI_AUTH=false"])
-        + " ghcr.io/open-webui/open-webui:latest\n",
+        + " ".join(docker_e(line) for line in [*openai_lines(f"{container}/engines/v1"), "WEBUI_AUTH=false"])
+        + f" ghcr.io/open-webui/open-webui:latest\n  OPENAI_API_KEY={KEY}\n  OPEN_AI_KEY={KEY}\n",
         "anythingllm": "Would run: docker run --rm -p 3001:3001 -v anythingllm_storage:/app/server/storage "
         "-e STORAGE_DIR=/app/server/storage -e LLM_PROVIDER=docker-model-runner "
         f"-e DOCKER_MODEL_RUNNER_BASE_PATH={container} mintplexlabs/anythingllm:latest\n",
-        "codex": "Would run: codex \n" + "".join(f"  {line}\n" for line in openai_lines(f"{closed_url}/v1")),
+        "codex": "Would run: codex \n" + "".join(f"  {line}\n" for line in codex_lines(tmp_path, closed_url)),
         "opencode": "Would run: opencode \n"
         + "".join(f"  {line}\n" for line in openai_lines(f"{closed_url}/engines/v1")),
         "claude": f"Would run: claude \n  ANTHROPIC_BASE_URL={closed_url}/anthropic\n"
-        f"  ANTHROPIC_API_KEY={KEY}\n  CLAUDE_CODE_ATTRIBUTION_HEADER=0\n",
+        f"  ANTHROPIC_API_KEY={KEY}\n  CLAUDE_CODE_ATTRIBUTION_HEADER=0\n"
+        "  CLAUDE_CODE_TOTAL_TOKENS_REMINDER=off\n",
         "openclaw": "Configure openclaw to use Docker Model Runner:\n"
         f"  Base URL: {closed_url}/engines/v1\n  API type: openai-completions\n"
         f"  API key:  {KEY}\n\nExample:\n"
@@ -122,7 +137,7 @@ def test_dry_run_prints_what_would_run_and_runs_nothing(tmp_path: Path, closed_u
     )  # fmt: skip
     assert overridden.returncode == 0, overridden.stderr
     assert overridden.stdout.startswith("Would run: docker run --rm -d -p 9999:8080 ")
-    assert overridden.stdout.endswith(" custom/image:v2 --extra-flag\n")
+    assert overridden.stdout.splitlines()[0].endswith(" custom/image:v2 --extra-flag")
     with_model = run_cli(env, "launch", "opencode", "--dry-run", "--model", "ai/qwen3", "--", "-m", "x")
     assert with_model.stdout.startswith("Would run: opencode -m x\n")
     assert with_model.stdout.endswith("Would configure opencode with model: ai/qwen3\n")
@@ -156,13 +171,13 @@ def test_config_prints_each_apps_configuration(tmp_path: Path, closed_url: str) 
     assert anything.stdout.endswith(f"    DOCKER_MODEL_RUNNER_BASE_PATH=http://host.docker.internal:{port}\n")
     codex = run_cli(env, "launch", "codex", "--config")
     assert codex.stdout == "Configuration for codex (host app):\n  Environment:\n" + "".join(
-        f"    {line}\n" for line in openai_lines(f"{closed_url}/v1")
+        f"    {line}\n" for line in codex_lines(tmp_path, closed_url)
     )
     claude = run_cli(env, "launch", "CLAUDE", "--config")  # DMR lower-cases the app
     assert claude.stdout == (
         "Configuration for claude (host app):\n  Environment:\n"
         f"    ANTHROPIC_BASE_URL={closed_url}/anthropic\n    ANTHROPIC_API_KEY={KEY}\n"
-        "    CLAUDE_CODE_ATTRIBUTION_HEADER=0\n"
+        "    CLAUDE_CODE_ATTRIBUTION_HEADER=0\n    CLAUDE_CODE_TOTAL_TOKENS_REMINDER=off\n"
     )
     openclaw = run_cli(env, "launch", "openclaw", "--config")
     assert "  Manual configuration:\n    openclaw config set" in openclaw.stdout
@@ -304,7 +319,7 @@ def test_a_host_app_not_installed(tmp_path: Path, closed_url: str) -> None:
     assert (gone.returncode, gone.stdout) == (1, "")
     assert gone.stderr == (
         '"codex" executable not found in PATH.\nConfigure your app to use:\n'
-        + "".join(f"  {line}\n" for line in openai_lines(f"{closed_url}/v1"))
+        + "".join(f"  {line}\n" for line in codex_lines(tmp_path, closed_url))
         + "codex not found; please install it and re-run\n"
     )
 
@@ -356,3 +371,112 @@ def test_a_model_that_cannot_be_pulled_stops_the_launch(fake_daemon: InProcessDa
         assert lines[0].startswith("Unable to find model") and lines[-1].startswith("Error: "), app
     assert not any((tmp_path / "dump").iterdir())
     assert not (tmp_path / "user" / ".config").exists()
+
+
+# A `docker` that answers `docker info` and, for `docker run`, says it started and then waits: the container
+# app as every local user's `ps` would see it while it runs.
+FAKE_DOCKER = f"""#!{sys.executable}
+import os, sys, time
+if sys.argv[1:2] == ["info"]:
+    print("27.0.0")
+    sys.exit(0)
+open(os.environ["LAUNCH_DUMP"] + "/docker-started", "w").close()
+time.sleep(60)
+"""
+
+
+def test_a_container_app_gets_the_key_through_its_environment(tmp_path: Path, closed_url: str) -> None:
+    """Issue 36 item 3: `docker run` is given the variables holding the API key by name only, their values in
+    docker's environment; no local user reads the key in its command line."""
+    secret = "sk-secret-from-the-context-7f3a"
+    env = launch_env(tmp_path, closed_url, MODEL_RUNNER_API_KEY=secret)
+    docker_script = tmp_path / "bin" / "docker"
+    docker_script.write_text(FAKE_DOCKER)
+    docker_script.chmod(0o755)
+    started = tmp_path / "dump" / "docker-started"
+    launched = subprocess.Popen(
+        [sys.executable, "-m", "modelrunner", "launch", "openwebui", "--detach"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(started.exists, "the stand-in docker run started", 60)
+        # the CLI became `docker` (exec): the same process, its command line and environment as ps shows them
+        argv = Path(f"/proc/{launched.pid}/cmdline").read_bytes().split(b"\0")
+        environ = Path(f"/proc/{launched.pid}/environ").read_bytes().split(b"\0")
+    finally:
+        launched.kill()
+        launched.communicate(timeout=30)
+    argv = argv[argv.index(str(docker_script).encode()) + 1 :]  # the interpreter's own words dropped
+    assert argv[:4] == [b"run", b"--rm", b"-d", b"-p"]
+    assert not any(secret.encode() in word for word in argv), argv
+    assert argv[argv.index(b"OPENAI_API_KEY") - 1] == b"-e"
+    assert b"OPEN_AI_KEY" in argv and b"WEBUI_AUTH=false" in argv
+    assert f"OPENAI_API_KEY={secret}".encode() in environ
+    assert f"OPEN_AI_KEY={secret}".encode() in environ
+    dry = run_cli(env, "launch", "openwebui", "--dry-run")
+    assert dry.stdout.splitlines()[0].count(secret) == 0
+
+
+def package_with_template(daemon: InProcessDaemon, tmp_path: Path, name: str, template: str) -> None:
+    gguf = write_tiny_gguf(tmp_path / f"{name}.gguf", chat_template=False, seed=7)
+    (tmp_path / f"{name}.jinja").write_text(template)
+    body = {"target": name, "gguf": str(gguf), "chat_template": str(tmp_path / f"{name}.jinja")}
+    response = daemon.http("POST", "/models/package", json=body)
+    assert response.status_code == 201, response.text
+
+
+def test_a_model_that_cannot_take_tools_stops_every_coding_agent(
+    fake_daemon: InProcessDaemon, tmp_path: Path
+) -> None:
+    """Issue 34: each coding agent sends tools on every request, so a model whose chat template cannot render
+    them would fail at the first one; `launch` says so in one sentence, exit 1, and starts nothing."""
+    no_tools = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    package_with_template(fake_daemon, tmp_path, "notools", no_tools)
+    shown = fake_daemon.http("POST", "/api/show", json={"model": "notools"}).json()
+    assert "tools" not in shown["capabilities"]
+    assert "tools" in fake_daemon.http("POST", "/api/show", json={"model": "tiny"}).json()["capabilities"]
+    env = launch_env(tmp_path, fake_daemon.url, "claude", "codex", "opencode")
+    for app in ("claude", "codex", "opencode"):
+        refused = run_cli(env, "launch", app, "--model", "notools")
+        assert (refused.returncode, refused.stdout) == (1, ""), app
+        assert refused.stderr == (
+            f"notools's chat template cannot render tools, which {app} sends with every request: pick a "
+            f"model whose template can, e.g. `model launch {app} --model ai/qwen3`\n"
+        )
+    assert not any((tmp_path / "dump").iterdir())
+    assert not (tmp_path / "user" / ".config").exists()
+    assert not (tmp_path / "cli-home" / "codex").exists()
+
+
+def test_agents_get_the_models_context_window(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    """Issue 34: Claude Code gets the model's window (CLAUDE_CODE_MAX_CONTEXT_TOKENS, else it assumes 1M for
+    a model it does not know) and no token-count reminder; Codex, which ignores OPENAI_BASE_URL, gets the
+    runner as its provider in a config folder of its own (never the user's ~/.codex), with the model and
+    its window; the tiny model was trained with 512 tokens."""
+    env = launch_env(tmp_path, fake_daemon.url, "claude", "codex")
+    (tmp_path / "user" / ".codex").mkdir()
+    for app in ("claude", "codex"):
+        ran = run_cli(env, "launch", app, "--model", "tiny", "--", "exec", "hi")
+        assert (ran.returncode, ran.stderr) == (0, ""), app
+    claude = recorded(tmp_path, "claude")["env"]
+    assert claude["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "512"
+    assert claude["CLAUDE_CODE_TOTAL_TOKENS_REMINDER"] == "off"
+    codex = recorded(tmp_path, "codex")
+    assert codex["argv"] == ["exec", "hi"]
+    codex_home = tmp_path / "cli-home" / "codex"
+    assert codex["env"]["CODEX_HOME"] == str(codex_home)
+    assert (codex_home / "config.toml").read_text() == (
+        'model_provider = "modelrunner"\n'
+        'model = "tiny"\n'
+        "model_context_window = 512\n"
+        "\n"
+        "[model_providers.modelrunner]\n"
+        'name = "Docker Model Runner (local)"\n'
+        f'base_url = "{fake_daemon.url}/v1"\n'
+        'env_key = "OPENAI_API_KEY"\n'
+        'wire_api = "responses"\n'
+    )
+    assert KEY not in (codex_home / "config.toml").read_text()  # the key stays in the environment
+    assert not any((tmp_path / "user" / ".codex").iterdir())

@@ -3,10 +3,14 @@ WebUI, AnythingLLM) set up to use the model runner, as DMR's `cmd/cli/commands/l
 the same apps, environment variables, docker command, config files and texts.
 
 Beyond DMR: the runner's API key (MODEL_RUNNER_API_KEY or the context's) replaces DMR's placeholder key, so
-a runner that requires one is usable; `claude` also gets CLAUDE_CODE_ATTRIBUTION_HEADER=0 and, with
-`--model`, every model Claude Code asks for is the local one; a container app fails early with the reason
-when no container engine answers; a host app replaces this process (exec), so the terminal, signals and
-exit status are the app's own.
+a runner that requires one is usable, and reaches a container through its environment, never its command
+line (which every local user can read); `claude` also gets CLAUDE_CODE_ATTRIBUTION_HEADER=0, no token-count
+reminder and, with `--model`, every model Claude Code asks for is the local one, with its context window;
+`codex` (which reads no OPENAI_* base URL since 0.17x) gets a model provider in a config of its own
+(CODEX_HOME in the runner's home); with `--model`, a coding agent is started only once the daemon says the
+model's chat template can render tools (each agent sends tools on every request); a container app fails
+early with the reason when no container engine answers; a host app replaces this process (exec), so the
+terminal, signals and exit status are the app's own.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ USAGE = "[APP] [-- APP_ARGS...]"
 
 
 class Runner(NamedTuple):
-    """What an app is told: the runner's base URL (no path), the key to send, the model asked for."""
+    """What an app is told: the runner's base URL (no path), the key to send, the model asked for and its
+    context window (when the daemon was asked: see `model_facts`)."""
 
     url: str
     api_key: str
     model: str = ""
+    context: int | None = None
 
 
 EnvFn = Callable[[Runner], list[str]]
@@ -65,15 +71,74 @@ CLAUDE_MODEL_VARIABLES = (
 
 def anthropic_env(runner: Runner) -> list[str]:
     """DMR's anthropicEnv, and: no attribution header (Claude Code's per-request billing block in the system
-    prompt would change the prompt's first bytes on every turn, so the engine's prompt cache never hits)."""
+    prompt would change the prompt's first bytes on every turn, so the engine's prompt cache never hits), no
+    `<total_tokens>` reminder (a count that changes every turn, in the prompt: the same loss), and the
+    model's context window (Claude Code reads CLAUDE_CODE_MAX_CONTEXT_TOKENS for a model it does not know;
+    otherwise it assumes 1M tokens and compacts far too late)."""
     env = [
         f"ANTHROPIC_BASE_URL={runner.url}/anthropic",
         f"ANTHROPIC_API_KEY={runner.api_key}",
         "CLAUDE_CODE_ATTRIBUTION_HEADER=0",
+        "CLAUDE_CODE_TOTAL_TOKENS_REMINDER=off",
     ]
     if runner.model:
         env += [f"{name}={runner.model}" for name in CLAUDE_MODEL_VARIABLES]
+    if runner.context:
+        env += [f"CLAUDE_CODE_MAX_CONTEXT_TOKENS={runner.context}"]
     return env
+
+
+CODEX_PROVIDER = "modelrunner"
+
+
+def codex_home() -> str:
+    """Codex's own config folder for the runner (never the user's ~/.codex, whose provider stays theirs)."""
+    from modelrunner import config
+
+    return str(config.runner_home() / "codex")
+
+
+def codex_env(runner: Runner) -> list[str]:
+    """DMR's variables (for what else reads them) and CODEX_HOME: Codex 0.17x ignores OPENAI_BASE_URL and
+    takes its provider from $CODEX_HOME/config.toml (`write_codex_config`)."""
+    return [*openai_env("/v1")(runner), f"CODEX_HOME={codex_home()}"]
+
+
+def toml_string(value: str) -> str:
+    """A TOML basic string (JSON's escapes are TOML's, for what json.dumps writes)."""
+    import json
+
+    return json.dumps(value)
+
+
+def codex_config(runner: Runner) -> str:
+    """config.toml: the runner as a Responses provider, chosen, with the model and its context window. The
+    key travels in the environment (`env_key`), never in the file."""
+    lines = [f"model_provider = {toml_string(CODEX_PROVIDER)}"]
+    if runner.model:
+        lines.append(f"model = {toml_string(runner.model)}")
+    if runner.context:
+        lines.append(f"model_context_window = {runner.context}")
+    lines += [
+        "",
+        f"[model_providers.{CODEX_PROVIDER}]",
+        'name = "Docker Model Runner (local)"',
+        f"base_url = {toml_string(runner.url + '/v1')}",
+        'env_key = "OPENAI_API_KEY"',
+        'wire_api = "responses"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_codex_config(runner: Runner) -> None:
+    from pathlib import Path
+
+    home = Path(codex_home())
+    try:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (home / "config.toml").write_text(codex_config(runner))
+    except OSError as exc:
+        raise UsageError(f"failed to setup codex: failed to write {home / 'config.toml'}: {exc}") from None
 
 
 def openwebui_env(runner: Runner) -> list[str]:
@@ -131,7 +196,7 @@ CONTAINER_APPS = {
 }
 HOST_APPS = {
     "opencode": HostApp(openai_env(OPENAI_PATH_SUFFIX)),
-    "codex": HostApp(openai_env("/v1")),
+    "codex": HostApp(codex_env),
     "claude": HostApp(anthropic_env),
     "openclaw": HostApp(None, openclaw_instructions),
 }
@@ -238,13 +303,21 @@ def exec_app(program: str, app_args: list[str], env: list[str]) -> None:
 
 def docker_run_args(
     spec: ContainerApp, runner: Runner, args: argparse.Namespace, app_args: list[str]
-) -> list[str]:
-    """DMR's launchContainerApp: `docker run --rm [-d] -p HOST:CONTAINER VOLUMES -e ENV... IMAGE ARGS`."""
+) -> tuple[list[str], list[str]]:
+    """DMR's launchContainerApp, `docker run --rm [-d] -p HOST:CONTAINER VOLUMES -e ENV... IMAGE ARGS`, and
+    the environment docker itself gets: a variable holding the API key is `-e NAME` in the arguments (any
+    local user can read a command line for the container's life), its value in docker's environment."""
     words = ["run", "--rm", *(["-d"] if args.detach else [])]
     words += ["-p", f"{args.port or spec.host_port}:{spec.container_port}", *spec.docker_args]
+    secrets = []
     for line in spec.env(runner):
-        words += ["-e", line]
-    return [*words, args.image or spec.image, *app_args]
+        name, _, value = line.partition("=")
+        if value == runner.api_key:
+            words += ["-e", name]
+            secrets.append(line)
+        else:
+            words += ["-e", line]
+    return [*words, args.image or spec.image, *app_args], secrets
 
 
 def require_container_engine(app: str) -> str:
@@ -272,11 +345,13 @@ def require_container_engine(app: str) -> str:
 
 
 def launch_container(app: str, runner: Runner, args: argparse.Namespace, app_args: list[str]) -> None:
-    words = docker_run_args(CONTAINER_APPS[app], runner, args, app_args)
+    words, secrets = docker_run_args(CONTAINER_APPS[app], runner, args, app_args)
     if args.dry_run:
         print(f"Would run: docker {' '.join(words)}")
+        for line in secrets:
+            print(f"  {line}")
         return
-    exec_app(require_container_engine(app), words, [])
+    exec_app(require_container_engine(app), words, secrets)
 
 
 def launch_host(
@@ -309,21 +384,54 @@ def launch_host(
         if app == "opencode" and args.model:
             print(f"Would configure opencode with model: {args.model}")
         return
-    if args.model and app in ("opencode", "claude"):
-        prepare_model(app, runner, explicit)
+    if args.model and app in CODING_AGENTS:
+        runner = prepare_model(app, runner)
+        env = spec.env(runner) if spec.env is not None else []
     elif not explicit:
         from modelrunner.cli.common import client
 
         client().version()  # the local daemon: started now, not at the app's first request
+    if app == "codex":
+        write_codex_config(runner)
     exec_app(app, app_args, env)
 
 
-def prepare_model(app: str, runner: Runner, explicit: bool) -> None:
-    """The model in the store (pulled when missing, as `run` does); opencode's config files naming it."""
+CODING_AGENTS = ("claude", "codex", "opencode")
+
+
+class ModelFacts(NamedTuple):
+    tools: bool  # its chat template can render tools
+    context: int | None  # the context window it is served with, when known
+
+
+def model_facts(model: str) -> ModelFacts:
+    """What the daemon says of the model (Ollama's /api/show: `tools` among its capabilities; its context
+    window: the one it is packaged with, at most the one it was trained with, the engine's cap)."""
+    from modelrunner.cli.common import client
+
+    shown = client().call("POST", "/api/show", payload={"model": model})
+    info = shown.get("model_info") or {}
+    architecture = info.get("general.architecture")
+    windows = [info.get("context_length"), info.get(f"{architecture}.context_length")]
+    known = [w for w in windows if isinstance(w, int) and not isinstance(w, bool) and w > 0]
+    return ModelFacts("tools" in (shown.get("capabilities") or []), min(known) if known else None)
+
+
+def prepare_model(app: str, runner: Runner) -> Runner:
+    """The model in the store (pulled when missing, as `run` does) and able to take tools (every coding
+    agent sends them on every request, so one that cannot would fail at its first); the runner with the
+    model's context window; opencode's config files naming the model."""
     from modelrunner.cli.common import client
     from modelrunner.cli.inference import ensure_model
 
     ensure_model(client(), runner.model)
+    facts = model_facts(runner.model)
+    if not facts.tools:
+        raise UsageError(
+            f"{runner.model}'s chat template cannot render tools, which {app} sends with every request: "
+            f"pick a model whose template can, e.g. `model launch {app} --model ai/qwen3`"
+        )
+    runner = runner._replace(context=facts.context)
     if app == "opencode":
         from modelrunner.cli.opencode import write_config, write_state
 
@@ -335,6 +443,7 @@ def prepare_model(app: str, runner: Runner, explicit: bool) -> None:
             write_state(runner.model)
         except OSError as exc:
             raise UsageError(f"failed to setup opencode: failed to write opencode state: {exc}") from None
+    return runner
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
@@ -372,6 +481,6 @@ def add_commands(commands: Any) -> None:
         "--dry-run", action="store_true", help="Print what would be executed without running it"
     )
     parser.add_argument("--config", action="store_true", help="Print configuration without launching")
-    parser.add_argument("--model", default="", help="Model to use (for opencode and claude)")
+    parser.add_argument("--model", default="", help="Model to use (for opencode, claude and codex)")
     parser.set_defaults(handler=cmd_launch, accepts_passthrough=True, usage_path=parser.prog)
     takes(parser, DmrArgs("launch", USAGE, "words", at_least=True, counted=False))

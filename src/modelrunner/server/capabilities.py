@@ -61,10 +61,14 @@ def check(name: str, engine: str, config: ModelConfig, bundle: Path, needs: Need
         return
     if needs.images and llamacpp.projector_file(bundle) is None:
         raise BadRequest(f"{name} does not support vision (the model has no multimodal projector)")
-    if needs.tools:
-        template = chat_template(config, bundle)
-        if template is not None and "tools" not in template:
-            raise BadRequest(f"{name} does not support tools (its chat template cannot render them)")
+    if needs.tools and not renders_tools(config, bundle):
+        raise BadRequest(f"{name} does not support tools (its chat template cannot render them)")
+
+
+def renders_tools(config: ModelConfig, bundle: Path) -> bool:
+    """Whether llama-server's chat template for the model can render tools (no template: assumed so)."""
+    template = chat_template(config, bundle)
+    return template is None or "tools" in template
 
 
 def chat_template(config: ModelConfig, bundle: Path) -> str | None:

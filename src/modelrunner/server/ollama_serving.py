@@ -26,7 +26,7 @@ from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import NEVER, parse_keep_alive
 from modelrunner.scheduler.settings import ModelSettings
-from modelrunner.server import embed_truncation
+from modelrunner.server import capabilities, embed_truncation
 from modelrunner.server.distribution_api import wait_started
 from modelrunner.server.engine_request import call_engine
 from modelrunner.server.lifecycle import Inference
@@ -101,7 +101,14 @@ class OllamaServing:
         return {"models": list(out.values())}
 
     def show(self, body: shapes.PullRequest) -> Document:
-        return shapes.show_response(self.lookup(body.model_name()))
+        """Ollama's answer, with `tools` among the capabilities unless the request rule would refuse tools
+        (server/capabilities.py): what `model launch` asks before starting a coding agent."""
+        model = self.lookup(body.model_name())
+        shown = shapes.show_response(model)
+        gguf = model.config.format == "gguf"  # only llama.cpp's templates are judged
+        if not gguf or capabilities.renders_tools(model.config, self.ctx.store.bundle_of(model)):
+            shown["capabilities"].append("tools")
+        return shown
 
     async def delete(self, body: shapes.PullRequest) -> None:
         name = body.model_name()
