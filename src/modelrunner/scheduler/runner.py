@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from modelrunner import http1
+from modelrunner.engines import exit_reason
 from modelrunner.engines.base import LaunchSpec, Mode, ModelForEngine
 from modelrunner.errors import ModelRunnerError
 from modelrunner.eventlog import DEFAULT_BACKUPS, event, log_max_bytes
@@ -140,9 +141,8 @@ def describe_exit(returncode: int | None) -> str | None:
     if returncode is None:
         return None
     if returncode < 0:
-        with contextlib.suppress(ValueError):
-            return f"signal {signal.Signals(-returncode).name}"
-        return f"signal {-returncode}"
+        name = exit_reason.signal_name(-returncode)
+        return name if name.startswith("signal ") else f"signal {name}"
     return f"exit code {returncode}"
 
 
@@ -348,12 +348,12 @@ class Runner:
         rundir.write_private_file(self.pid_file, json.dumps(record).encode())
 
     def error_tail(self) -> str:
-        """The end of the engine's output: what it said before dying (DMR shows the last 1 KiB)."""
+        """How the engine ended, in words, with what it said before (DMR shows the last 1 KiB of output)."""
         try:
             with open(self.log_path, "rb") as log_file:
                 log_file.seek(0, os.SEEK_END)
                 size = log_file.tell()
-                log_file.seek(max(0, size - 1024))
+                log_file.seek(max(0, size - 4096))
                 tail = log_file.read().decode("utf-8", "replace")
         except OSError:
             tail = ""
@@ -361,8 +361,16 @@ class Runner:
         if starts:
             tail = tail[starts[-1].end() :]
         code = self.process.returncode if self.process else None
-        text = scrub_paths(tail.strip()) or "no output"
-        return f"engine exited with code {code}: {text}" if code is not None else text
+        text = scrub_paths(tail.strip())
+        if code is None:
+            return text[-1024:] or "no output"
+        return exit_reason.describe_exit(
+            code,
+            engine=self.key.engine,
+            output=text or "no output",
+            log_name=self.log_path.name,
+            memory_needed=self.memory or None,
+        )
 
     def _signal_group(self, signum: int) -> None:
         process = self.process

@@ -500,7 +500,15 @@ class Scheduler:
         if runner.state is RunnerState.DEFUNCT:
             self.counters.crashes += 1
             fields = runner.describe()
-            event(log, "crash", logging.ERROR, **fields, status=runner.exit_status, in_use=runner.in_use)
+            event(
+                log,
+                "crash",
+                logging.ERROR,
+                **fields,
+                status=runner.exit_status,
+                in_use=runner.in_use,
+                reason=runner.error_tail(),
+            )
             async with self._changed:
                 if runner.in_use == 0 and self.runners.get(runner.key) is runner:
                     self._retire(runner, "crashed", announce=False)
