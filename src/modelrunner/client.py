@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
 from modelrunner import client_http, config
-from modelrunner.client_errors import Unreachable, daemon_error
+from modelrunner.client_errors import NotTheRunner, Unreachable, daemon_error
 from modelrunner.client_types import (
     DiskUsage,
     EnginesInfo,
@@ -158,6 +158,14 @@ class Client:
             "certificate with MODEL_RUNNER_TLS_CA_CERT (or MODEL_RUNNER_TLS_SKIP_VERIFY=true)",
         )
 
+    def _not_the_runner(self, status: int) -> str:
+        where = self._socket_path or f"{self._host}:{self._port}"
+        return (
+            f"something else answers on {where}: a web page (HTTP {status}), not the model runner's API; "
+            "stop that program, or start the model runner on another port (model start-runner --port N) "
+            "and name it in MODEL_RUNNER_HOST"
+        )
+
     def _refused_key(self) -> str:
         if self.api_key is None:
             return (
@@ -201,6 +209,10 @@ class Client:
             if sock is not None:
                 sock.close()
             raise DaemonError(0, f"cannot send this request to {self.base_url}: {exc}") from None
+        if (response.getheader("Content-Type") or "").startswith("text/html"):
+            # no route of a model runner (DMR's or ours) answers HTML: its page would be shown as the error
+            response.close()
+            raise NotTheRunner(0, self._not_the_runner(response.status))
         if response.status >= 400:
             data = response.read()
             response.close()
@@ -236,7 +248,7 @@ class Client:
             self.call("GET", "/version", timeout=2.0)
             return True
         except DaemonError as exc:
-            if exc.status_code == 401:
+            if exc.status_code == 401 or isinstance(exc, NotTheRunner):
                 raise
             return exc.status_code != 0
 

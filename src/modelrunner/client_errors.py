@@ -16,6 +16,11 @@ class Unreachable(DaemonError):
     """Nothing answered at the daemon's address (status 0)."""
 
 
+class NotTheRunner(Unreachable):
+    """Another program answers at the daemon's address (a web page where the API should be): no model
+    runner answered, and starting one would not help (the port is taken)."""
+
+
 class BadRequest(DaemonError, errors.BadRequest):
     pass
 

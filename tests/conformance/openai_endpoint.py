@@ -14,7 +14,8 @@ import pytest
 
 class OpenAIEndpoint:
     """A scripted OpenAI-compatible server that records each chat request; `script` lists, per request,
-    "ok" (a streamed answer) or "error" (one chunk, then an error event, as our daemon reports a crash)."""
+    "ok" (a streamed answer), "length" (the same answer cut by its token limit: finish_reason "length") or
+    "error" (one chunk, then an error event, as our daemon reports a crash)."""
 
     def __init__(self, script: list[str]) -> None:
         self.requests: list[dict[str, Any]] = []
@@ -35,9 +36,10 @@ class OpenAIEndpoint:
                 if kind == "error":
                     events.append({"error": {"message": "the engine stopped", "type": "server_error"}})
                 else:
-                    events.append({"choices": [{"delta": {"content": "answer"}}]})
+                    finish = "length" if kind == "length" else None
+                    events.append({"choices": [{"delta": {"content": "answer"}, "finish_reason": finish}]})
                 data = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events)
-                if kind == "ok":
+                if kind != "error":
                     data += b"data: [DONE]\n\n"
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")

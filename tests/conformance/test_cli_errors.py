@@ -73,15 +73,6 @@ def test_unknown_flags(tmp_path: Path, args: list[str], problem: str, usage: str
     )
 
 
-def test_an_unknown_verb_prints_the_help(tmp_path: Path) -> None:
-    """cobra args.go legacyArgs: only the root (`docker`) rejects an unknown command, so `docker model
-    bogus` runs `docker model`, which prints its help and exits 0."""
-    env = cli_env(tmp_path, f"http://127.0.0.1:{free_port()}")
-    result = run_cli(env, "bogus", "x")
-    assert (result.returncode, result.stderr) == (0, "")
-    assert result.stdout == run_cli(env, "--help").stdout
-
-
 def test_usage_errors_through_docker(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
     """The same texts through the real Docker CLI and the plugin, with DMR's command path `docker model`."""
     env = plugin_env(tmp_path, fake_daemon.url)

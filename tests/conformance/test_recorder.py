@@ -685,7 +685,7 @@ def test_the_requests_verb(daemon: InProcessDaemon, tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert refused.returncode == 2 and "--include-existing can only be used with --follow" in refused.stderr
+    assert refused.returncode == 1 and "--include-existing can only be used with --follow" in refused.stderr
     follower = subprocess.Popen(
         [sys.executable, "-m", "modelrunner", "requests", "-f", "--include-existing"],
         env=env,

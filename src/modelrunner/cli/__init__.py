@@ -44,6 +44,10 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
+# Verbs that `--help` does not list (DMR hides `compose`: Docker Compose runs it, not people)
+HIDDEN_VERBS = ("compose",)
+
+
 def _terminal_columns() -> int:
     """The width shutil.get_terminal_size gives argparse: COLUMNS, else the terminal's, else 80."""
     try:
@@ -95,6 +99,26 @@ def build_parser(prog: str = "model", verb: str | None = None) -> argparse.Argum
     return parser
 
 
+# Verbs of other tools a user may type here, and ours that do the same (cobra's SuggestFor): Ollama's
+# `cp` and `create`, docker's `images` and `rmi`.
+SUGGEST_FOR = {"cp": "tag", "create": "package", "images": "ls", "rmi": "rm", "delete": "rm", "remove": "rm"}
+
+
+def unknown_command(word: str, prog: str) -> str:
+    """cobra's words for a command it does not have (command.go: `unknown command %q for %q` and
+    findSuggestions' "Did you mean this?"), then its hint to the help. Standalone DMR says this; under
+    docker it prints its help and exits 0, which a script cannot tell from success."""
+    import difflib
+    import json  # Go's %q, near enough
+
+    verbs = [verb for verbs in COMMAND_MODULES.values() for verb in verbs if verb not in HIDDEN_VERBS]
+    suggestions = [SUGGEST_FOR[word]] if word in SUGGEST_FOR else difflib.get_close_matches(word, verbs, n=3)
+    lines = [f"unknown command {json.dumps(word)} for {json.dumps(prog)}", ""]
+    if suggestions:
+        lines += ["Did you mean this?", *(f"\t{verb}" for verb in suggestions), ""]
+    return "\n".join([*lines, f"Run '{prog} --help' for usage."])
+
+
 def _fail(message: str) -> NoReturn:
     """A usage error as DMR's CLI reports it: the text alone on stderr, exit code 1 (its main's)."""
     print(message, file=sys.stderr)
@@ -140,10 +164,7 @@ def main(argv: list[str] | None = None, prog: str = "model") -> None:
     verb = words[0] if words and not words[0].startswith("-") else None
     parser = build_parser(prog, verb)
     if verb is not None and not any(verb in verbs for verbs in COMMAND_MODULES.values()):
-        # DMR under docker: cobra checks a command's words against its subcommands only at the root
-        # (`docker`), so `docker model bogus` runs `docker model` itself, which prints its help
-        parser.print_help()
-        sys.exit(0)
+        _fail(unknown_command(verb, prog))
     args, leftover = parser.parse_known_args(words)
     rule: DmrArgs | None = getattr(args, "dmr_args", None)
     if rule is not None:
@@ -152,17 +173,15 @@ def main(argv: list[str] | None = None, prog: str = "model") -> None:
         parser.error(f"unrecognized arguments: {' '.join(leftover)}")
     if passthrough and not getattr(args, "accepts_passthrough", False):
         parser.error("arguments after -- are only accepted by: configure, launch")
-    args.passthrough, args.dashed = passthrough, dashed
+    args.passthrough, args.dashed, args.prog = passthrough, dashed, prog
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
         sys.exit(0 if argv is None and len(sys.argv) == 1 else 2)
     try:
         sys.exit(handler(args) or 0)
-    except UsageError as exc:
-        if rule is not None:  # a DMR verb's RunE error: as it is, exit 1
-            _fail(str(exc))
-        parser.exit(2, f"{prog}: error: {exc}\n")
+    except UsageError as exc:  # as DMR's main prints any verb's error: as it is, exit 1
+        _fail(str(exc))
     except ModelRunnerError as exc:
         # DMR's main prints its error as it is: the verb's handleClientError message before the cause
         failure = rule.failure.format(**vars(args)) if rule is not None and rule.failure else "Error"

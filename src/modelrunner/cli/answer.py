@@ -17,6 +17,12 @@ ITALIC, RESET = "\x1b[3m", "\x1b[0m"
 
 LOADING_NOTICE_AFTER = 2.0  # seconds without a first token before saying why
 
+# Said on stderr when the engine stopped the answer at its token limit: the text looks finished otherwise
+CUT_NOTICE = (
+    'The answer was cut short: it reached the token limit (finish_reason "length"); '
+    "a larger --max-tokens or context size (model configure --context-size) lets it finish."
+)
+
 
 def _say_if_loading(daemon: Client, model: str) -> None:
     """A long engine start (vLLM takes ~30 s on a CPU) is reported, so it is not mistaken for a hang."""
@@ -49,6 +55,7 @@ def stream_answer(
     from modelrunner.errors import DaemonError
 
     text: list[str] = []
+    finish_reason = None
     state = "none"  # none | reasoning | content
     notice = threading.Timer(LOADING_NOTICE_AFTER, _say_if_loading, (daemon, model))
     notice.daemon = True
@@ -61,6 +68,7 @@ def stream_answer(
             if on_event is not None:
                 on_event(event)
             for choice in (event.get("choices") or [])[:1]:
+                finish_reason = choice.get("finish_reason") or finish_reason
                 delta = choice.get("delta") or choice.get("message") or {}
                 reasoning = delta.get("reasoning_content")
                 if reasoning:
@@ -83,4 +91,7 @@ def stream_answer(
         if state == "reasoning" and color:
             sys.stdout.write(RESET)
         sys.stdout.flush()
+    if finish_reason == "length":
+        # on its own line when both streams share a terminal; stdout keeps the answer's bytes
+        print(("\n" if sys.stdout.isatty() else "") + CUT_NOTICE, file=sys.stderr, flush=True)
     return "".join(text)

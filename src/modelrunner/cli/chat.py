@@ -63,12 +63,23 @@ USAGE_SET = """Available /set commands:
 
 QUOTES = ('"""', "'''")
 
+# run.go's readline prompt: the grey hint on an empty input line, and the one inside a multi-line message
+PLACEHOLDER = "Send a message (/? for help)"
+ALT_PLACEHOLDER = 'Use """ to end multi-line input'
+
+
+def _hint(text: str) -> Any:
+    """A placeholder as prompt_toolkit draws it: dimmed, gone at the first key."""
+    from prompt_toolkit.formatted_text import FormattedText
+
+    return FormattedText([("fg:ansibrightblack", text)])
+
 
 def read_message(session: Any) -> str | None:
     """One user message; None at end of input. A line opening with three quotes (either kind) starts a
     message that runs until the same three quotes end a line."""
     try:
-        line = str(session.prompt("> "))
+        line = str(session.prompt("> ", placeholder=_hint(PLACEHOLDER)))
     except EOFError:
         return None
     opener = next((q for q in QUOTES if line.startswith(q)), None)
@@ -80,7 +91,7 @@ def read_message(session: Any) -> str | None:
     parts = [first]
     while True:
         try:
-            more = str(session.prompt(". "))
+            more = str(session.prompt(". ", placeholder=_hint(ALT_PLACEHOLDER)))
         except EOFError:
             break
         if more.endswith(opener):

@@ -9,7 +9,8 @@ if TYPE_CHECKING:
 
 
 class UsageError(Exception):
-    """A command line that parses but makes no sense (e.g. two sources for `package`); exit code 2."""
+    """A command line that parses but makes no sense (e.g. two sources for `package`): its message alone
+    on stderr, exit code 1, as DMR's main prints a verb's error."""
 
 
 class DmrArgs:
@@ -42,7 +43,7 @@ class DmrArgs:
     def count_error(self, prog: str, count: int) -> str | None:
         """DMR's text when `count` words do not fit the rule, with the command path as invoked."""
         if self.cobra is not None:
-            return _cobra_count_error(*self.cobra, count)
+            return cobra_count_error(*self.cobra, count)
         if not self.counted:
             return None
         wanted = len(self.names) if not self.at_least else 1
@@ -56,7 +57,7 @@ class DmrArgs:
         )
 
 
-def _cobra_count_error(kind: str, n: int, count: int) -> str | None:
+def cobra_count_error(kind: str, n: int, count: int) -> str | None:
     """The texts of cobra's args.go validators (ExactArgs, MinimumNArgs, MaximumNArgs)."""
     if kind == "exact" and count != n:
         return f"accepts {n} arg(s), received {count}"

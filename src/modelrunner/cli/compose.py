@@ -84,11 +84,11 @@ def _known(daemon: Any, model: str) -> bool:
 
 def _pull(daemon: Any, model: str) -> None:
     """Pull with progress as `info` lines (DMR's simple printer); an error ends the pull."""
-    from modelrunner.cli.distribution import DownloadTally, hf_token
+    from modelrunner.cli.distribution import DownloadTally, pull_events
     from modelrunner.errors import DaemonError
 
     tally = DownloadTally()
-    for event in daemon.pull(model, hf_token(model)):
+    for event in pull_events(daemon, model):
         kind = event.get("type")
         if kind == "error":
             raise DaemonError(500, str(event.get("message")))
@@ -114,11 +114,11 @@ def models_url(daemon: Any, explicit: bool) -> str:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from modelrunner import config
+    from modelrunner.cli.common import UsageError
     from modelrunner.errors import ModelRunnerError
 
-    if not args.model:
-        send("error", "options.model is required")
-        return 1
+    if not args.model:  # MarkFlagRequired("model"): cobra refuses before RunE, nothing on stdout
+        raise UsageError('required flag(s) "model" not set')
     send("info", "Initializing model runner...")
     try:
         daemon = client(quiet=True)
@@ -178,7 +178,9 @@ def cmd_down(_: argparse.Namespace) -> int:
 def add_commands(commands: Any) -> None:
     import argparse as _argparse
 
-    compose = commands.add_parser("compose", help=_argparse.SUPPRESS)  # hidden, as DMR's
+    # hidden, as DMR's: a parser added without `help` is left out of `model --help`'s list (argparse
+    # prints help=SUPPRESS as the word "==SUPPRESS==")
+    compose = commands.add_parser("compose")
     compose.add_argument("--project-name", help="compose project name (unused by model)")
     events = compose.add_subparsers(title="events", metavar="EVENT")
 

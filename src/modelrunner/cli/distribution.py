@@ -11,10 +11,13 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from modelrunner.cli.common import DmrArgs, client, takes
+
+if TYPE_CHECKING:
+    from modelrunner.client import Client
 
 # DMR's handleClientError messages for pull.go and push.go
 PULL_FAILURE = "Failed to pull model"
@@ -150,6 +153,38 @@ def render_transfer(
     return 1 if failed else 0
 
 
+def _answered_in_dmr_words(events: Iterator[Event], verb: str, model: str) -> Iterator[Event]:
+    """desktop.go Pull and Push: an answer other than 200 is `pulling X failed with status 404 Not Found:
+    BODY` (`pushing` for a push); the verb's handleClientError message goes before it."""
+    from modelrunner.cli.common import status_line
+    from modelrunner.errors import DaemonError
+
+    try:
+        yield from events
+    except DaemonError as exc:
+        if not exc.status_code:  # nothing answered: the client's own words
+            raise
+        message = f"{verb} {model} failed with status {status_line(exc.status_code)}: {exc.message}"
+        raise type(exc)(exc.status_code, message, exc.request_id) from None
+
+
+def pull_events(daemon: Client, model: str) -> Iterator[Event]:
+    """The daemon's pull of `model` (HF_TOKEN sent for Hugging Face), its refusal in DMR's words."""
+    return _answered_in_dmr_words(daemon.pull(model, hf_token(model)), "pulling", model)
+
+
+def pull_model(daemon: Client, model: str, as_json: bool = False) -> int:
+    """pull.go pullModel, for `pull` and `run`'s automatic pull: the progress, then the success message;
+    any failure after handleClientError's "Failed to pull model: ", exit code 1."""
+    from modelrunner.errors import DaemonError
+
+    try:
+        return render_transfer(pull_events(daemon, model), as_json, "pull", PULL_FAILURE)
+    except DaemonError as exc:
+        print(f"{PULL_FAILURE}: {exc.message}", file=sys.stderr)
+        return 1
+
+
 def hf_token(name: str) -> str | None:
     """DMR's CLI sends HF_TOKEN as the bearer token of Hugging Face pulls."""
     lowered = name.strip().lower()
@@ -159,16 +194,21 @@ def hf_token(name: str) -> str | None:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    return render_transfer(client().pull(args.model, hf_token(args.model)), args.json, "pull", PULL_FAILURE)
+    return pull_model(client(), args.model, args.json)
+
+
+def _push(model: str, as_json: bool) -> int:
+    events = _answered_in_dmr_words(client().push(model), "pushing", model)
+    return render_transfer(events, as_json, "push", PUSH_FAILURE)
 
 
 def cmd_push(args: argparse.Namespace) -> int:
     if args.sign_key is None:
-        return render_transfer(client().push(args.model), args.json, "push", PUSH_FAILURE)
+        return _push(args.model, args.json)
     from modelrunner.cli import trust
 
     key = trust.load_private_key(args.sign_key)  # a wrong password fails before anything moves
-    pushed = render_transfer(client().push(args.model), args.json, "push", PUSH_FAILURE)
+    pushed = _push(args.model, args.json)
     if pushed == 0:
         trust.sign_in_registry(args.model, key, client().get_model(args.model).id)
     return pushed

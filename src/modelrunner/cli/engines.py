@@ -115,6 +115,10 @@ def cmd_reinstall_runner(args: argparse.Namespace) -> None:
 
 
 def cmd_uninstall_runner(args: argparse.Namespace) -> None:
+    from modelrunner.cli.models import confirm_removing_every_model
+
+    if args.models and not confirm_removing_every_model(args.force):
+        return  # declined: nothing is removed
     daemon = client()
     result = daemon.uninstall_backend(args.backend)
     print(result["message"])
@@ -315,7 +319,10 @@ def add_commands(commands: Any) -> None:
 
     uninstall = commands.add_parser("uninstall-runner", help="Remove an installed inference engine.")
     uninstall.add_argument("--backend", default="llama.cpp", help="engine to remove (default llama.cpp)")
-    uninstall.add_argument("--models", action="store_true", help="also remove every model from the store")
+    uninstall.add_argument(
+        "--models", action="store_true", help="also remove every model from the store (asks first)"
+    )
+    uninstall.add_argument("-f", "--force", action="store_true", help="with --models: do not ask")
     uninstall.add_argument("--images", action="store_true", help="no effect: this model runner has no images")
     uninstall.set_defaults(handler=cmd_uninstall_runner)
 

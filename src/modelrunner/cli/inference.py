@@ -18,12 +18,14 @@ if TYPE_CHECKING:
     from modelrunner.client_types import Runner
 
 DEFAULT_KEEP_ALIVE = 300.0  # DMR's KeepAliveDefault, shown when a runner reports none
+COLOR_MODES = ("auto", "yes", "no")  # run.go's --color
+UNLOAD_USAGE = "(MODEL [MODEL ...] [--backend BACKEND] | --all)"  # unload.go's cmdArgs
 
 
 def ensure_model(daemon: Client, model: str) -> None:
-    """`run` pulls a model that is not in the store yet, as DMR's CLI does, showing the pull as `model pull`
-    does and stopping on its error (instead of a later, unrelated 404)."""
-    from modelrunner.cli.distribution import hf_token, render_transfer
+    """`run` pulls a model that is not in the store yet, as DMR's run.go does (its notice on stdout, then
+    pullModel as `model pull`), stopping on its error (instead of a later, unrelated 404)."""
+    from modelrunner.cli.distribution import pull_model
     from modelrunner.errors import DaemonError
 
     try:
@@ -32,8 +34,8 @@ def ensure_model(daemon: Client, model: str) -> None:
     except DaemonError as exc:
         if exc.status_code != 404:
             raise
-    print(f"Unable to find model '{model}' locally. Pulling from the server.", file=sys.stderr)
-    status = render_transfer(daemon.pull(model, hf_token(model)), False, "pull")
+    print(f"Unable to find model '{model}' locally. Pulling from the server.", flush=True)
+    status = pull_model(daemon, model)
     if status != 0:
         raise SystemExit(status)
 
@@ -69,6 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from modelrunner.cli.prompt_files import PromptFileError, user_message
     from modelrunner.cli.websearch import answerer
 
+    if args.color not in COLOR_MODES:  # run.go's PreRunE
+        raise UsageError(f"--color must be one of: {', '.join(COLOR_MODES)} (got {json.dumps(args.color)})")
     prompt = _prompt(args)
     if args.debug:
         print(f"Running model {args.model} with prompt {prompt}" if prompt else f"Running model {args.model}")
@@ -176,10 +180,19 @@ def cmd_ps(_: argparse.Namespace) -> None:
 
 
 def cmd_unload(args: argparse.Namespace) -> None:
+    """unload.go: its Args check in its words (the command path as invoked), then the unload."""
+    path = f"{args.prog} unload"
     if args.all and args.models:
-        raise UsageError("'model unload' does not take MODEL when --all is specified")
-    if not args.all and not args.models:
-        raise UsageError("'model unload' requires MODEL unless --all is specified")
+        problem = "does not take MODEL when --all is specified"
+    elif not args.all and not args.models:
+        problem = "requires MODEL unless --all is specified"
+    else:
+        problem = ""
+    if problem:
+        raise UsageError(
+            f"'{path}' {problem}.\n\nUsage:  {path} {UNLOAD_USAGE}\n\n"
+            f"See '{path} --help' for more information."
+        )
     count = client().unload(args.models, args.all, args.backend)
     if count:
         print(f"Unloaded {count} model(s).")
@@ -199,15 +212,53 @@ def _parse_bool(text: str) -> bool:
     return value
 
 
+def _configure_words_error(args: argparse.Namespace) -> str | None:
+    """configure.go's Args (exactly one model, before `--` when one is given), and `configure show`'s
+    cobra.MaximumNArgs(1); None when the words fit."""
+    from modelrunner.cli.common import cobra_count_error
+
+    if args.model == "show":
+        return cobra_count_error("max", 1, len(args.target))
+    words = [word for word in (args.model, *args.target) if word is not None]
+    if len(words) == 1:
+        return None
+    see = f"\n\nSee '{args.prog} configure --help' for more information"
+    if args.dashed:
+        return f"Exactly one model must be specified before --, got {len(words)}{see}"
+    listed = " ".join(words)  # Go's %v of the words
+    return f"Exactly one model must be specified, got {len(words)}: [{listed}]{see}"
+
+
+def _require_model(daemon: Client, model: str, prog: str) -> None:
+    """Settings for a model that is not in the store would be kept and never used (a typo goes unseen):
+    the CLI refuses them. DMR's daemon takes them (Scheduler.ConfigureRunner keys them by the name when
+    GetLocal fails), so an API client may still configure before it pulls; the check is the CLI's."""
+    from modelrunner.errors import DaemonError
+
+    try:
+        daemon.get_model(model)
+    except DaemonError as exc:
+        if exc.status_code != 404:
+            raise
+        print(
+            f"Failed to configure {model}: model not found (pull it first: {prog} pull {model})",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
+
+
 def cmd_configure(args: argparse.Namespace) -> None:
+    error = _configure_words_error(args)
+    if error is not None:
+        raise UsageError(error)
     daemon = client()
     if args.model == "show":
         from modelrunner.artifact import gojson
 
-        print(gojson.dumps_text([entry.raw for entry in daemon.configuration(args.target)], indent="  "))
+        target = args.target[0] if args.target else None
+        print(gojson.dumps_text([entry.raw for entry in daemon.configuration(target)], indent="  "))
         return
-    if args.target is not None:
-        raise UsageError(f"unexpected argument {args.target!r}; engine flags go after --")
+    _require_model(daemon, args.model, args.prog)
     flags = args.passthrough
     request: dict[str, Any] = {"model": args.model}
     if args.context_size is not None:
@@ -270,9 +321,7 @@ def add_commands(commands: Any) -> None:
     takes(run, DmrArgs("run", "MODEL [PROMPT]", "model", "prompt", at_least=True))
     run.add_argument("--backend", help="engine to use (llama.cpp, vllm, diffusers)")
     run.add_argument("-d", "--detach", action="store_true", help="load the model in the background only")
-    run.add_argument(
-        "--color", default="no", choices=["auto", "yes", "no"], help="use colored output (default no)"
-    )
+    run.add_argument("--color", default="no", help="use colored output: auto, yes or no (default no)")
     run.add_argument("--debug", action="store_true", help="say what is run")
     run.add_argument("--openaiurl", metavar="URL", help="chat with this OpenAI-compatible endpoint instead")
     run.add_argument("--max-tokens", type=int, metavar="N", help="stop the answer after N tokens")
@@ -297,8 +346,11 @@ def add_commands(commands: Any) -> None:
         help="Set a model's engine settings, all at once: what is left out is back to its default (kept "
         "across restarts); `configure show [MODEL]` lists them.",
     )
-    configure.add_argument("model", help="model name, tag or ID (or `show`); engine flags follow a --")
-    configure.add_argument("target", nargs="?", help="with `show`: only this model")
+    # the words are counted by configure.go's rule (cmd_configure), not by argparse
+    configure.add_argument(
+        "model", nargs="?", help="model name, tag or ID (or `show`); engine flags follow a --"
+    )
+    configure.add_argument("target", nargs="*", metavar="MODEL", help="with `show`: only this model")
     configure.add_argument(
         "--context-size", type=int, metavar="N", help="context size in tokens (-1: maximum)"
     )

@@ -95,8 +95,10 @@ def _package_steps(args: argparse.Namespace) -> None:
         _step("Creating builder from existing model")
     elif args.gguf is not None:
         _step(f"Adding GGUF file from {go_quote(_absolute(args.gguf) or '')}")
+        _require_file(args.gguf, "add gguf file")
     elif args.dduf is not None:
         _step(f"Adding DDUF file from {go_quote(_absolute(args.dduf) or '')}")
+        _require_file(args.dduf, "add dduf file")
     else:
         _step(
             f"Scanning directory {go_quote(_absolute(args.safetensors_dir) or '')} for safetensors model..."
@@ -105,10 +107,25 @@ def _package_steps(args: argparse.Namespace) -> None:
         _step(f"Setting context size {args.context_size}")
     for path in args.license:
         _step(f"Adding license file from {go_quote(_absolute(path) or '')}")
+        _require_file(path, "add license file")
     if args.chat_template:
         _step(f"Adding chat template file from {go_quote(_absolute(args.chat_template) or '')}")
+        _require_file(args.chat_template, f"add chat template file from path {go_quote(args.chat_template)}")
     if args.mmproj:
         _step(f"Adding multimodal projector file from {go_quote(_absolute(args.mmproj) or '')}")
+        _require_file(args.mmproj, "add multimodal projector file")
+
+
+def _require_file(path: str, what: str) -> None:
+    """package.go: a file its builder cannot open ends the command at that step, before anything is sent
+    to the daemon (RunE's "Failed to package model" line, then `package model: <what>: open PATH: ...`)."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        cause = (exc.strerror or str(exc)).lower()  # Go's syscall text: "no such file or directory"
+        shown = _absolute(path) or path
+        raise UsageError(f"Failed to package model\npackage model: {what}: open {shown}: {cause}") from None
 
 
 def _push_packaged(daemon: Client, args: argparse.Namespace) -> int:
@@ -266,9 +283,13 @@ def cmd_list(args: argparse.Namespace) -> int | None:
 
 
 def _verified_column(raw: dict[str, Any]) -> str:
-    """`ls --verified`: who signed what the store verified (signing/record.py), `-` when nothing was."""
+    """`ls --verified`: who signed what the store verified (signing/record.py), `-` when nothing was, and
+    whether the trust policy in force no longer trusts that signer."""
     verification = raw.get("verification")
-    return str(verification.get("signer", ""))[:19] if isinstance(verification, dict) else "-"
+    if not isinstance(verification, dict):
+        return "-"
+    signer = str(verification.get("signer", ""))[:19]
+    return f"{signer} (no longer trusted)" if verification.get("notTrusted") else signer
 
 
 def _inspected(name: str, fetch: Callable[[], T]) -> T:
@@ -341,9 +362,25 @@ def show_text(model: Model) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def _check_tag(target: str) -> None:
+    """tag.go: the target must parse as a tag (reference.NewTag) before the daemon is asked."""
+    import json
+
+    from modelrunner.errors import InvalidReference
+    from modelrunner.reference import parse_reference
+
+    try:
+        parsed = parse_reference(target)
+    except InvalidReference as exc:
+        raise UsageError(f"invalid tag: {exc}") from None
+    if parsed.digest is not None:
+        raise UsageError(f"invalid tag: reference {json.dumps(target)} is not a tag")
+
+
 def cmd_tag(args: argparse.Namespace) -> None:
     from modelrunner.errors import DaemonError
 
+    _check_tag(args.target)
     try:
         client().tag_model(args.source, args.target)
     except DaemonError as exc:
@@ -422,17 +459,27 @@ def _scanln() -> str:
     return words[0] if words else ""
 
 
+def confirm_removing_every_model(force: bool) -> bool:
+    """purge.go's question, unless `force`: True when the answer is `y` or `Y`; otherwise says the
+    operation is cancelled. Every verb that removes all models asks it (purge, stop-runner and
+    uninstall-runner with --models)."""
+    if force:
+        return True
+    print("WARNING! This will remove the entire models directory.")
+    print("Are you sure you want to continue? [y/N] ", end="", flush=True)
+    if _scanln() in ("y", "Y"):
+        return True
+    print("Operation cancelled.")
+    return False
+
+
 def cmd_purge(args: argparse.Namespace) -> None:
     """purge.go: asks unless --force (only `y` or `Y` goes on), unloads every model, purges, and prints
     nothing more; its failures in handleClientError's words."""
     from modelrunner.errors import DaemonError
 
-    if not args.force:
-        print("WARNING! This will remove the entire models directory.")
-        print("Are you sure you want to continue? [y/N] ", end="", flush=True)
-        if _scanln() not in ("y", "Y"):
-            print("Operation cancelled.")
-            return
+    if not confirm_removing_every_model(args.force):
+        return
     daemon = client()
     try:
         daemon.unload([], True, None)
@@ -475,7 +522,12 @@ def add_commands(commands: Any) -> None:
     package.set_defaults(handler=cmd_package)
 
     listing = commands.add_parser("list", aliases=["ls"], help="List the models in the local store.")
-    listing.add_argument("model", nargs="?", help="only models whose name contains this")
+    listing.add_argument(
+        "model",
+        nargs="?",
+        help="only this repository's models, as DMR matches them: the whole name, not a part of it "
+        "(`smollm2` is ai/smollm2; with :TAG only that tag)",
+    )
     listing.add_argument("--json", action="store_true", help="raw JSON of the API")
     listing.add_argument("-q", "--quiet", action="store_true", help="only model IDs")
     listing.add_argument("--openai", action="store_true", help="List models in an OpenAI format")

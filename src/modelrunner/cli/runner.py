@@ -62,6 +62,10 @@ def cmd_start_runner(args: argparse.Namespace) -> None:
 
 
 def cmd_stop_runner(args: argparse.Namespace) -> None:
+    from modelrunner.cli.models import confirm_removing_every_model
+
+    if args.models and not confirm_removing_every_model(args.force):
+        return  # declined: nothing is done, the runner keeps running
     if args.models:  # DMR: "Remove model storage volume"
         _purge_models()
     print("The model runner has stopped" if _stop_daemon() else "The model runner is not running")
@@ -142,7 +146,10 @@ def add_commands(commands: Any) -> None:
     start.set_defaults(handler=cmd_start_runner)
 
     stop = commands.add_parser("stop-runner", help="Stop the background daemon.")
-    stop.add_argument("--models", action="store_true", help="also remove every model from the store")
+    stop.add_argument(
+        "--models", action="store_true", help="also remove every model from the store (asks first)"
+    )
+    stop.add_argument("-f", "--force", action="store_true", help="with --models: do not ask")
     stop.set_defaults(handler=cmd_stop_runner)
     restart = commands.add_parser("restart-runner", help="Stop, then start the background daemon.")
     restart.set_defaults(handler=cmd_restart_runner)
