@@ -39,6 +39,8 @@ string, which a stream stops at the message's end), streamed as llama-server b11
 FAKE_NO_MESSAGE_START=1 that stream lacks its `message_start` (as llama-server b11434's does when its first
 tokens are an incomplete UTF-8 sequence). `/v1/messages/count_tokens` counts the 3 input tokens its
 messages report.
+`/v1/messages` streams the same script as `tool_use` and text blocks (the results read from `tool_result`
+blocks), as llama-server's own Messages route.
 FAKE_TOOLS_REJECT=1 answers any request with tools as llama-server does when the chat template cannot take
 them (500, a Jinja exception).
 """
@@ -200,6 +202,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/messages/count_tokens":
             self._json(200, {"input_tokens": INPUT_TOKENS})
             return
+        if self.path == "/v1/messages" and os.environ.get("FAKE_TOOL_CALL") and request.get("stream"):
+            self._tool_message_stream(request)
+            return
         if self.path == "/v1/messages":
             long_chunks = os.environ.get("FAKE_CHUNKS")  # a long answer, as on the chat route: t0 t1 ...
             default = "".join(f"t{i} " for i in range(int(long_chunks))) if long_chunks else "hi"
@@ -336,6 +341,49 @@ class Handler(BaseHTTPRequestHandler):
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
 
+    def _tool_message_stream(self, request: dict[str, Any]) -> None:
+        """The Messages API's `_tool_stream`: a `tool_use` block while the request has fewer than
+        FAKE_TOOL_ROUNDS `tool_result` blocks (and offers tools), else a text block quoting them, streamed
+        as llama-server streams them (the input in two `input_json_delta` fragments)."""
+        messages = request.get("messages") or []
+        blocks = [b for m in messages if isinstance(m.get("content"), list) for b in m["content"]]
+        results = [_block_text(b.get("content")) for b in blocks if b.get("type") == "tool_result"]
+        if request.get("tools") and len(results) < int(os.environ.get("FAKE_TOOL_ROUNDS", "1")):
+            arguments = os.environ.get("FAKE_TOOL_ARGS") or "{}"
+            name = os.environ["FAKE_TOOL_CALL"]
+            block = {"type": "tool_use", "id": f"toolu_{len(results)}", "name": name, "input": {}}
+            deltas = [{"type": "input_json_delta", "partial_json": part} for part in _halves(arguments)]
+            stop = "tool_use"
+        else:
+            block = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": "found: " + " | ".join(results)}]
+            stop = "end_turn"
+        usage = {"input_tokens": INPUT_TOKENS, "output_tokens": 5}
+        message: dict[str, Any] = {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": request.get("model"),
+            "content": [],
+            "stop_reason": None,
+            "usage": usage,
+        }
+        events: list[dict[str, Any]] = [
+            {"type": "message_start", "message": message},
+            {"type": "content_block_start", "index": 0, "content_block": block},
+            *({"type": "content_block_delta", "index": 0, "delta": delta} for delta in deltas),
+            {"type": "content_block_stop", "index": 0},
+            {"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 5}},
+            {"type": "message_stop"},
+        ]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in events:
+            self._chunk(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+        self._chunk(b"")
+
     def _message(self, request: dict[str, Any], text: str) -> None:
         thought = os.environ.get("FAKE_REASONING", "")
         thinking = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
@@ -426,6 +474,17 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         if framing == "close" and not data:
             self.close_connection = True  # the end of the connection is the end of the answer
+
+
+def _halves(text: str) -> list[str]:
+    return [text[: len(text) // 2], text[len(text) // 2 :]]
+
+
+def _block_text(content: Any) -> str:
+    """A `tool_result`'s content: a string, or text blocks."""
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content)
 
 
 def _reasoning(text: str | None) -> dict[str, str]:

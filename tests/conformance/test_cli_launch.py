@@ -50,7 +50,8 @@ def launch_env(tmp_path: Path, url: str, *apps: str, **extra: str) -> dict[str, 
         script = bin_dir / app
         script.write_text(APP_SCRIPT)
         script.chmod(0o755)
-    return cli_env(tmp_path, url, PATH=str(bin_dir), HOME=str(home), LAUNCH_DUMP=str(dump), **extra)
+    xdg = {"XDG_CONFIG_HOME": "", "XDG_STATE_HOME": "", **extra}  # unset: OpenCode's files under HOME
+    return cli_env(tmp_path, url, PATH=str(bin_dir), HOME=str(home), LAUNCH_DUMP=str(dump), **xdg)
 
 
 def recorded(tmp_path: Path, app: str) -> dict[str, Any]:
@@ -367,8 +368,8 @@ def test_a_model_that_cannot_be_pulled_stops_the_launch(fake_daemon: InProcessDa
     for app in ("opencode", "claude"):
         failed = run_cli(env, "launch", app, "--model", f"127.0.0.1:{free_port()}/nowhere/model:v1")
         assert failed.returncode == 1, app
-        lines = failed.stderr.strip().splitlines()
-        assert lines[0].startswith("Unable to find model") and lines[-1].startswith("Error: "), app
+        assert failed.stdout.startswith("Unable to find model"), app
+        assert failed.stderr.startswith("Failed to pull model: "), app  # desktop.go's words
     assert not any((tmp_path / "dump").iterdir())
     assert not (tmp_path / "user" / ".config").exists()
 
@@ -480,3 +481,18 @@ def test_agents_get_the_models_context_window(fake_daemon: InProcessDaemon, tmp_
     )
     assert KEY not in (codex_home / "config.toml").read_text()  # the key stays in the environment
     assert not any((tmp_path / "user" / ".codex").iterdir())
+
+
+def test_opencode_files_where_opencode_reads_them(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    """Beyond DMR (which writes under ~ whatever XDG says): with XDG_CONFIG_HOME and XDG_STATE_HOME set,
+    OpenCode reads its config and state there (xdg-basedir), so `launch` writes them there."""
+    config_home, state_home = tmp_path / "xdg-config", tmp_path / "xdg-state"
+    xdg = {"XDG_CONFIG_HOME": str(config_home), "XDG_STATE_HOME": str(state_home)}
+    env = launch_env(tmp_path, fake_daemon.url, "opencode", **xdg)
+    ran = run_cli(env, "launch", "opencode", "--model", "tiny")
+    assert ran.returncode == 0, ran.stderr
+    config = json.loads((config_home / "opencode" / "opencode.json").read_text())
+    assert config["provider"]["dmr"]["models"] == {"tiny": {"name": "tiny", "_launch": True}}
+    state = json.loads((state_home / "opencode" / "model.json").read_text())
+    assert state["recent"] == [{"providerID": "dmr", "modelID": "tiny"}]
+    assert not (tmp_path / "user" / ".config").exists()

@@ -1,11 +1,13 @@
 """OpenCode's files that `model launch opencode --model M` writes, as DMR's `cmd/cli/commands/opencode.go`
 does: the `dmr` provider and the model in ~/.config/opencode/opencode.json, the model first among the recent
-ones in ~/.local/state/opencode/model.json. Whatever else the user keeps there is left as it is; the files
+ones in ~/.local/state/opencode/model.json (in $XDG_CONFIG_HOME and $XDG_STATE_HOME when set, where OpenCode
+reads them). Whatever else the user keeps there is left as it is; the files
 are written as Go re-encodes them (every object's keys sorted, two-space indent, no final newline)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +33,19 @@ def _write(path: Path, value: dict[str, Any]) -> None:
     )  # in place, as os.WriteFile: a symlinked file stays one
 
 
+def _xdg(variable: str, default: str) -> Path:
+    """An XDG base folder as OpenCode finds it (xdg-basedir): the variable when set, else ~/`default`.
+    DMR writes under ~ whatever the variable says, where OpenCode does not look when it is set."""
+    value = os.environ.get(variable, "")
+    return Path(value) if value else Path.home() / default
+
+
 def config_path() -> Path:
-    return Path.home() / ".config" / "opencode" / "opencode.json"
+    return _xdg("XDG_CONFIG_HOME", ".config") / "opencode" / "opencode.json"
 
 
 def state_path() -> Path:
-    return Path.home() / ".local" / "state" / "opencode" / "model.json"
+    return _xdg("XDG_STATE_HOME", ".local/state") / "opencode" / "model.json"
 
 
 def write_config(runner_url: str, model: str) -> None:
