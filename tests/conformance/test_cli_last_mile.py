@@ -18,6 +18,7 @@ is the CLI's).
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,3 +291,18 @@ def test_the_chat_prompt_shows_dmrs_hint(endpoint: OpenAIEndpoint, tmp_path: Pat
         if term.process.poll() is None:
             term.process.kill()
     assert [r["body"]["messages"] for r in endpoint.requests] == [[{"role": "user", "content": "hello"}]]
+
+
+# -- piped stdin ----------------------------------------------------------------------------------------
+
+
+def test_piped_stdin_is_trimmed_as_dmr_sends_it(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:
+    """run.go appends stdin as it is (the --debug line shows its last newline), then chatWithMarkdownContext
+    sends processImagesInPrompt's strings.TrimSpace of it: the engine gets no trailing newline, in DMR too."""
+    env = cli_env(tmp_path, fake_daemon.url)
+    result = run_cli(env, "run", "--debug", "tiny", stdin="line one\nline two\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Running model tiny with prompt line one\nline two\n\n")
+    [listing] = fake_daemon.http("GET", "/engines/requests", params={"model": "tiny"}).json()
+    sent = json.loads(listing["records"][-1]["request"])
+    assert sent["messages"] == [{"role": "user", "content": "line one\nline two"}]
