@@ -71,6 +71,14 @@ def test_an_unknown_verb_through_docker(fake_daemon: InProcessDaemon, tmp_path: 
     assert result.stderr.endswith("Run 'docker model --help' for usage.\n")
 
 
+def test_help_is_cobras_help_command(tmp_path: Path) -> None:
+    """cobra adds `help [COMMAND]`: not an unknown verb, but the help of the root or of that command."""
+    env = closed(tmp_path)
+    assert run_cli(env, "help").stdout == run_cli(env, "--help").stdout
+    listed = run_cli(env, "help", "ls")
+    assert (listed.returncode, listed.stdout) == (0, run_cli(env, "ls", "--help").stdout)
+
+
 def test_hidden_verbs_are_not_suggested() -> None:
     """`compose` is hidden (DMR's c.Hidden): cobra suggests no hidden command."""
     assert "compose" not in unknown_command("compse", "model")

@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None, prog: str = "model") -> None:
     if dashed:
         at = words.index("--")
         words, passthrough = words[:at], words[at + 1 :]
+    if words[:1] == ["help"]:  # cobra's own `help [COMMAND]`: that command's --help
+        words = [*words[1:2], "--help"]
     # the verb comes first (the top level's options, --help and --version, take no value)
     verb = words[0] if words and not words[0].startswith("-") else None
     parser = build_parser(prog, verb)
