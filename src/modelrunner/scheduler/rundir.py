@@ -50,16 +50,13 @@ def ensure_private_dir(path: Path) -> Path:
         st = os.lstat(path)
     except OSError as exc:
         raise UnsafeRuntimeDir(f"cannot use the runtime directory {path}: {exc.strerror}") from None
-    uid = os.geteuid()
     problem = None
     if stat.S_ISLNK(st.st_mode):
         problem = "is a symbolic link"
     elif not stat.S_ISDIR(st.st_mode):
         problem = "is not a directory"
-    elif st.st_uid != uid:
-        problem = f"belongs to uid {st.st_uid}, not to this user (uid {uid})"
-    elif st.st_mode & 0o022:
-        problem = f"may be written by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    else:
+        problem = not_private(st)
     if problem is not None:
         raise UnsafeRuntimeDir(
             f"refusing the runtime directory {path}: it {problem}; another user may have made it. "
@@ -68,6 +65,18 @@ def ensure_private_dir(path: Path) -> Path:
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700)
     return path
+
+
+def not_private(st: os.stat_result, root_too: bool = False) -> str | None:
+    """Why a file or directory others could change must not be relied on: it belongs to another user (root
+    is accepted where `root_too`: root may change anything anyway), or others may write in it; None when it
+    is this user's own."""
+    uid = os.geteuid()
+    if st.st_uid != uid and not (root_too and st.st_uid == 0):
+        return f"belongs to uid {st.st_uid}, not to this user (uid {uid})"
+    if st.st_mode & 0o022:
+        return f"may be written by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
 
 
 def write_private_file(path: Path, data: bytes) -> None:

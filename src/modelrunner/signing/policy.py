@@ -1,7 +1,7 @@
 """The trust policy: which keys (or keyless identities: signing/keyless.py) must have signed a model, by
 reference pattern, and what a missing or bad signature does (`enforce` refuses, `warn` says so, `off` does
 not look). One JSON file in the runner home, written by `model trust set/rm`, read by the daemon on every
-pull.
+pull and load; a file (or folder) that another user owns or may write in is refused, not obeyed.
 
 Patterns match normalised references without tag or digest (`docker.io/myorg/model`), `*` matching any
 characters (`/` included): `docker.io/myorg/*`, `hf.co/*`, `*`. The longest matching pattern wins.
@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from modelrunner.errors import BadRequest, InvalidReference, ModelRunnerError
 from modelrunner.reference import Reference, parse_reference
+from modelrunner.scheduler.rundir import not_private
 from modelrunner.signing import keys
 
 POLICY_FILE = "trust-policy.json"
@@ -130,6 +132,7 @@ def load_rules(path: Path) -> list[Rule]:
     """The rules of a policy file ([] when there is none); InvalidPolicy for a file that does not hold."""
     try:
         with open(path, "rb") as handle:
+            _refuse_if_others_may_change(path, os.fstat(handle.fileno()))
             data = handle.read(MAX_POLICY_BYTES + 1)
     except FileNotFoundError:
         return []
@@ -146,10 +149,26 @@ def load_rules(path: Path) -> list[Rule]:
     return [_rule(raw, i) for i, raw in enumerate(document["rules"])]
 
 
+def _refuse_if_others_may_change(path: Path, st: os.stat_result) -> None:
+    """A policy (or its folder) that another user could write is refused, never obeyed: its rules could be
+    theirs. Refused rather than ignored, since an ignored policy would enforce nothing. The runtime
+    directory's rule (scheduler/rundir.py), root's files accepted besides the daemon user's."""
+    folder = path.parent
+    problem = not_private(st, root_too=True)
+    if problem is None:
+        problem = not_private(os.stat(folder), root_too=True)
+        path = folder
+    if problem is not None:
+        raise InvalidPolicy(
+            f"refusing the trust policy: {path} {problem}, so another user could have changed it; "
+            "make it yours alone (chown, chmod go-w) or remove it and set the rules again"
+        )
+
+
 def save_rules(path: Path, rules: list[Rule]) -> None:
     from modelrunner.fileio import write_file_atomic
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)  # not group-writable, whatever the umask
     document = {"rules": [rule.to_json() for rule in sorted(rules, key=lambda r: r.pattern)]}
     write_file_atomic(path, json.dumps(document, indent=2).encode() + b"\n")
 
