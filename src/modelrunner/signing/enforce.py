@@ -10,6 +10,8 @@ manifest names.
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 
 from modelrunner import config
 from modelrunner.distribution.progress import ProgressReporter
@@ -24,9 +26,16 @@ from modelrunner.signing.registry import Verified, read_signatures, verify_signa
 log = logging.getLogger(__name__)
 
 
-def check_pull(pull: RegistryPull, reporter: ProgressReporter) -> Verified | None:
+@dataclass(frozen=True)
+class CheckedPull:
+    verified: Verified
+    started_ns: int  # before any blob was stored: a blob file whose ctime is older was not written by it
+
+
+def check_pull(pull: RegistryPull, reporter: ProgressReporter) -> CheckedPull | None:
     """Apply the policy to a resolved pull; raises UntrustedModel where the rule enforces. The verified
     signature, if one was checked and held."""
+    started_ns = time.time_ns()
     rule = rule_for(load_rules(policy_path(config.runner_home())), pull.reference)
     if rule is None or rule.mode == "off":
         return None
@@ -44,7 +53,7 @@ def check_pull(pull: RegistryPull, reporter: ProgressReporter) -> Verified | Non
         return None
     log.info("pull of %s@%s: signature verified, signer %s", reference.name, digest, verified.signer)
     reporter.status(f"Signature verified: signed by {verified.signer}")
-    return verified
+    return CheckedPull(verified, started_ns)
 
 
 def verify_for_rule(client: RegistryClient, reference: Reference, digest: str, rule: Rule) -> Verified:
@@ -80,7 +89,9 @@ def check_unsigned_source(reference: Reference, reporter: ProgressReporter) -> N
     reporter.warning(f"{message} (trust policy mode warn: pulling anyway)")
 
 
-def record_pull(pull: RegistryPull, verified: Verified | None) -> None:
-    """After the blobs are in the store: keep what was verified, for the check before each load."""
-    if verified is not None:
-        record_verification(pull.store, pull.store.get(pull.model_id), verified)
+def record_pull(pull: RegistryPull, checked: CheckedPull | None) -> None:
+    """After the blobs are in the store: keep what was verified, for the check before each load (the blob
+    files the pull found in the store hashed first)."""
+    if checked is not None:
+        model = pull.store.get(pull.model_id)
+        record_verification(pull.store, model, checked.verified, checked.started_ns)

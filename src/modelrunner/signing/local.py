@@ -1,7 +1,8 @@
 """`model verify --local`: a model in the store checked offline, against the signature its verified pull
 kept (signing/record.py), by the same rules as a registry's (signing/registry.py verify_signatures).
-`deep` hashes every blob file again and compares it with its digest; without it, the blob files must be as
-they were when verified (the check before a load).
+`deep` hashes every blob file again and compares it with its digest, then records the files as they are
+(a ctime moved by a hard link no longer stops a load); without it, the blob files must be as they were when
+verified (the check before a load).
 """
 
 from __future__ import annotations
@@ -9,11 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from modelrunner.errors import InvalidReference
-from modelrunner.fileio import hash_file
 from modelrunner.reference import Reference, parse_reference
 from modelrunner.signing import keys
 from modelrunner.signing.payload import InvalidSignature
-from modelrunner.signing.record import problem_before_load, read_record
+from modelrunner.signing.record import (
+    blob_hash_problem,
+    problem_before_load,
+    read_record,
+    record_blobs_as_they_are,
+)
 from modelrunner.signing.registry import verify_signatures
 from modelrunner.store.store import ModelStore, StoredModel
 
@@ -28,16 +33,6 @@ def _reference(name: str, model: StoredModel, signed_for: str) -> Reference:
         except InvalidReference:
             raise InvalidSignature("the kept signature names no valid reference") from None
     return parse_reference(name)
-
-
-def _blobs_hash_to_their_digests(store: ModelStore, model: StoredModel) -> None:
-    for blob in model.manifest.blobs:
-        try:
-            digest, size = hash_file(store.layout.blob_path(blob.digest), "blob")
-        except OSError:
-            raise InvalidSignature(f"blob {blob.digest[:19]} is missing from the store") from None
-        if digest != blob.digest or size != blob.size:
-            raise InvalidSignature(f"blob {blob.digest[:19]} does not hash to its digest any more")
 
 
 def verify_stored(store: ModelStore, name: str, public_pems: list[str], deep: bool) -> dict[str, Any]:
@@ -57,7 +52,10 @@ def verify_stored(store: ModelStore, name: str, public_pems: list[str], deep: bo
     reference = _reference(name, model, record.docker_reference)
     verified = verify_signatures([kept], reference, model.id, public_keys)
     if deep:
-        _blobs_hash_to_their_digests(store, model)
+        hashed = blob_hash_problem(store, model)
+        if hashed is not None:
+            raise InvalidSignature(hashed)
+        record_blobs_as_they_are(store, model, record)  # what the check before a load compares with
     else:
         problem = problem_before_load(store, model)
         if problem is not None:
