@@ -108,7 +108,7 @@ def test_export_and_load_round_trip(daemon: Daemon, tiny_gguf: Path, tmp_path: P
         (["package", "--gguf", "a.gguf", "--dduf", "b.dduf", "x"], 1, "Cannot specify more than one of"),
         (["package", "--gguf", "a.gguf", "--context-size", "abc", "x"], 2, "invalid int value"),
         (["package", "--gguf", "a.gguf", "--context-size", "0", "x"], 1, "positive"),
-        (["package", "--gguf", "/nonexistent.gguf", "x"], 1, "not found"),
+        (["package", "--gguf", "/nonexistent.gguf", "x"], 1, "open /nonexistent.gguf: no such file"),
         (["package", "--gguf", "/dev/null", "Bad..Name"], 1, "invalid"),
         (["inspect", "ai/absent"], 1, "Failed to get model ai/absent: ai/absent: model not found"),
         (["tag", "absent", "x"], 1, "model not found"),
