@@ -346,6 +346,10 @@ class Upstream(asyncio.Protocol):
         # llama-server sends a stream's head as its prefill starts: keep-alive comments go until its first
         # chunk (server/keepalive.py), written by the C relay when it takes the body from here
         prefill = new_head and not body and request.event_stream and chunks and not reader.complete
+        if prefill:
+            assert request.client is not None and request.front is not None
+            if request.front.early:  # a seam: the early head's comments end, the prefill's follow at once
+                request.client.write(request.front.silent_pings()[0])
         request.sent += len(body)
         if request.record is not None and spans:
             request.record.tee(body_of(spans, data))  # the data, unframed

@@ -184,12 +184,11 @@ class InferenceHandler:
             out, streaming = client_headers(call.headers)
             await send({"type": "http.response.start", "status": call.status, "headers": out})
             started = True
-            if streaming and prepared.request.tools is not None:
-                async for event in rescued_events(call):
-                    await send({"type": "http.response.body", "body": event, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                return
-            async for chunk in call.relayed():
+            rescued = streaming and prepared.request.tools is not None
+            chunks = rescued_events(call) if rescued else call.relayed()
+            if streaming:  # a prefill after the engine's head: comments until its first events
+                chunks = keepalive.pinged(chunks, keepalive.SSE_COMMENT, keepalive.interval())
+            async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 tail = chunk[-2:] if len(chunk) >= 2 else tail[-1:] + chunk
             await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,16 +1,20 @@
 """Keep-alive for a stream that waits: queued behind another request, its model loading, a long prefill.
 
-Agents' clients and the gateways between them drop a connection that stays silent too long. Anthropic's
-streams carry `event: ping`; an SSE comment line is what every SSE client skips (OpenAI's SDKs, and the
-Responses stream's). Ollama's NDJSON has no line a client would skip, so its streams get none (as Ollama's
-own). The HTTP front (server/front.py) does the same for the OpenAI streams it relays: its head and
-comments, as chunks, until the engine's first bytes, whose own head is then not passed on.
+Agents' clients and the gateways between them drop a connection that stays silent too long (OpenCode:
+300 s). Anthropic's streams carry `event: ping`; an SSE comment line is what every SSE client skips
+(OpenAI's SDKs, and the Responses stream's). Ollama's NDJSON has no line its clients skip (the `ollama`
+Python client parses every line, an empty one included, as JSON), so its ping is a piece of the answer
+with no text (server/ollama_serving.py), as Ollama's own streams carry where a token holds no text. The
+HTTP front (server/front.py) does the same for the OpenAI streams it relays: its head and comments, as
+chunks, until the engine's first bytes, whose own head is then not passed on.
 
 The status of a stream is the engine's as long as possible: the engine call is given `interval()` seconds
 to start (a refusal within them, a prompt over the context included, is still an HTTP error); after that
 the stream's head goes out, pings follow every interval until the engine answers, and a refusal that
 comes later is the stream's error event. Once the engine streams, a ping goes between events whenever it
-has been silent for an interval (a prefill behind a head sent early).
+has been silent for an interval (a prefill behind a head sent early). Where the pings change hands (the
+engine's head ends an early head's pings, which the engine's stream's own then follow) a ping goes at
+once: no silence is longer than an interval, a seam included.
 
 What a head sent early says: `X-Modelrunner-Constraint` is known before a runner is acquired (which engine
 serves the model, so whether it gets the grammar, follows from the model and the backend asked for), so it
@@ -42,6 +46,8 @@ ENV = "MODEL_RUNNER_STREAM_KEEPALIVE"
 DEFAULT_INTERVAL = 10.0
 ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 SSE_COMMENT = b": keep-alive\n\n"
+SSE_BOUNDARY = b"\n\n"  # where an event ends
+NDJSON_BOUNDARY = b"\n"  # where an Ollama line ends
 
 
 def interval() -> float:
@@ -96,9 +102,11 @@ async def waiting(
     every: float,
     failed: Callable[[ModelRunnerError], bytes],
     close: Callable[[T], Coroutine[Any, Any, None]],
+    boundary: bytes = SSE_BOUNDARY,
 ) -> AsyncIterator[bytes]:
     """A stream whose head goes out before its engine answered: pings while `task` runs, then `answer`'s
-    bytes (pinged); a start that fails ends the stream with `failed`'s event."""
+    bytes (pinged, the first ping at once: a seam); a start that fails ends the stream with `failed`'s
+    event."""
     try:
         while not task.done():
             yield ping
@@ -110,17 +118,21 @@ async def waiting(
     finally:
         if not task.done():  # the client left (or the daemon stops) while it waited
             await discard(task, close)
-    async for chunk in pinged(answer(started), ping, every):
+    yield ping
+    async for chunk in pinged(answer(started), ping, every, boundary):
         yield chunk
 
 
-async def pinged(chunks: AsyncIterator[bytes], ping: bytes, every: float) -> AsyncIterator[bytes]:
-    """`chunks` as they come, with `ping` between events whenever none came for `every` seconds."""
+async def pinged(
+    chunks: AsyncIterator[bytes], ping: bytes, every: float, boundary: bytes = SSE_BOUNDARY
+) -> AsyncIterator[bytes]:
+    """`chunks` as they come, with `ping` between events (after bytes that end with `boundary`) whenever
+    none came for `every` seconds."""
     if not every:
         async for chunk in chunks:
             yield chunk
         return
-    tail = b"\n\n"  # the last bytes passed on: a ping goes only where an event ended
+    tail = boundary  # the last bytes passed on: a ping goes only where an event ended
     pending: asyncio.Future[bytes] | None = None
     try:
         while True:
@@ -128,7 +140,7 @@ async def pinged(chunks: AsyncIterator[bytes], ping: bytes, every: float) -> Asy
                 pending = asyncio.ensure_future(anext(chunks))
             done, _ = await asyncio.wait({pending}, timeout=every)
             if not done:
-                if tail.endswith(b"\n\n"):
+                if tail.endswith(boundary):
                     yield ping
                 continue
             next_chunk, pending = pending, None
@@ -137,7 +149,7 @@ async def pinged(chunks: AsyncIterator[bytes], ping: bytes, every: float) -> Asy
             except StopAsyncIteration:
                 return
             yield chunk
-            tail = (tail + chunk)[-2:]
+            tail = (tail + chunk)[-len(boundary) :]
     finally:
         if pending is not None:
             pending.cancel()
@@ -205,6 +217,9 @@ class EarlyHead:
                 self.answered = True
                 self.status = message["status"]
                 if self.early:
+                    if self.status == 200:  # a seam: the stream's own pings follow from here
+                        comment = {"type": "http.response.body", "body": SSE_COMMENT, "more_body": True}
+                        await self.send(comment)
                     return
             if not self.early or self.status == 200:
                 await self.send(message)

@@ -11,11 +11,12 @@ answers, like the OpenAI routes' `keep_alive` extension.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import anyio.to_thread
 
@@ -26,7 +27,7 @@ from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import NEVER, parse_keep_alive
 from modelrunner.scheduler.settings import ModelSettings
-from modelrunner.server import capabilities, embed_truncation
+from modelrunner.server import capabilities, embed_truncation, keepalive
 from modelrunner.server.distribution_api import wait_started
 from modelrunner.server.engine_request import call_engine
 from modelrunner.server.lifecycle import Inference
@@ -179,9 +180,10 @@ class OllamaServing:
         self, kind: Kind, name: str, path: str, body: Document, keep_alive: float | None, stream: bool
     ) -> Document | LineStream:
         started = time.monotonic()
-        call = await call_engine(self.ctx, name, path, body, Mode.COMPLETION, keep_alive)
+        start = call_engine(self.ctx, name, path, body, Mode.COMPLETION, keep_alive)
         if stream:
-            return LineStream(_stream(kind, name, call, started))
+            return await _streamed(kind, name, start, started)
+        call = await start
         try:
             answer = await call.json()
         finally:
@@ -282,23 +284,50 @@ class OllamaServing:
         return await _transfer(job, body.stream, "retrieving manifest")
 
 
+def _piece(kind: Kind, name: str, text: str, thinking: str, tool_calls: list[Document] | None) -> Document:
+    """A line of an answer in the making, as Ollama streams it."""
+    out: Document = {"model": name, "created_at": shapes.now_text()}
+    if kind == "chat":
+        out["message"] = {"role": "assistant", "content": text}
+        if thinking:
+            out["message"]["thinking"] = thinking
+        if tool_calls:
+            out["message"]["tool_calls"] = tool_calls
+    else:
+        out["response"] = text
+        if thinking:
+            out["thinking"] = thinking
+    return out | {"done": False}
+
+
+async def _streamed(
+    kind: Kind, name: str, start: Coroutine[Any, Any, EngineCall], started: float
+) -> LineStream:
+    """The stream of a started engine call, with a keep-alive line while the engine is silent (its model
+    loading, a prefill: server/keepalive.py): a piece with no text, which Ollama's clients add to the
+    answer as nothing (an empty line would fail the `ollama` client's JSON parse)."""
+    every = keepalive.interval()
+    begun = await keepalive.within(start, every, EngineCall.close)
+    ping = _line(_piece(kind, name, "", "", None))
+
+    def lines(call: EngineCall) -> AsyncIterator[bytes]:
+        return _stream(kind, name, call, started)
+
+    def failed(exc: ModelRunnerError) -> bytes:
+        return _line({"error": exc.message})
+
+    boundary = keepalive.NDJSON_BOUNDARY
+    if isinstance(begun, asyncio.Task):  # the stream's head goes out now, pings while it waits
+        return LineStream(keepalive.waiting(begun, lines, ping, every, failed, EngineCall.close, boundary))
+    return LineStream(keepalive.pinged(lines(begun), ping, every, boundary))
+
+
 async def _stream(kind: Kind, name: str, call: EngineCall, started: float) -> AsyncIterator[bytes]:
     """The engine's chat-completion chunks as Ollama's NDJSON lines; an engine that fails mid-stream
     ends it with an `{"error": ...}` line (the status is sent already)."""
 
     def piece(text: str, thinking: str, tool_calls: list[Document] | None) -> Document:
-        out: Document = {"model": name, "created_at": shapes.now_text()}
-        if kind == "chat":
-            out["message"] = {"role": "assistant", "content": text}
-            if thinking:
-                out["message"]["thinking"] = thinking
-            if tool_calls:
-                out["message"]["tool_calls"] = tool_calls
-        else:
-            out["response"] = text
-            if thinking:
-                out["thinking"] = thinking
-        return out | {"done": False}
+        return _piece(kind, name, text, thinking, tool_calls)
 
     calls = shapes.ToolCallAccumulator()
     finish: str | None = None
