@@ -247,18 +247,17 @@ class FrontProtocol(asyncio.Protocol):
             exchange.client_left()  # its engine connection closes: the engine stops generating
 
     def eof_received(self) -> bool | None:
-        """The client shut its side: while its request for a stream is answered, a half-close (the answer
-        goes on; a full close is seen when a write fails); for a whole answer, only when the client is on
-        this machine and still holds its socket (watched until it lets go); otherwise it left
-        (server/handed_over.py says why)."""
+        """The client shut its side while its request is answered: a half-close (the answer goes on) only
+        when the client is on this machine and still holds its socket (watched until it lets go);
+        otherwise it left, streamed or not, and its engine's work stops now (server/handed_over.py says
+        why)."""
         answering = self.answering
         if answering is None or answering.exchange is None or self.transport is None:
             return None  # closed: connection_lost ends the request
-        if not asks_for_stream(answering.request.path, answering.body):
-            peer, local = self.transport.get_extra_info("peername"), self.transport.get_extra_info("sockname")
-            self.half_close = watch_half_close(self.loop, peer, local, self.transport.close)
-            if self.half_close is None:
-                return None
+        peer, local = self.transport.get_extra_info("peername"), self.transport.get_extra_info("sockname")
+        self.half_close = watch_half_close(self.loop, peer, local, self.transport.close)
+        if self.half_close is None:
+            return None
         self.closing = True  # nothing more can come: close once answered
         return True
 

@@ -5,14 +5,14 @@ two of the front's own rules about the client's side of a connection:
   announced one) is answered 408 and its connection closed: uvicorn alone would wait for the rest forever.
   Time in which the application does not read the body (uvicorn stops reading the socket then, or has not
   yet sent the `100 Continue` the client waits for) is not the client's: the wait starts again when it reads.
-* a client that shuts its side of the connection (EOF) after a request for a stream still gets the answer:
-  a half-close. A full close looks the same until a write fails, which each streamed event does at once.
-  After a request for a whole answer nothing is written before the answer is done, so a client that closed
-  (its own timeout, say) would hold its runner for the whole generation, the very thing the disconnect
-  tests (tests/integration/test_disconnect.py) forbid. There EOF is a half-close only for a client on this
-  machine that still holds its socket (server/localuser.py reads that from the kernel), watched every
-  HALF_CLOSE_CHECK_SECONDS until it lets go or is answered (`watch_half_close`); for any other client EOF
-  means it left, as DMR (Go's net/http) and nginx take it.
+* a client that shuts its side of the connection (EOF) while its request is answered: a half-close and a
+  full close look the same until a write fails, and before the first token nothing may be written for
+  minutes (a whole answer; a stream's prefill, between keep-alives), so a client that closed (its own
+  timeout, say) would hold its runner and its engine's work for nobody, the very thing the disconnect tests
+  (tests/integration/test_disconnect.py, test_prefill_cancel.py) forbid. So EOF is a half-close only for a
+  client on this machine that still holds its socket (server/localuser.py reads that from the kernel),
+  watched every HALF_CLOSE_CHECK_SECONDS until it lets go or is answered (`watch_half_close`); for any
+  other client EOF means it left, streamed or not, as DMR (Go's net/http) and nginx take it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from modelrunner.server.localuser import client_holds_socket
 HALF_CLOSE_CHECK_SECONDS = 1.0  # how often a half-closed client of a whole answer is looked at again
 REQUEST_STALL_SECONDS = 60.0  # a request whose bytes stop coming for this long is answered 408
 STALLED = "the request was not received in full: its bytes stopped coming"
-_BODY_KEPT = 1024 * 1024  # of a request's body, to read its `stream` field at EOF; beyond: its API's default
 
 
 def stalled_answer() -> bytes:
@@ -114,7 +113,6 @@ class HandedOver(HttpToolsProtocol):
         self.receiving = False  # a request's bytes are arriving: from its first byte to its body's end
         self.progress = 0.0  # time.monotonic() of the last of them (or of the application's last read)
         self.stall: asyncio.TimerHandle | None = None
-        self.body_kept = bytearray()
         self.half_close: HalfClose | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -133,14 +131,8 @@ class HandedOver(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:  # at a request's first byte
         super().on_message_begin()
-        self.body_kept = bytearray()
         self.receiving = True
         self._arm_stall()
-
-    def on_body(self, body: bytes) -> None:
-        super().on_body(body)
-        if len(self.body_kept) < _BODY_KEPT:
-            self.body_kept += body[: _BODY_KEPT - len(self.body_kept)]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -151,11 +143,9 @@ class HandedOver(HttpToolsProtocol):
         cycle = self.cycle
         if self.receiving or cycle is None or cycle.response_complete:
             return None  # idle, or half a request that cannot be completed now: close
-        path = self.url.partition(b"?")[0].decode("latin-1")
-        if not asks_for_stream(path, self.body_kept):
-            self.half_close = watch_half_close(self.loop, self.client, self.server, self.transport.close)
-            if self.half_close is None:
-                return None  # see the module's doc: the client left
+        self.half_close = watch_half_close(self.loop, self.client, self.server, self.transport.close)
+        if self.half_close is None:
+            return None  # see the module's doc: the client left
         cycle.keep_alive = False  # nothing more can come: close once answered
         return True
 
