@@ -2,8 +2,9 @@
 
 Single-flight loads (concurrent first requests start one process), in-flight reference counts,
 keep-alive timers, least-recently-used eviction of idle runners to respect a cap on loaded runners and a
-memory budget, a bounded wait queue, and a watchdog that ends engines that stop answering while requests
-wait on them. Knows engines only through engines/base.py.
+memory budget, a wait queue (first come first served across models, bounded in length and in time; a
+request whose client left is cancelled, and leaves it at once), and a watchdog that ends engines that
+stop answering while requests wait on them. Knows engines only through engines/base.py.
 
 A runner that is retired (evicted, unloaded, idle, crashed, frozen) leaves `runners` at once but stays in
 `stopping`, its memory still counted, until its whole process group is gone: a load that needed the room
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from modelrunner import eventlog
+from modelrunner.config import env_seconds
 from modelrunner.engines.base import Engine, Mode, ModelForEngine
 from modelrunner.errors import BadRequest, Conflict, ModelNotFound, ModelRunnerError
 from modelrunner.eventlog import event
@@ -50,6 +52,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_KEEP_ALIVE = 300.0
 DEFAULT_FREEZE_TIMEOUT = 30.0
+DEFAULT_QUEUE_TIMEOUT = 600.0
 # A runner whose health route stays silent this long is frozen only if it also used less CPU than this
 # share of one core meanwhile: a busy engine whose HTTP threads all serve long requests is not frozen.
 FROZEN_CPU_SHARE = 0.05
@@ -81,6 +84,12 @@ def freeze_timeout_from_env() -> float:
     return value
 
 
+def queue_timeout_from_env() -> float:
+    """`MODEL_RUNNER_QUEUE_TIMEOUT`: seconds a request may wait in the queue for a runner (others hold the
+    room it needs) before it is answered 503 with Retry-After; 0: no bound; 600 by default."""
+    return env_seconds("MODEL_RUNNER_QUEUE_TIMEOUT", DEFAULT_QUEUE_TIMEOUT)
+
+
 @dataclass
 class SchedulerLimits:
     max_runners: int
@@ -88,6 +97,14 @@ class SchedulerLimits:
     max_waiting: int = 64
     default_keep_alive: float = DEFAULT_KEEP_ALIVE
     freeze_timeout: float = field(default_factory=freeze_timeout_from_env)
+    queue_timeout: float = field(default_factory=queue_timeout_from_env)
+
+
+@dataclass(eq=False)
+class Waiter:
+    """A request's place in the queue for a runner."""
+
+    deadline: float  # the event loop's time at which its wait ends with a 503 (inf: never)
 
 
 @dataclass
@@ -130,13 +147,18 @@ class Scheduler:
         # (an engine such as llama-server waits for its open connections before it exits)
         self.on_retire: list[Callable[[Runner], None]] = []
         self.counters = Counters()
-        self.waiting = 0
+        self.queue: list[Waiter] = []  # requests waiting for a runner, first come first served
         self.orphans_ended = 0
         self._changed = asyncio.Condition()
         self._closing = False
         self._next_slot = 0
         self._tasks: set[asyncio.Task[Any]] = set()  # every task the scheduler starts, until it ends
         rundir.ensure_private_dir(run_dir)  # UnsafeRuntimeDir when another user could reach into it
+
+    @property
+    def waiting(self) -> int:
+        """How many requests wait in the queue."""
+        return len(self.queue)
 
     def end_orphans(self) -> int:
         """End engines a killed predecessor left running. Only the daemon that holds the runner home's lock
@@ -185,59 +207,26 @@ class Scheduler:
         """acquire(), or None when the load it waited for was replaced by one with new settings
         (`configure` while loading): the caller asks again and waits for the new one."""
         key = RunnerKey(engine.name, model.id, mode)
-        queued = False
+        place: Waiter | None = None  # its place in the queue, once it waits
         async with self._changed:
-            while True:
-                if self._closing:
-                    event(log, "refused", status=503, reason="shutting_down", model=model.reference)
-                    raise Busy("the model runner is shutting down")
-                runner = self.runners.get(key)
-                if runner is not None and runner.state is RunnerState.DEFUNCT:
-                    self._retire(runner, "crashed", announce=False)
-                    runner = None
-                if runner is not None and runner.state in (RunnerState.LOADING, RunnerState.READY):
-                    event(log, "reuse", model=runner.name, state=runner.state.value, pid=runner.pid)
-                    break
-                runner = self._new_runner(key, engine, model, mode)
-                try:
-                    victims = self._make_room(runner)
-                except BaseException:
-                    self._discard(runner)
-                    raise
-                if victims is not None:
-                    self.runners[key] = runner
-                    # not a background task: the load's lines carry the id of the request that caused it
-                    runner.load_task = self._spawn(self._load(runner, victims), background=False)
-                    break
-                self._discard(runner)  # no room yet: made afresh once there is
-                if self.waiting >= self.limits.max_waiting:
-                    event(
-                        log,
-                        "refused",
-                        status=503,
-                        reason="queue_full",
-                        model=model.reference,
-                        waiting=self.waiting,
-                        max_waiting=self.limits.max_waiting,
-                    )
-                    raise Busy("too many requests are waiting for a model to load; retry later")
-                self.waiting += 1
-                if not queued:
-                    queued = True
-                    event(
-                        log,
-                        "queued",
-                        model=model.reference,
-                        position=self.waiting,
-                        reason=self._full_reason(runner.memory),
-                        loaded=len(self.runners),
-                        in_use=sum(1 for r in self.runners.values() if r.in_use),
-                    )
-                try:
-                    await self._changed.wait()
-                finally:
-                    self.waiting -= 1
-            self._hold(runner, keep_alive)
+            try:
+                while True:
+                    if self._closing:
+                        event(log, "refused", status=503, reason="shutting_down", model=model.reference)
+                        raise Busy("the model runner is shutting down")
+                    reason = "behind_others"
+                    if not self.queue or self.queue[0] is place:  # nobody asked before it: its turn
+                        runner, reason = self._runner_for(key, engine, model, mode)
+                        if runner is not None:
+                            break
+                    if place is None:
+                        place = self._join_queue(model, reason)
+                    await self._wait_in_queue(place, model)
+                self._hold(runner, keep_alive)
+            finally:
+                if place is not None:
+                    self.queue.remove(place)
+                    self._changed.notify_all()  # the next in line may go now
         assert runner.load_task is not None
         try:
             await asyncio.shield(runner.load_task)
@@ -254,11 +243,83 @@ class Scheduler:
             raise
         return runner
 
+    def _runner_for(
+        self, key: RunnerKey, engine: Engine, model: ModelForEngine, mode: Mode
+    ) -> tuple[Runner | None, str]:
+        """The runner of `key`, ready or loading, or one whose load starts now; None when there is no room
+        for it yet (nothing is evicted then), with the reason."""
+        runner = self.runners.get(key)
+        if runner is not None and runner.state is RunnerState.DEFUNCT:
+            self._retire(runner, "crashed", announce=False)
+            runner = None
+        if runner is not None and runner.state in (RunnerState.LOADING, RunnerState.READY):
+            event(log, "reuse", model=runner.name, state=runner.state.value, pid=runner.pid)
+            return runner, "reuse"
+        runner = self._new_runner(key, engine, model, mode)
+        try:
+            victims = self._make_room(runner)
+        except BaseException:
+            self._discard(runner)
+            raise
+        if victims is None:
+            self._discard(runner)  # no room yet: made afresh once there is
+            return None, self._full_reason(runner.memory)
+        self.runners[key] = runner
+        # not a background task: the load's lines carry the id of the request that caused it
+        runner.load_task = self._spawn(self._load(runner, victims), background=False)
+        return runner, "load"
+
+    def _join_queue(self, model: ModelForEngine, reason: str) -> Waiter:
+        """A place at the end of the queue (FIFO across models: who asked first goes first, so a busy
+        model cannot starve the others), or 503 when it is full."""
+        if self.waiting >= self.limits.max_waiting:
+            event(
+                log,
+                "refused",
+                status=503,
+                reason="queue_full",
+                model=model.reference,
+                waiting=self.waiting,
+                max_waiting=self.limits.max_waiting,
+            )
+            raise Busy("too many requests are waiting for a model to load; retry later")
+        timeout = self.limits.queue_timeout
+        place = Waiter(asyncio.get_running_loop().time() + timeout if timeout else math.inf)
+        self.queue.append(place)
+        event(
+            log,
+            "queued",
+            model=model.reference,
+            position=self.waiting,
+            reason=reason,
+            loaded=len(self.runners),
+            in_use=sum(1 for r in self.runners.values() if r.in_use),
+        )
+        return place
+
+    async def _wait_in_queue(self, place: Waiter, model: ModelForEngine) -> None:
+        """Until the scheduler changes; past the place's deadline (the queue timeout after it joined) the
+        request is answered 503. A request whose client left is cancelled here, and leaves the queue."""
+        if place.deadline == math.inf:
+            await self._changed.wait()
+            return
+        timeout = self.limits.queue_timeout
+        try:
+            left = place.deadline - asyncio.get_running_loop().time()
+            await asyncio.wait_for(self._changed.wait(), max(0.0, left))
+        except TimeoutError:
+            event(log, "refused", status=503, reason="queue_timeout", model=model.reference, seconds=timeout)
+            raise Busy(
+                f"waited {format_keep_alive(timeout)} for a runner while others were served; retry later "
+                "(MODEL_RUNNER_QUEUE_TIMEOUT sets the wait)"
+            ) from None
+
     def reuse(self, engine: str, model_id: str, mode: Mode, keep_alive: float | None = None) -> Runner | None:
         """acquire() of a runner that is ready, without waiting (the path of nearly every request): None
         when there is none, or when the scheduler is in the middle of a change (its lock is held); then
-        acquire() decides. The caller must release the runner it gets."""
-        if self._closing or self._changed.locked():
+        acquire() decides (as it does while requests wait in the queue: none goes before them). The caller
+        must release the runner it gets."""
+        if self._closing or self._changed.locked() or self.queue:
             return None
         runner = self.runners.get(RunnerKey(engine, model_id, mode))
         if runner is None or runner.state is not RunnerState.READY:
