@@ -278,3 +278,18 @@ def test_sixteen_concurrent_first_requests_start_one_llama_server(daemon: Daemon
         assert list(pool.map(ask, range(16))) == [200] * 16
     assert len(engine_pids(daemon)) == 1
     assert "modelrunner_runner_loads_total 1" in daemon.http("GET", "/metrics").text
+
+
+def test_a_context_beyond_the_training_context_is_served_whole(daemon: Daemon) -> None:
+    """llama-server caps a slot at the model's training context (512 tokens for the tiny model), silently
+    but for its log; a configured 2048 is served with YaRN rope scaling (engines/llamacpp.py
+    context_extension), so a ~730-token prompt fits where it would be refused."""
+    assert daemon.cli("configure", "tiny", "--context-size", "2048").returncode == 0
+    prompt = " ".join(["hello world"] * 60)  # ~12 tiny-vocabulary tokens each: ~730 in all
+    body = {"model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
+    response = daemon.http("POST", "/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] > 512
+    out = daemon.cli("logs", "--no-engines").stdout
+    [extended] = [line for line in out.splitlines() if " event=context_extended " in line]
+    assert "trained=512" in extended and "context=2048" in extended and "how=yarn" in extended

@@ -517,3 +517,14 @@ def test_embedding_runners_embed_inputs_as_long_as_their_context(tmp_path: Path)
     ]
     assert batch_flags(Mode.COMPLETION, 8192, context_size=2048) == []
     assert batch_flags(Mode.EMBEDDING, 8192, runtime_flags=("-ub", "1024")) == []  # the user's choice
+
+
+def test_a_context_beyond_the_training_context_gets_rope_scaling() -> None:
+    from modelrunner.engines.llamacpp import context_extension
+
+    assert context_extension(32768, 8192, ()) == [
+        "--rope-scaling", "yarn", "--rope-scale", "4.01", "--yarn-orig-ctx", "8192",
+    ]  # fmt: skip
+    assert context_extension(8192, 8192, ()) == []  # within the training context: nothing
+    assert context_extension(-1, 8192, ()) == [] and context_extension(4096, None, ()) == []
+    assert context_extension(32768, 8192, ("--rope-scale", "2")) == []  # the user's own rope flags stand

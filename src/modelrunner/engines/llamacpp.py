@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
+import math
 import os
 import shutil
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from modelrunner import config
@@ -44,9 +47,11 @@ from modelrunner.engines.llamacpp_flags import llama_args_from_env, validate_run
 from modelrunner.engines.llamacpp_settings import NAME as NAME  # defined with its settings
 from modelrunner.engines.llamacpp_settings import LlamaCppSettings
 from modelrunner.errors import BadRequest, EngineInstallError, EngineNotInstalled, ModelRunnerError
+from modelrunner.eventlog import event
 from modelrunner.fileio import link_or_copy
 
 INSTALL_INFO = "install.json"
+log = logging.getLogger(__name__)
 _VERSION_ALIASES = {None, "", "latest", build.VERSION, str(build.LLAMA_CPP_BUILD)}
 
 
@@ -103,6 +108,20 @@ _BATCH_FLAGS = ("-b", "--batch-size", "-ub", "--ubatch-size")
 _RUN_ONLY_FLAGS = frozenset({"--host", "--alias", llamacpp_slots.SLOT_SAVE_FLAG})
 
 
+_ROPE_FLAGS = frozenset({"--rope-scaling", "--rope-scale", "--rope-freq-scale", "--yarn-orig-ctx"})
+
+
+def context_extension(context: int, trained: int | None, flags: Sequence[str]) -> list[str]:
+    """YaRN rope scaling for a context longer than the model was trained for: without it llama-server serves
+    only the training context (it caps the slot, with a warning in its log alone) while `ls`, `inspect` and
+    `ps` would show the longer one. The user's own rope flags are left as they are."""
+    if context <= 0 or not trained or context <= trained or _ROPE_FLAGS.intersection(flags):
+        return []
+    # rounded up, so that llama.cpp's training context (trained * scale, in float) is never below context
+    scale = math.ceil(context / trained * 100 + 1) / 100
+    return ["--rope-scaling", "yarn", "--rope-scale", f"{scale:g}", "--yarn-orig-ctx", str(trained)]
+
+
 def command_line(
     server: Path,
     model: ModelForEngine,
@@ -115,7 +134,8 @@ def command_line(
 
     Embedding and reranking runners get a physical batch as large as their context: llama-server embeds
     an input in one batch, so with its default (512) any longer input fails with a 500 (DMR's too).
-    `trained_context` is the model's own, what llama-server uses when no context size is set."""
+    `trained_context` is the model's own, what llama-server uses when no context size is set; a longer
+    context is served with rope scaling (`context_extension`)."""
     if mode not in LlamaCppEngine.modes:
         raise BadRequest(f"llama.cpp cannot serve {mode.value} requests; use a diffusers model for images")
     if model.format not in LlamaCppEngine.formats:
@@ -140,6 +160,7 @@ def command_line(
     context = settings.context_size if settings.context_size is not None else model.context_size
     if context is not None:
         argv += ["--ctx-size", str(context)]
+        argv += context_extension(context, trained_context, settings.runtime_flags)
     if own.rpc_workers:  # layers spread over llama.cpp RPC workers (engines/rpc_workers.py)
         argv += ["--rpc", ",".join(own.rpc_workers)]
     batch = context if context is not None and context > 0 else trained_context
@@ -327,8 +348,11 @@ class LlamaCppEngine(Engine):
     def launch_spec(
         self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path
     ) -> LaunchSpec:
-        trained = self.gguf_info(model).context_size if mode is not Mode.COMPLETION else None
+        trained = self.gguf_info(model).context_size
         argv = command_line(self.server_path(), model, mode, settings, socket, trained)
+        if "--yarn-orig-ctx" in argv and "--yarn-orig-ctx" not in settings.runtime_flags:
+            served = argv[argv.index("--ctx-size") + 1]
+            event(log, "context_extended", model=model.reference, trained=trained, context=served, how="yarn")
         workers = list(settings.of(LlamaCppSettings).rpc_workers)
         if not workers:
             return LaunchSpec(argv=argv, socket=socket)
