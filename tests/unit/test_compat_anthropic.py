@@ -46,6 +46,97 @@ def test_requests_are_checked() -> None:
             shapes.check_request(bad, count_tokens=False)
 
 
+def reminder(text: str) -> str:
+    return f"<system-reminder>\n{text}\n</system-reminder>"
+
+
+def test_leading_system_messages_join_the_system_prompt() -> None:
+    doc = {
+        "model": "m",
+        "system": "Be brief.",
+        "messages": [
+            {"role": "system", "content": "Rule one."},
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "Rule two.", "cache_control": {"type": "ephemeral"}}],
+            },
+            {"role": "user", "content": "hi"},
+        ],
+    }
+    placed = shapes.with_system_messages_placed(doc)
+    assert placed["system"] == [
+        {"type": "text", "text": "Be brief."},
+        {"type": "text", "text": "Rule one."},
+        {"type": "text", "text": "Rule two.", "cache_control": {"type": "ephemeral"}},
+    ]
+    assert placed["messages"] == [{"role": "user", "content": "hi"}]
+    assert shapes.check_request({**placed, "max_tokens": 4}, count_tokens=False).model == "m"
+    assert shapes.with_system_messages_placed({**doc, "system": None})["system"][0]["text"] == "Rule one."
+
+
+def test_a_system_message_after_the_users_joins_that_user_turn_as_a_reminder() -> None:
+    """Claude Code 2.1.197's shape: a system message after the last user message (captured)."""
+    user = {"role": "user", "content": [{"type": "text", "text": "read notes.txt"}]}
+    doc = {"model": "m", "system": "S", "messages": [user, {"role": "system", "content": "Agent types: ..."}]}
+    placed = shapes.with_system_messages_placed(doc)
+    assert placed["system"] == "S"  # untouched: nothing came before the conversation
+    assert placed["messages"] == [
+        {
+            "role": "user",
+            "content": [user["content"][0], {"type": "text", "text": reminder("Agent types: ...")}],
+        }
+    ]
+    # the next turn, with the same system message in the same place, renders the same first turn
+    turn_two = [
+        *doc["messages"],
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "hello"}]},
+    ]
+    placed_two = shapes.with_system_messages_placed({**doc, "messages": turn_two})
+    assert placed_two["messages"][0] == placed["messages"][0]
+    assert placed_two["messages"][1:] == turn_two[2:]
+
+
+def test_a_system_message_after_an_assistant_goes_behind_the_next_tool_results() -> None:
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": "hello"}
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+        {"role": "system", "content": [{"type": "text", "text": "File changed."}]},
+        {"role": "user", "content": [result, {"type": "text", "text": "go on"}]},
+    ]
+    placed = shapes.with_system_messages_placed({"model": "m", "messages": messages})
+    assert placed["messages"][2]["content"] == [
+        result,
+        {"type": "text", "text": reminder("File changed.")},
+        {"type": "text", "text": "go on"},
+    ]
+    assert [m["role"] for m in placed["messages"]] == ["user", "assistant", "user"]
+    # with no user message beside it, one of its own (roles still alternate)
+    alone = shapes.with_system_messages_placed({"model": "m", "messages": messages[:3]})
+    assert alone["messages"][2] == {
+        "role": "user",
+        "content": [{"type": "text", "text": reminder("File changed.")}],
+    }
+
+
+def test_requests_without_system_messages_are_left_as_they_are() -> None:
+    doc = {"model": "m", "system": "S", "messages": [{"role": "user", "content": "hi"}]}
+    assert shapes.with_system_messages_placed(doc) is doc
+    malformed = {"model": "m", "messages": "not a list"}
+    assert shapes.with_system_messages_placed(malformed) is malformed
+
+
+@pytest.mark.parametrize("content", [[{"type": "image", "source": {}}], 7, [{"type": "text"}]])
+def test_a_system_message_holds_only_text(content: object) -> None:
+    doc = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": content}],
+    }
+    with pytest.raises(BadRequest, match=r"messages\.1\.content"):
+        shapes.with_system_messages_placed(doc)
+
+
 class _RecordedCall:
     """The body of an engine's answer, as the relay reads it (EngineCall's chunks/close)."""
 

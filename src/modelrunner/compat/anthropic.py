@@ -139,3 +139,95 @@ class MessagesRequest(CountTokensRequest):
 
 def check_request(doc: dict[str, Any], count_tokens: bool) -> CountTokensRequest:
     return validated(CountTokensRequest if count_tokens else MessagesRequest, doc, prefix="")
+
+
+# -- system messages inside `messages` ---------------------------------------------------------------
+
+
+def with_system_messages_placed(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` with its `role: "system"` messages (Claude Code 2.1.19x sends them under the beta
+    `mid-conversation-system-2026-04-07`, after the last user message) moved where every chat template can
+    take them; `doc` itself when it has none.
+
+    Both of the engine's paths (llama-server's own Messages translation and compat/anthropic_chat.py) would
+    hand such a message to the chat template as a system message in the middle of the conversation, and
+    templates refuse that (llama.cpp's models/templates: Qwen3.5 raises "System message must be at the
+    beginning.", Mistral Nemo and Small 3.2 "conversation roles must alternate"). So:
+
+    * the system messages before the first user or assistant message join the top-level `system`, after
+      its blocks: the one system prompt every template renders first;
+    * a later one becomes text in the user turn next to it, inside `<system-reminder>` tags (what Claude
+      Code itself sends when a server refuses the beta: its log says "falling back to <system-reminder>
+      body"), so that the model can tell it from the user's words: appended to the user message right
+      before it, or, after an assistant message, put into the user message right after it (behind that
+      message's `tool_result` blocks, which must stay first); with no user message beside it, a user
+      message of its own. Joining the turn before it first keeps the next request's prompt an extension
+      of this one's (prefix cache): Claude Code sends the system message at the same place again.
+    """
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not any(_is_system(m) for m in messages):
+        return doc
+    leading: list[dict[str, Any]] = []  # system text before the conversation
+    placed: list[Any] = []
+    waiting: list[dict[str, Any]] = []  # system text for the next user message (after an assistant's)
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):  # check_request says what is wrong with it
+            placed.append(message)
+            continue
+        if not _is_system(message):
+            if waiting and message.get("role") == "user":
+                message = {**message, "content": _with_text_after_results(message.get("content"), waiting)}
+                waiting = []
+            elif waiting:
+                placed.append({"role": "user", "content": waiting})
+                waiting = []
+            placed.append(message)
+            continue
+        text = _system_text(message.get("content"), i)
+        if not placed:
+            leading += text
+        elif isinstance(placed[-1], dict) and placed[-1].get("role") == "user":
+            placed[-1] = {**placed[-1], "content": blocks(placed[-1].get("content")) + _reminders(text)}
+        else:
+            waiting += _reminders(text)
+    if waiting:
+        placed.append({"role": "user", "content": waiting})
+    out = {**doc, "messages": placed}
+    if leading:
+        system = doc.get("system")
+        out["system"] = (blocks(system) if system else []) + leading
+    return out
+
+
+def _is_system(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") == "system"
+
+
+def blocks(content: Any) -> list[Any]:
+    """A message's content as a list of blocks (a string is one text block)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else []
+
+
+def _system_text(content: Any, i: int) -> list[dict[str, Any]]:
+    """A system message's content as text blocks (a string, or text blocks, with their cache_control)."""
+    text = blocks(content)
+    if not isinstance(content, (str, list)) or not all(
+        isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in text
+    ):
+        raise BadRequest(f"messages.{i}.content: a system message holds a string or text blocks only")
+    return [dict(b) for b in text]
+
+
+def _reminders(text: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**block, "text": f"<system-reminder>\n{block['text']}\n</system-reminder>"} for block in text]
+
+
+def _with_text_after_results(content: Any, text: list[dict[str, Any]]) -> list[Any]:
+    """A user message's content with `text` behind its leading `tool_result` blocks."""
+    held = blocks(content)
+    at = 0
+    while at < len(held) and isinstance(held[at], dict) and held[at].get("type") == "tool_result":
+        at += 1
+    return held[:at] + text + held[at:]

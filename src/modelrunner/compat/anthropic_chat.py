@@ -26,7 +26,7 @@ import json
 from typing import Any
 
 from modelrunner.compat import responses
-from modelrunner.compat.anthropic import event, new_message
+from modelrunner.compat.anthropic import blocks, event, new_message
 from modelrunner.compat.assemble import MESSAGES
 from modelrunner.compat.thinking_signature import signature, signature_delta
 from modelrunner.compat.tool_rescue import new_call_id
@@ -112,13 +112,9 @@ def _turns(messages: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     for message in messages:
         role, content = message["role"], message["content"]
         if role == "assistant" and turns and turns[-1][0] == "assistant":
-            content = _blocks(turns.pop()[1]) + _blocks(content)
+            content = blocks(turns.pop()[1]) + blocks(content)
         turns.append((role, content))
     return turns
-
-
-def _blocks(content: Any) -> list[Any]:
-    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
 
 
 def _thinking(content: Any) -> str:

@@ -9,7 +9,9 @@ translation fewer, and the engine's tracks Anthropic's format as clients change.
 error shape everywhere (server/errors.py shapes errors by path): for an unknown model (404
 not_found_error), a malformed body (400 invalid_request_error, `max_tokens` included: Anthropic requires
 it), an engine error status, and an engine that dies mid-stream (an `error` event). A non-streamed request
-is asked for as a stream and assembled (server/upstream.py), so that a client that leaves stops it.
+is asked for as a stream and assembled (server/upstream.py), so that a client that leaves stops it. And
+`role: "system"` messages inside `messages` (Claude Code 2.1.19x) are moved where every chat template
+takes them before anything else (compat/anthropic.py, `with_system_messages_placed`).
 
 `/anthropic/v1/models[/{id}]` lists the store's models in Anthropic's shape (its SDK's `models.list()`
 pages with `has_more` and `last_id`); the IDs are those of the OpenAI list, usable as `model`.
@@ -36,7 +38,7 @@ def build_anthropic_router(ctx: Inference) -> APIRouter:
     router = APIRouter()
 
     async def handle(request: Request, backend: str | None, count_tokens: bool) -> Response:
-        doc = parse_json_object(await request.body())
+        doc = shapes.with_system_messages_placed(parse_json_object(await request.body()))
         return respond(await serving.messages(doc, backend, count_tokens))
 
     for prefix in ("/anthropic/v1", "/engines/v1"):
