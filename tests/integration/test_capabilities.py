@@ -6,6 +6,7 @@ GGUF."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -132,3 +133,20 @@ def test_tools_reach_a_template_that_renders_them(daemon: Daemon) -> None:
         max_tokens=2,
     )
     assert answer.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+def test_a_refused_request_is_in_the_recorded_requests_with_its_reason(daemon: Daemon) -> None:
+    """An agent that fails on a 400 before any engine leaves its request in `model requests` (issue 34): the
+    user sees what was sent and why it was refused."""
+    with pytest.raises(openai.BadRequestError):
+        openai_client(daemon).chat.completions.create(
+            model="plain",
+            messages=[{"role": "user", "content": "refuse me"}],
+            tools=[{"type": "function", "function": FUNCTION}],
+        )
+    shown = daemon.cli("requests", "--model", "plain")
+    assert shown.returncode == 0, shown.stderr
+    [entry] = json.loads(shown.stdout)
+    [record] = [r for r in entry["records"] if "refuse me" in r["request"]]
+    assert record["status_code"] == 400 and "plain does not support tools" in record["error"]
+    assert no_runner_of(daemon, "plain")

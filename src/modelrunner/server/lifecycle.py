@@ -405,14 +405,21 @@ class Inference:
         A request that `needs` what the model cannot do is refused first (server/capabilities.py)."""
         exchange = current()
         model = self.store.get(name)
-        engine = self.engine_for(model, backend)
-        if needs:
-            capabilities.check(name, engine.name, model.config, self.store.bundle_of(model), needs)
-        exchange.model = exchange.model or name
-        runner = self.scheduler.reuse(engine.name, model.id, mode, keep_alive)
-        if runner is None:
-            if not self.scheduler.has_runner(engine.name, model.id, mode):
+        try:
+            engine = self.engine_for(model, backend)
+            if needs:
+                capabilities.check(name, engine.name, model.config, self.store.bundle_of(model), needs)
+            exchange.model = exchange.model or name
+            runner = self.scheduler.reuse(engine.name, model.id, mode, keep_alive)
+            if runner is None and not self.scheduler.has_runner(engine.name, model.id, mode):
                 engine.require_installed()
+        except ModelRunnerError:
+            # refused before any engine saw it: recorded all the same, so `model requests` says why
+            recorder = self.lifecycle.recorder
+            if record and recorder is not None and exchange.record is None:
+                exchange.recorded(recorder.start(exchange.head, exchange.kept_request(), name, model.id, {}))
+            raise
+        if runner is None:
             exchange.watch()
             async with exchange.waiting():
                 runner = await self.scheduler.acquire(
