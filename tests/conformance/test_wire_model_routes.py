@@ -100,22 +100,34 @@ def _raw(daemon: InProcessDaemon, method: str, path: str) -> http.client.HTTPRes
 
 def test_paths_are_cleaned_as_go_s_servemux_cleans_them(fake_daemon: InProcessDaemon) -> None:
     """net/http ServeMux.findHandler: a path not in cleanPath's form is redirected there, 301 with the query
-    kept, whatever the method; http.Redirect's small HTML body for GET."""
+    kept, whatever the method; http.Redirect's small HTML body for GET. A path with `//` never gets there:
+    routing.go NormalizedServeMux.ServeHTTP cleans it (path.Clean) and serves it."""
     daemon = fake_daemon
     for raw, clean in (
-        ("//models", "/models"),
         ("/models/./tiny?x=1", "/models/tiny?x=1"),
-        ("/engines/../models//tiny/", "/models/tiny/"),
+        ("/engines/../models/tiny/", "/models/tiny/"),
     ):
         response = _raw(daemon, "GET", raw)
         assert (response.status, response.getheader("Location")) == (301, clean)
         assert response.getheader("Content-Type") == "text/html; charset=utf-8"
-    assert _raw(daemon, "POST", "//engines/v1/chat/completions").status == 301
-    answer = daemon.http("GET", "//models")
-    assert answer.text == '<a href="/models">Moved Permanently</a>.\n\n'
-    assert daemon.http("GET", "//models", follow_redirects=True).json()[0]["tags"] == [
-        "docker.io/ai/tiny:latest"
-    ]
+    connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+    connection.request("GET", "/models/./tiny")
+    assert connection.getresponse().read() == b'<a href="/models/tiny">Moved Permanently</a>.\n\n'
+    connection.close()
+
+
+def test_a_double_slash_is_served_at_the_cleaned_path(fake_daemon: InProcessDaemon) -> None:
+    """routing.go NormalizedServeMux.ServeHTTP: a path holding `//` is path.Clean'ed (dot segments and the
+    trailing slash too) and served: a client whose base URL ends in `/` is answered, its POST kept a POST."""
+    daemon = fake_daemon
+    for raw in ("//models", "//models/", "/engines/../models//"):
+        response = _raw(daemon, "GET", raw)
+        assert response.status == 200, raw
+    assert daemon.http("GET", "//models").json()[0]["tags"] == ["docker.io/ai/tiny:latest"]
+    for path in ("//engines/v1/chat/completions", "/engines//v1/chat/completions", "//v1/chat/completions"):
+        answer = daemon.http("POST", path, json={**CHAT, "model": "ai/tiny"})
+        assert answer.status_code == 200, (path, answer.text)
+        assert answer.json()["object"] == "chat.completion"
 
 
 def test_export_names_the_file(fake_daemon: InProcessDaemon) -> None:

@@ -97,6 +97,12 @@ def go_clean_path(path: str) -> str:
     return cleaned + "/" if path.endswith("/") and cleaned != "/" else cleaned
 
 
+def go_path_clean(path: str) -> str:
+    """Go's path.Clean of a rooted path: as cleanPath, without the trailing slash."""
+    cleaned = go_clean_path(path)
+    return cleaned.rstrip("/") or "/"
+
+
 _GO_HTML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;"})
 
 
@@ -116,7 +122,8 @@ async def redirect_to_clean_path(scope: Scope, send: Send, location: str) -> Non
 
 
 class Dispatcher:
-    """Paths not in Go's canonical form are redirected to it; inference routes go straight to the relay;
+    """Paths with `//` are cleaned and served, other paths not in Go's canonical form redirected to it (as
+    DMR's NormalizedServeMux over a ServeMux); inference routes go straight to the relay;
     `/v1/...` aliases become `/engines/v1/...`."""
 
     def __init__(self, api: App, inference: InferenceHandler) -> None:
@@ -127,6 +134,9 @@ class Dispatcher:
         if scope["type"] == "http":
             path = scope["path"]
             raw = (scope.get("raw_path") or path.encode("latin-1")).decode("latin-1")  # Go cleans it escaped
+            if "//" in path:  # routing.go NormalizedServeMux: `//` is cleaned and served, not redirected
+                path, raw = go_path_clean(path), go_path_clean(raw)
+                scope = {**scope, "path": path, "raw_path": raw.encode("latin-1")}
             if go_clean_path(raw) != raw:
                 query = (scope.get("query_string") or b"").decode("latin-1")
                 await redirect_to_clean_path(scope, send, go_clean_path(raw) + ("?" + query if query else ""))
