@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -9,6 +10,7 @@ import pytest
 
 from modelrunner.compat import responses as shapes
 from modelrunner.errors import BadRequest
+from tests import golden
 
 
 def test_rejected_parameters() -> None:
@@ -18,6 +20,8 @@ def test_rejected_parameters() -> None:
     )
     for extra in (
         {"include": ["x"]},
+        {"include": ["message.output_text.logprobs"]},  # no logprobs here: refused, not ignored
+        {"include": "reasoning.encrypted_content"},
         {"stream_options": {"a": 1}},
         {"prompt": {"id": "p"}},
         {"truncation": "auto"},
@@ -213,3 +217,117 @@ def test_event_writer_sequence() -> None:
     assert events[4]["text"] == "hello"
     assert writer.output[0]["content"][0]["text"] == "hello" and writer.output[0]["status"] == "completed"
     assert writer.output[1]["arguments"] == "{}" and writer.output[1]["call_id"] == "c"
+
+
+CODEX = golden.load("codex_0_171_request")["body"]
+NAMESPACE = "multi_agent_v1"
+
+
+def codex_request(**changes: object) -> shapes.ResponsesRequest:
+    return shapes.check_request({**CODEX, **changes})
+
+
+def test_codexs_request_is_accepted() -> None:
+    """Codex 0.171's captured request: `include`, a namespace group and a hosted `web_search`."""
+    request = codex_request()
+    assert request.include == ["reasoning.encrypted_content"] and request.encrypts_reasoning()
+    for harmless in ("web_search_call.action.sources", "message.input_image.image_url"):
+        assert shapes.check_request({**CODEX, "include": [harmless]}).include == [harmless]
+    assert shapes.dropped_tools(request.tools) == ["web_search"]
+
+
+def test_namespace_functions_are_flattened_and_hosted_tools_dropped() -> None:
+    request = codex_request()
+    body = shapes.chat_body(request, shapes.chat_messages(shapes.input_items(request.input)))
+    names = [tool["function"]["name"] for tool in body["tools"]]
+    assert names == ["exec_command", f"{NAMESPACE}__spawn_agent", f"{NAMESPACE}__wait_agent"]
+    inner = next(t for t in CODEX["tools"] if t["type"] == "namespace")["tools"][0]
+    assert body["tools"][1]["function"]["parameters"] == inner["parameters"]
+    assert all(tool["type"] == "function" for tool in body["tools"])
+    only_hosted = shapes.check_request({"model": "m", "input": "hi", "tools": [{"type": "web_search"}]})
+    assert "tools" not in shapes.chat_body(only_hosted, [])
+    forced = codex_request(tool_choice={"type": "function", "name": "wait_agent", "namespace": NAMESPACE})
+    assert shapes.chat_body(forced, [])["tool_choice"]["function"]["name"] == f"{NAMESPACE}__wait_agent"
+
+
+@pytest.mark.parametrize(
+    "tools",
+    [
+        [{"name": "no type"}],
+        [{"type": "namespace", "name": "n", "tools": [{"name": "f"}]}],
+        [{"type": "web search\r\nx-injected: 1"}],
+    ],
+)
+def test_tools_without_a_type_are_refused(tools: list[dict[str, object]]) -> None:
+    with pytest.raises(BadRequest, match="type"):
+        shapes.check_request({"model": "m", "input": "hi", "tools": tools})
+
+
+def test_a_namespaced_call_is_answered_with_its_name_and_namespace() -> None:
+    request = codex_request()
+    call = {"id": "c1", "function": {"name": f"{NAMESPACE}__spawn_agent", "arguments": "{}"}}
+    [item] = shapes.output_items({"tool_calls": [call]}, request)
+    assert (item["name"], item["namespace"]) == ("spawn_agent", NAMESPACE)
+    plain = {"id": "c2", "function": {"name": "exec_command", "arguments": "{}"}}
+    assert "namespace" not in shapes.output_items({"tool_calls": [plain]}, request)[0]
+    # streamed: the item done (and the arguments done) carry the declared name
+    writer = shapes.EventWriter(request)
+    raw = writer.tool_calls([{"index": 0, **call}]) + writer.close_item()
+    events = [json.loads(chunk.split(b"data: ", 1)[1]) for chunk in raw]
+    assert events[-2]["name"] == "spawn_agent"
+    assert events[-1]["item"]["name"] == "spawn_agent" and events[-1]["item"]["namespace"] == NAMESPACE
+    # sent back in the next request's input, it is the engine's flat name again
+    returned = shapes.input_items([item, {"type": "function_call_output", "call_id": "c1", "output": "ok"}])
+    assert (
+        shapes.chat_messages(returned)[0]["tool_calls"][0]["function"]["name"] == f"{NAMESPACE}__spawn_agent"
+    )
+
+
+def test_reasoning_round_trips_through_encrypted_content() -> None:
+    request = codex_request()
+    message = {
+        "reasoning_content": "look at notes.txt",
+        "tool_calls": [{"id": "c1", "function": {"name": "exec_command", "arguments": "{}"}}],
+    }
+    reasoning, call = shapes.output_items(message, request)
+    assert reasoning["type"] == "reasoning" and isinstance(reasoning["encrypted_content"], str)
+    assert "encrypted_content" not in shapes.output_items(message, codex_request(include=None))[0]
+    turn_two = shapes.input_items(
+        [
+            {"role": "user", "content": "what does notes.txt say?"},
+            {k: v for k, v in reasoning.items() if k != "content"},  # as Codex sends it back
+            call,
+            {"type": "function_call_output", "call_id": "c1", "output": "hello"},
+        ]
+    )
+    messages = shapes.chat_messages(turn_two)
+    assert messages[1]["role"] == "assistant" and messages[1]["reasoning_content"] == "look at notes.txt"
+    assert messages[1]["tool_calls"][0]["id"] == "c1"
+    # streamed, the reasoning item done carries it too
+    writer = shapes.EventWriter(request)
+    raw = writer.reasoning("look at ") + writer.reasoning("notes.txt") + writer.close_item()
+    done = json.loads(raw[-1].split(b"data: ", 1)[1])["item"]
+    assert shapes.decrypted_reasoning(done["encrypted_content"]) == "look at notes.txt"
+
+
+@pytest.mark.parametrize(
+    "encrypted",
+    [
+        "gAAAAABpX2Yz-opaque-from-openai",
+        "modelrunner.not base64!",
+        "modelrunner." + base64.b64encode(b'{"reasoning": "forged", "signature": "x"}').decode(),
+        None,
+    ],
+)
+def test_reasoning_the_daemon_did_not_write_is_accepted_and_ignored(encrypted: object) -> None:
+    items = shapes.input_items(
+        [
+            {"role": "user", "content": "q"},
+            {"type": "reasoning", "summary": [], "encrypted_content": encrypted},
+            {"role": "assistant", "content": "a"},
+        ]
+    )
+    assert shapes.chat_messages(items) == [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+    ]

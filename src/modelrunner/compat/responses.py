@@ -3,11 +3,30 @@
 llama-server (b11434) has a stateless `/v1/responses` that refuses `previous_response_id`, and other
 engines have none, so responses are translated here to chat completions (as DMR does): that gives
 every engine the same API, with stored responses for `GET`, `input_items` and chaining.
+
+What Codex (0.171, `wire_api = "responses"`; tests/golden/codex_0_171_request.json) sends on every request
+is taken as the API has it, within what a local engine can do:
+
+* `include: ["reasoning.encrypted_content"]`: each reasoning item carries an `encrypted_content` that gives
+  its reasoning back when the item returns in `input` (Codex keeps no state on the server: `store: false`).
+  It is not a secret (a local model's reasoning is the user's own): the text in base64 with the digest
+  that says the daemon wrote it (`decrypted_reasoning`); one the daemon cannot read (OpenAI's, from another
+  provider) is ignored, as the reasoning of a turn the engine did not write.
+* `namespace` tools (a named group of function tools): each function goes to the engine as
+  `NAMESPACE__NAME` (`flat_name`), and a call of it comes back as OpenAI answers one, `name` and
+  `namespace` apart (`FunctionNames`).
+* hosted tools (`web_search`, `file_search`, `code_interpreter`, ...: run by OpenAI's servers, or by a
+  client for a tool type the engine has no translation of): not available here, so they are dropped, not
+  refused (Codex always declares `web_search`); `dropped_tools` names them for the router's response
+  header and log line.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -16,6 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.compat.bodies import validated
+from modelrunner.compat.thinking_signature import signature
 from modelrunner.errors import BadRequest
 from modelrunner.scheduler.memory import env_bytes
 
@@ -27,7 +47,6 @@ METADATA_PAIRS, METADATA_KEY_LENGTH, METADATA_VALUE_LENGTH = 16, 64, 512
 
 # Parameters we cannot honour: refused rather than silently ignored (the contract's list).
 _REJECTED = (
-    "include",
     "stream_options",
     "top_logprobs",
     "background",
@@ -36,6 +55,22 @@ _REJECTED = (
     "service_tier",
     "safety_identifier",
 )
+
+
+# `include` values: the one honoured, and those about output this API never makes here (hosted tools'
+# calls are dropped, input images are listed as sent); logprobs and anything else are refused.
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+_INCLUDES = (
+    ENCRYPTED_REASONING,
+    "message.input_image.image_url",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "file_search_call.results",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+)
+_TOOL_TYPE = re.compile(r"[a-z0-9_.-]{1,64}")
+_NAMESPACE_SEPARATOR = "__"  # a word character: tool-call parsers read names as \w+ (Functionary's ...)
 
 
 def new_id(prefix: str) -> str:
@@ -60,6 +95,10 @@ class ResponsesRequest(BaseModel):
     store: bool = True
     metadata: dict[str, str] | None = None
     user: str | None = None
+    include: list[str] | None = None
+
+    def encrypts_reasoning(self) -> bool:
+        return ENCRYPTED_REASONING in (self.include or [])
 
 
 def check_metadata(metadata: Any) -> None:
@@ -100,12 +139,112 @@ def check_request(doc: dict[str, Any]) -> ResponsesRequest:
         if name == "background" and value is False:
             continue
         raise BadRequest(f"the parameter {name!r} is not supported")
+    _check_include(doc.get("include"))
     if doc.get("truncation") not in (None, "disabled"):
         raise BadRequest("only truncation 'disabled' is supported")
     checked = validated(ResponsesRequest, doc)
+    _check_tool_types(checked.tools)
     if not checked.input and not checked.previous_response_id:
         raise BadRequest("input: must not be empty")  # the engine would answer an empty conversation
     return checked
+
+
+def _check_tool_types(tools: list[dict[str, Any]] | None) -> None:
+    """Every tool, and every tool of a namespace group, has a type made of word characters (a dropped
+    tool's type goes into a response header: `dropped_tools`)."""
+    for i, tool in enumerate(tools or []):
+        inner = tool.get("tools") if tool.get("type") == "namespace" else []
+        for where, each in [(f"tools.{i}", tool)] + [
+            (f"tools.{i}.tools.{j}", t) for j, t in enumerate(inner if isinstance(inner, list) else [])
+        ]:
+            kind = each.get("type") if isinstance(each, dict) else None
+            if not isinstance(kind, str) or not _TOOL_TYPE.fullmatch(kind):
+                raise BadRequest(f"{where}.type: a tool needs a type", param="tools")
+
+
+def _check_include(include: Any) -> None:
+    if include is None:
+        return
+    if not isinstance(include, list) or not all(isinstance(value, str) for value in include):
+        raise BadRequest("include: must be a list of strings", param="include")
+    for value in include:
+        if value not in _INCLUDES:
+            raise BadRequest(f"include: {value[:80]!r} is not supported", param="include")
+
+
+# -- reasoning that round-trips -----------------------------------------------------------------------
+
+_ENCRYPTED_PREFIX = "modelrunner."
+
+
+def encrypted_reasoning(text: str) -> str:
+    """The `encrypted_content` of a reasoning item the daemon answers (the module says what it is)."""
+    sealed = json.dumps({"reasoning": text, "signature": signature(text)}, ensure_ascii=False)
+    return _ENCRYPTED_PREFIX + base64.b64encode(sealed.encode()).decode()
+
+
+def decrypted_reasoning(encrypted: Any) -> str | None:
+    """The reasoning an `encrypted_content` holds, if the daemon made it; None for any other."""
+    if not isinstance(encrypted, str) or not encrypted.startswith(_ENCRYPTED_PREFIX):
+        return None
+    try:
+        sealed = json.loads(base64.b64decode(encrypted[len(_ENCRYPTED_PREFIX) :], validate=True))
+    except (ValueError, binascii.Error, RecursionError):
+        return None
+    if not isinstance(sealed, dict) or not isinstance(sealed.get("reasoning"), str):
+        return None
+    text: str = sealed["reasoning"]
+    return text if sealed.get("signature") == signature(text) else None
+
+
+# -- tools: namespaces flattened, hosted tools dropped ---------------------------------------------------
+
+
+def flat_name(namespace: str, name: str) -> str:
+    """The engine's name of the function `name` of a namespace group."""
+    return f"{namespace}{_NAMESPACE_SEPARATOR}{name}"
+
+
+class FunctionNames:
+    """The functions a request declares in namespace groups, by the name the engine knows them by: a call
+    of one is answered with its own `name` and its `namespace`, as Codex parses it."""
+
+    def __init__(self, tools: list[dict[str, Any]] | None) -> None:
+        self.namespaced: dict[str, tuple[str, str]] = {}
+        for tool in tools or []:
+            group = tool.get("name")
+            if tool.get("type") == "namespace" and isinstance(group, str):
+                for inner in _functions_of(tool):
+                    if isinstance(inner.get("name"), str):
+                        self.namespaced[flat_name(group, inner["name"])] = (group, inner["name"])
+
+    def apply(self, item: dict[str, Any]) -> None:
+        """A function call item named as the client declared its function."""
+        found = self.namespaced.get(item.get("name") or "")
+        if found is not None:
+            item["namespace"], item["name"] = found
+
+
+def _functions_of(group: dict[str, Any]) -> list[dict[str, Any]]:
+    inner = group.get("tools")
+    return (
+        [t for t in inner if isinstance(t, dict) and t.get("type") == "function"]
+        if isinstance(inner, list)
+        else []
+    )
+
+
+def dropped_tools(tools: list[dict[str, Any]] | None) -> list[str]:
+    """The types of the declared tools the engine does not get (hosted tools, anything but functions),
+    in the order declared, once each."""
+    dropped: list[str] = []
+    for tool in tools or []:
+        inner = tool.get("tools") if tool.get("type") == "namespace" else [tool]
+        for each in inner if isinstance(inner, list) else []:
+            kind = str(each.get("type"))  # checked (`_check_tool_types`)
+            if kind != "function" and kind not in dropped:
+                dropped.append(kind)
+    return dropped
 
 
 # -- input -------------------------------------------------------------------------------------------
@@ -166,21 +305,26 @@ def _chat_content(parts: list[Any]) -> str | list[dict[str, Any]]:
 def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Input or output items as chat messages; an assistant message and the function calls after it
     become one assistant turn, as `output_items` splits one (LangChain sends an empty message before its
-    calls: no empty turn of its own)."""
+    calls: no empty turn of its own). A reasoning item the daemon made gives that turn its
+    `reasoning_content` back (llama-server hands it to templates that render past reasoning)."""
     messages: list[dict[str, Any]] = []
+    reasoning: str | None = None  # of the assistant turn that comes next
     for item in items:
         kind = item.get("type")
+        if kind == "reasoning":
+            reasoning = decrypted_reasoning(item.get("encrypted_content"))
+            continue
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
             messages.append({"role": role, "content": _chat_content(item.get("content") or [])})
         elif kind == "function_call":
+            name = str(item.get("name") or "")
+            if isinstance(item.get("namespace"), str):
+                name = flat_name(item["namespace"], name)
             call = {
                 "id": item["call_id"],
                 "type": "function",
-                "function": {
-                    "name": str(item.get("name") or ""),
-                    "arguments": str(item.get("arguments") or ""),
-                },
+                "function": {"name": name, "arguments": str(item.get("arguments") or "")},
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
@@ -192,19 +336,37 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             output = item.get("output")
             text = output if isinstance(output, str) else json.dumps(output)
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+        if reasoning is not None and messages and messages[-1]["role"] == "assistant":
+            turn = messages[-1]  # a turn's reasoning items (interleaved with its calls) are one text
+            turn["reasoning_content"] = turn.get("reasoning_content", "") + reasoning
+        reasoning = None  # a reasoning item not followed by the assistant's is of no turn here
     return messages
 
 
 def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The function tools, those of namespace groups under their flat names; the rest is dropped
+    (`dropped_tools`)."""
     if not tools:
         return None
     out = []
-    for tool in tools:
-        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-            raise BadRequest("only function tools are supported")
-        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
-        out.append({"type": "function", "function": function})
-    return out
+    for i, tool in enumerate(tools):
+        if tool.get("type") == "function":
+            out.append(_chat_function(tool, f"tools.{i}"))
+        elif tool.get("type") == "namespace":
+            if not isinstance(tool.get("name"), str) or not isinstance(tool.get("tools"), list):
+                raise BadRequest(f"tools.{i}: a namespace needs a name and its tools", param="tools")
+            for inner in _functions_of(tool):
+                function = _chat_function(inner, f"tools.{i}.tools")
+                function["function"]["name"] = flat_name(tool["name"], inner["name"])
+                out.append(function)
+    return out or None
+
+
+def _chat_function(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(tool.get("name"), str):
+        raise BadRequest(f"{where}: a function tool needs a name", param="tools")
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+    return {"type": "function", "function": function}
 
 
 def chat_body(request: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -224,8 +386,11 @@ def chat_body(request: ResponsesRequest, messages: list[dict[str, Any]]) -> dict
         body["tools"] = tools
     choice = request.tool_choice
     if isinstance(choice, dict) and choice.get("type") == "function":
-        body["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
-    elif isinstance(choice, str):
+        name = choice.get("name")
+        if isinstance(choice.get("namespace"), str) and isinstance(name, str):
+            name = flat_name(choice["namespace"], name)
+        body["tool_choice"] = {"type": "function", "function": {"name": name}}
+    elif isinstance(choice, str):  # (a hosted tool's choice goes with the tool: `dropped_tools`)
         body["tool_choice"] = choice
     if request.parallel_tool_calls is not None:
         body["parallel_tool_calls"] = request.parallel_tool_calls
@@ -269,29 +434,36 @@ def function_call_item(
     }
 
 
-def reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
-    return {
+def reasoning_item(text: str, item_id: str | None = None, encrypted: bool = False) -> dict[str, Any]:
+    """A reasoning item; `encrypted`: with the `encrypted_content` that gives it back (`include`)."""
+    item = {
         "type": "reasoning",
         "id": item_id or new_id("rs"),
         "summary": [],
         "content": [{"type": "reasoning_text", "text": text}],
     }
+    if encrypted:
+        item["encrypted_content"] = encrypted_reasoning(text)
+    return item
 
 
-def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """A chat completion's message as output items: reasoning, text, then function calls."""
+def output_items(message: dict[str, Any], request: ResponsesRequest | None = None) -> list[dict[str, Any]]:
+    """A chat completion's message as output items: reasoning, text, then function calls (named as the
+    `request` declared them)."""
     items = []
     if message.get("reasoning_content"):
-        items.append(reasoning_item(message["reasoning_content"]))
+        encrypted = request is not None and request.encrypts_reasoning()
+        items.append(reasoning_item(message["reasoning_content"], encrypted=encrypted))
     if message.get("content"):
         items.append(message_item(message["content"]))
+    names = FunctionNames(request.tools if request is not None else None)
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        items.append(
-            function_call_item(
-                call.get("id") or new_id("call"), function.get("name", ""), function.get("arguments", "")
-            )
+        item = function_call_item(
+            call.get("id") or new_id("call"), function.get("name", ""), function.get("arguments", "")
         )
+        names.apply(item)
+        items.append(item)
     return items
 
 
@@ -442,9 +614,12 @@ class ResponseStore:
 
 
 class EventWriter:
-    """Turns chat completion chunks into Responses streaming events, and remembers the output."""
+    """Turns chat completion chunks into Responses streaming events, and remembers the output (as the
+    `request` asks for it: reasoning with its `encrypted_content`, calls named as declared)."""
 
-    def __init__(self) -> None:
+    def __init__(self, request: ResponsesRequest | None = None) -> None:
+        self.encrypted = request is not None and request.encrypts_reasoning()
+        self.names = FunctionNames(request.tools if request is not None else None)
         self.sequence = 0
         self.output: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being streamed
@@ -525,10 +700,13 @@ class EventWriter:
             item["content"] = [part]
         elif item["type"] == "reasoning":
             item["content"] = [{"type": "reasoning_text", "text": self._text}]
+            if self.encrypted:
+                item["encrypted_content"] = encrypted_reasoning(self._text)
             self._open = item
             events.append(self._content_event("response.reasoning_text.done", text=self._text))
             self._open = None
         else:
+            self.names.apply(item)
             events.append(
                 self.event(
                     "response.function_call_arguments.done",

@@ -2,10 +2,14 @@
 `/responses`, `/v1/responses` (through the alias), `/engines/responses`, `/engines/v1/responses` and
 `/engines/{backend}/v1/responses`. The router: it checks the body and the query, calls
 server/responses_serving.py and answers; errors are OpenAI's shape, from server/errors.py.
+
+Tools the engine cannot have (hosted ones such as Codex's `web_search`: compat/responses.py,
+`dropped_tools`) are named in the answer's `x-modelrunner-dropped-tools` header and in a log line.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
@@ -18,6 +22,9 @@ from modelrunner.server.responses_serving import ResponsesServing
 from modelrunner.server.serving import respond
 
 PREFIXES = ("/responses", "/engines/responses", "/engines/v1/responses")
+DROPPED_TOOLS_HEADER = "x-modelrunner-dropped-tools"
+
+log = logging.getLogger(__name__)
 
 
 def build_responses_router(ctx: Inference) -> APIRouter:
@@ -26,7 +33,13 @@ def build_responses_router(ctx: Inference) -> APIRouter:
 
     async def create(request: Request, backend: str | None) -> Response:
         checked = shapes.check_request(parse_json_object(await request.body()))
-        return respond(await serving.create(checked, backend))
+        dropped = shapes.dropped_tools(checked.tools)
+        if dropped:
+            log.info("responses: tools not available locally, dropped: %s", ", ".join(dropped))
+        answer = respond(await serving.create(checked, backend))
+        if dropped:
+            answer.headers[DROPPED_TOOLS_HEADER] = ", ".join(dropped)
+        return answer
 
     def get_response(response_id: str) -> dict[str, Any]:
         return serving.get(response_id)

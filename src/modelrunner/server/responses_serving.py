@@ -76,7 +76,7 @@ class ResponsesServing:
             checked,
             created_at,
             "completed",
-            shapes.output_items(choice.get("message") or {}),
+            shapes.output_items(choice.get("message") or {}, checked),
             answer.get("usage"),
             choice.get("finish_reason"),
         )
@@ -135,7 +135,7 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     """The engine's chunks as the Responses API's events; an engine that fails mid-stream ends it with
     `response.failed`."""
-    writer = shapes.EventWriter()
+    writer = shapes.EventWriter(checked)
     start = shapes.response_object(response_id, checked, created_at, "in_progress", [])
     yield writer.event("response.created", response=start)
     yield writer.event("response.in_progress", response=start)
