@@ -57,7 +57,11 @@ def test_codexs_request_reaches_the_engine_with_function_tools_only(
         f"{NAMESPACE}__spawn_agent",
         f"{NAMESPACE}__wait_agent",
     ]
-    assert body["messages"][0]["role"] == "system"  # Codex's developer message
+    assert [m["role"] for m in body["messages"]] == [
+        "system",
+        "user",
+        "user",
+    ]  # its developer messages as one
     # a request with only function tools has no such header
     plain = daemon.http("POST", "/v1/responses", json={"model": "tiny", "input": "hi"})
     assert plain.status_code == 200 and "x-modelrunner-dropped-tools" not in plain.headers

@@ -331,3 +331,14 @@ def test_reasoning_the_daemon_did_not_write_is_accepted_and_ignored(encrypted: o
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "a"},
     ]
+
+
+def test_leading_system_messages_reach_the_engine_as_one() -> None:
+    """Codex sends two developer messages first; a template such as Qwen3.5's refuses a second system."""
+    request = codex_request(instructions="Be brief.")
+    messages = shapes.chat_body(request, shapes.chat_messages(shapes.input_items(request.input)))["messages"]
+    developer = ["".join(part["text"] for part in item["content"]) for item in CODEX["input"][:2]]
+    assert messages[0] == {"role": "system", "content": "\n\n".join(["Be brief.", *developer])}
+    assert [m["role"] for m in messages[1:]] == ["user", "user"]
+    later = [{"role": "user", "content": "q"}, {"role": "system", "content": "s"}]
+    assert shapes.chat_body(shapes.check_request({"model": "m", "input": "q"}), later)["messages"] == later

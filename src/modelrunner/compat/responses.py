@@ -369,10 +369,27 @@ def _chat_function(tool: dict[str, Any], where: str) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def _one_system_prompt(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The leading system messages (instructions, developer messages: Codex sends two) as one, paragraphs
+    apart: templates take one system message at the start and refuse a second (llama.cpp's
+    models/templates/Qwen3.5-4B.jinja: "System message must be at the beginning.")."""
+    leading = 0
+    while (
+        leading < len(messages)
+        and messages[leading]["role"] == "system"
+        and isinstance(messages[leading]["content"], str)
+    ):
+        leading += 1
+    if leading < 2:
+        return messages
+    joined = "\n\n".join(message["content"] for message in messages[:leading])
+    return [{"role": "system", "content": joined}, *messages[leading:]]
+
+
 def chat_body(request: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": request.model, "messages": messages}
     if request.instructions:
-        body["messages"] = [{"role": "system", "content": request.instructions}, *messages]
+        messages = [{"role": "system", "content": request.instructions}, *messages]
+    body: dict[str, Any] = {"model": request.model, "messages": _one_system_prompt(messages)}
     for source, target in (
         ("max_output_tokens", "max_tokens"),
         ("temperature", "temperature"),
