@@ -476,7 +476,9 @@ def compose(options: DeployOptions) -> str:
     service: dict[str, Any] = {
         "image": options.image_ref,
         "command": ["serve", "--host", "0.0.0.0", "--port", str(PORT)],
-        "ports": [f"{PORT}:{PORT}"] if options.replicas == 1 else [str(PORT)],
+        # published on the host's loopback only, as the daemon listens when not in a container; replicas get
+        # a host port each, chosen by Docker (also on loopback)
+        "ports": [f"127.0.0.1:{PORT}:{PORT}" if options.replicas == 1 else f"127.0.0.1::{PORT}"],
         "environment": {
             "MODEL_RUNNER_API_KEY": "${MODEL_RUNNER_API_KEY:?set MODEL_RUNNER_API_KEY (the API key)}",
             "MODEL_RUNNER_MEMORY_BUDGET": str(max(memory - DAEMON_MEMORY, 256 * MiB)),

@@ -92,6 +92,8 @@ def test_the_example_compose_file_parses_as_compose() -> None:
     assert set(document) == {"name", "services", "volumes"}
     for service in document["services"].values():
         assert service["read_only"] is True and service["user"] == "10001:10001"
+    # published on the host's loopback only (issue 36 item 8: it was every interface)
+    assert document["services"]["modelrunner"]["ports"] == ["127.0.0.1:12434:12434"]
 
 
 @pytest.fixture(scope="module")

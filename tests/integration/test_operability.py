@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from modelrunner.scheduler import rundir
 from modelrunner.scheduler.runner import process_stat
 from tests.daemon import Daemon, Daemons, free_port, parse_logfmt
 from tests.models import write_tiny_gguf
@@ -263,6 +264,7 @@ def test_a_daemon_stopped_by_sigterm_cleans_up_and_has_its_last_lines_in_its_log
     daemon.process.terminate()
     assert daemon.process.wait(30) == -signal.SIGTERM
     assert not (daemon.home / "daemon.pid").exists()  # no pid left for `model stop-runner` to signal later
+    assert not rundir.runtime_dir(daemon.home).exists()  # its engines' sockets and records went with them
     lines = (daemon.home / "logs" / "daemon.log").read_text().splitlines()
     assert "Application shutdown complete" in lines[-2] and "Finished server process" in lines[-1]
     events = [parse_logfmt(line) for line in lines if " event=" in line]

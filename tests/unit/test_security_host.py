@@ -30,6 +30,10 @@ def test_local_hosts_are_allowed(host: str) -> None:
         "127.0.0.1:",
         "127.0.0.1:\uff18\uff10",  # non-ASCII digits are no port
         "127.0.0.1@evil.example",
+        "localhost:99999",  # no such port (issue 36 item 8)
+        "localhost:0",
+        "[::1]:65536",
+        "localhost:" + "9" * 40,
     ],
 )
 def test_anything_after_the_port_is_refused(host: str) -> None:

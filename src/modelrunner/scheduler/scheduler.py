@@ -18,6 +18,7 @@ crashes) runs without one and names the model instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import math
@@ -706,6 +707,11 @@ class Scheduler:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        # every engine is gone: its sockets and pid records with it; a record left (an engine that would not
+        # end) keeps the folder for the next start's end_orphans
+        for folder in (self.run_dir / "pids", self.run_dir):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 async def _wait(flag: asyncio.Event, seconds: float | None) -> bool:

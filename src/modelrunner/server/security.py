@@ -89,8 +89,10 @@ class SecurityPolicy:
             rest = ":" + rest
         else:
             rest = ""
-        # what follows the host must be a port and nothing else: "127.0.0.1:80@evil.example" is refused
-        if rest and not (rest[0] == ":" and rest[1:].isdigit() and rest[1:].isascii()):
+        # what follows the host must be a port (1-65535) and nothing else: "127.0.0.1:80@evil.example" and
+        # "localhost:99999" are refused
+        port = rest[1:]
+        if rest and not (rest[0] == ":" and port.isdigit() and port.isascii() and 0 < int(port[:6]) <= 65535):
             return False
         return host in _LOCAL_HOSTS or host in self.allowed_hosts
 
