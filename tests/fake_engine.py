@@ -22,8 +22,9 @@ closes the connection that long after each stream without saying so (as llama-se
 whatever came meanwhile unread (event `dropped_unread`);
 FAKE_STREAM_FRAMING frames a chat stream otherwise than chunked: `length` (the whole stream, then sent with
 its Content-Length), `close` (no length, the end of the connection ends it). FAKE_FIRST_CHUNK_DELAY:
-seconds between a chat stream's head and its first chunk (llama-server sends the head as its prefill
-starts).
+seconds between a stream's head and its first chunk or event (llama-server sends the head as its prefill
+starts); a connection closed meanwhile ends it (event `prefill_cancelled`, with the time it was seen), as
+one closed during a FAKE_CHUNK_DELAY does (event `cancelled`).
 Hostile engines: FAKE_STALL_AFTER (after that many streamed chunks, send nothing more, the connection left
 open, /health still answered; event `stalled`), FAKE_BAD_CHUNK_AFTER (after that many, a chunk whose size
 line is invalid, then the connection closed; event `bad_chunk`).
@@ -241,7 +242,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
         if self.framing != "length":  # a sized stream's head goes with its whole body (`_chunk`)
             self.end_headers()
-        time.sleep(float(os.environ.get("FAKE_FIRST_CHUNK_DELAY", "0")))
+        if not self._prefill():
+            return
         text = os.environ.get("FAKE_TEXT")
         pieces = [text[i : i + 7] for i in range(0, len(text), 7)] if text else []
         chunks = len(pieces) if text else int(os.environ.get("FAKE_CHUNKS", "5"))
@@ -281,7 +283,8 @@ class Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     return
                 _event("token", index=i)
-                time.sleep(float(os.environ.get("FAKE_CHUNK_DELAY", "0")))
+                if not self._silent(float(os.environ.get("FAKE_CHUNK_DELAY", "0")), "cancelled"):
+                    return
             # as llama-server ends a stream: the finish reason, then the usage when asked for
             end = {**top, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
             self._chunk(f"data: {json.dumps(end)}\n\n".encode())
@@ -452,11 +455,35 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        if not self._prefill():
+            return
         for event in events:
             self._chunk(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
-            if event["type"] == "content_block_delta":
-                time.sleep(delay)
+            if event["type"] == "content_block_delta" and not self._silent(delay, "cancelled"):
+                return
         self._chunk(b"")
+
+    def _prefill(self) -> bool:
+        """FAKE_FIRST_CHUNK_DELAY seconds of silence after a stream's head (a prefill): `_silent`'s."""
+        return self._silent(float(os.environ.get("FAKE_FIRST_CHUNK_DELAY", "0")), "prefill_cancelled")
+
+    def _silent(self, seconds: float, closed_event: str) -> bool:
+        """Seconds of silence in an answer, watching the connection as llama-server does: False when it was
+        closed meanwhile (event `closed_event`, `at` the time.time() it was seen)."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if not select.select([self.connection], [], [], left)[0]:
+                continue
+            try:
+                closed = not self.connection.recv(1, socket.MSG_PEEK)
+            except OSError:
+                closed = True
+            if closed:
+                _event(closed_event, at=time.time())
+                self.close_connection = True
+                return False
+            time.sleep(left)  # bytes of a next request: read once this answer is done
+        return True
 
     def _chunk(self, data: bytes) -> None:
         """A piece of the answer's body (b"": its end), framed as FAKE_STREAM_FRAMING says."""
