@@ -7,6 +7,7 @@ reasoning sent back in `input` reaches the engine again. Real daemon, the fake e
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,13 @@ def stream_items(daemon: InProcessDaemon, request: dict[str, Any]) -> tuple[dict
 
 
 def test_codexs_request_reaches_the_engine_with_function_tools_only(
-    fake_daemons: FakeDaemons, tmp_path: Path
+    fake_daemons: FakeDaemons, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     daemon, events = start(fake_daemons, tmp_path)
-    headers, _ = stream_items(daemon, codex_request())
+    with caplog.at_level(logging.INFO, logger="modelrunner.server.responses_api"):
+        headers, _ = stream_items(daemon, codex_request())
     assert headers["x-modelrunner-dropped-tools"] == "web_search"
+    assert "tools not available locally, dropped: web_search" in caplog.text
     [body] = engine_bodies(events)
     assert [t["function"]["name"] for t in body["tools"]] == [
         "exec_command",
