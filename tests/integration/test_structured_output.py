@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import jsonschema
 import ollama
 import openai
+import pydantic
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from openai.types.responses import ResponseTextConfigParam
@@ -190,3 +192,59 @@ def test_a_runner_is_left_for_the_next_request(wrong: InProcessDaemon) -> None:
     response = wrong.http("POST", "/v1/chat/completions", json={"model": "tiny", "messages": HI})
     assert response.status_code == 200 and HEADER not in response.headers
     assert response.json()["choices"][0]["message"]["content"] == WRONG
+
+
+# -- an answer cut by its token limit (issue 37) ---------------------------------------------------------
+
+CUT = 3  # tokens: `{"answer` and no more
+
+
+class Answer(pydantic.BaseModel):
+    answer: Literal["yes", "no"]
+
+
+def test_openai_parse_raises_the_sdk_s_length_error(daemon: Daemon) -> None:
+    """As OpenAI answers it: the cut JSON comes back with `finish_reason: "length"` (its head saying it was
+    not validated), so `parse()` raises the SDK's own LengthFinishReasonError after one request; a 502 was
+    retried (three full-length requests) and raised a generic server error."""
+    sent: list[object] = []
+    counting = openai.DefaultHttpxClient(event_hooks={"request": [sent.append]})
+    client = openai.OpenAI(base_url=daemon.url + "/engines/v1", api_key="unused", http_client=counting)
+    with pytest.raises(openai.LengthFinishReasonError):
+        client.chat.completions.parse(model="tiny", messages=HI, max_tokens=CUT, response_format=Answer)
+    assert len(sent) == 1  # not retried
+    with (
+        client.chat.completions.stream(
+            model="tiny", messages=HI, max_tokens=CUT, response_format=Answer
+        ) as stream,
+        pytest.raises(openai.LengthFinishReasonError),
+    ):
+        for _ in stream:
+            pass
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=HI, max_tokens=CUT, response_format={"type": "json_object"}
+    )
+    assert raw.headers[HEADER] == "unvalidated"
+    choice = raw.parse().choices[0]
+    assert choice.finish_reason == "length"
+
+
+def test_responses_and_ollama_answers_cut_by_their_limit_are_answered(daemon: Daemon) -> None:
+    text = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA}}
+    body = {"model": "tiny", "input": "hi", "text": text, "max_output_tokens": CUT}
+    response = daemon.http("POST", "/v1/responses", json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["status"] == "incomplete"
+    assert answer["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert response.headers[HEADER] == "unvalidated"
+    chat = ollama.Client(host=daemon.url).chat(
+        model="tiny", messages=HI, format=SCHEMA, options={"num_predict": CUT}
+    )
+    assert chat.done_reason == "length" and chat.message.content
+    streamed = list(
+        ollama.Client(host=daemon.url).chat(
+            model="tiny", messages=HI, format=SCHEMA, stream=True, options={"num_predict": CUT}
+        )
+    )
+    assert streamed[-1].done_reason == "length"

@@ -98,14 +98,35 @@ def chat_answer(content: str, **message: Any) -> dict[str, Any]:
 
 def test_whole_answers_are_checked() -> None:
     constraint = constraint_of(LlamaCppEngine)
-    constraint.check_answer(chat_answer('{"answer": "yes"}'))
-    constraint.check_answer({"choices": [{"index": 0, "text": '{"answer": "no"}'}]})
+    assert constraint.check_answer(chat_answer('{"answer": "yes"}'))
+    assert constraint.check_answer({"choices": [{"index": 0, "text": '{"answer": "no"}'}]})
     with pytest.raises(ConstraintFailed, match=r"does not match.*'maybe' is not one of.*answer"):
         constraint.check_answer(chat_answer('{"answer": "maybe"}'))
     with pytest.raises(ConstraintFailed, match="not JSON"):
-        constraint.check_answer({"choices": [{"index": 0, "text": '{"ans', "finish_reason": "length"}]})
+        constraint.check_answer({"choices": [{"index": 0, "text": '{"ans', "finish_reason": "stop"}]})
     # a tool call is the answer: there is no JSON text to check
     constraint.check_answer(chat_answer("", tool_calls=[{"function": {"name": "f", "arguments": "{}"}}]))
+
+
+def test_an_answer_cut_by_its_token_limit_is_passed_on_unchecked() -> None:
+    """As OpenAI answers it: the client sees `finish_reason: "length"` (the SDKs' LengthFinishReasonError),
+    not a 502 it would retry."""
+    constraint = constraint_of(LlamaCppEngine)
+    assert not constraint.check_answer(
+        {"choices": [{"index": 0, "text": '{"ans', "finish_reason": "length"}]}
+    )
+    cut = {
+        "index": 0,
+        "message": {"role": "assistant", "content": '{"answer": "may'},
+        "finish_reason": "length",
+    }
+    assert not constraint.check_answer({"choices": [cut]})
+    check = StreamCheck(constraint)
+    finish = (
+        b"data: " + json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}).encode()
+    )
+    assert check.feed(event('{"answer": "ma') + finish + b"\n\ndata: [DONE]\n\n")
+    assert check.end() == b"data: [DONE]\n\n"
 
 
 def event(content: str) -> bytes:

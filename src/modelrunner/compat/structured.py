@@ -6,8 +6,11 @@ llama-server and vLLM build a grammar from `response_format` on chat completions
 `/v1/completions` parses only its own `json_schema` field (tools/server/server-common.cpp handles
 `response_format` for chat), so that field is added there. Whatever the engine did, the final text is
 validated with jsonschema: an answer that does not validate is an error, never passed on as if it did.
-`X-Modelrunner-Constraint` says `enforced` (the engine was given the grammar) or `validated` (only
-checked after).
+An answer cut by its token limit (`finish_reason: "length"`) is not checked: it is passed on as it is, as
+OpenAI does, for the client to see the length it reached (the OpenAI SDKs' `LengthFinishReasonError`;
+a 5xx would be retried, three full-length requests for one). `X-Modelrunner-Constraint` says `enforced`
+(the engine was given the grammar) or `validated` (only checked after); a whole answer that was cut says
+`unvalidated`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from modelrunner.errors import BadRequest, ModelRunnerError
 from modelrunner.wire import sse_events
 
 HEADER = b"x-modelrunner-constraint"
+UNVALIDATED = (HEADER, b"unvalidated")  # a whole answer cut by its token limit: passed on unchecked
+CUT = "length"  # the finish reason of an answer cut by its token limit
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # `json_object`: llama-server's grammar for it
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 
@@ -100,27 +105,34 @@ class Constraint:
             return {**doc, "json_schema": self.schema}
         return doc
 
-    def check_answer(self, doc: dict[str, Any]) -> None:
-        """An unstreamed chat or completions answer: each choice's text must validate."""
+    def check_answer(self, doc: dict[str, Any]) -> bool:
+        """An unstreamed chat or completions answer: each choice's text must validate, unless it was cut by
+        its token limit; whether every choice was checked."""
+        checked = True
         for choice in doc.get("choices") or []:
             message = choice.get("message") or {}
             if message.get("tool_calls"):
                 continue  # the model called a tool: there is no JSON answer to check
             text = message.get("content") if "message" in choice else choice.get("text")
-            self.check_text(text if isinstance(text, str) else "", choice.get("finish_reason"))
+            checked &= self.check_text(text if isinstance(text, str) else "", choice.get("finish_reason"))
+        return checked
 
-    def check_text(self, text: str, finish: str | None) -> None:
+    def check_text(self, text: str, finish: str | None) -> bool:
+        """Whether the text was checked (a ConstraintFailed if it does not validate); an answer cut by its
+        token limit is not: incomplete JSON is what such an answer is."""
+        if finish == CUT:
+            return False
         try:
             value = json.loads(text)
         except ValueError:
-            cut = " (cut by the token limit)" if finish == "length" else ""
-            raise ConstraintFailed(f"the model's answer is not JSON{cut}: {text[:80]!r}") from None
+            raise ConstraintFailed(f"the model's answer is not JSON: {text[:80]!r}") from None
         error = exceptions.best_match(validators.validator_for(self.schema)(self.schema).iter_errors(value))
         if error is not None:
             raise ConstraintFailed(
                 f"the model's answer does not match the requested JSON schema: {error.message} "
                 f"(at {error.json_path})"
             )
+        return True
 
 
 @dataclass

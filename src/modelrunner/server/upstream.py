@@ -256,13 +256,20 @@ class EngineCall:
             return status, body
         try:
             doc = json.loads(body)
-            self.constraint.check_answer(doc if isinstance(doc, dict) else {})
+            if not self.constraint.check_answer(doc if isinstance(doc, dict) else {}):
+                self._say_unvalidated()
         except (ValueError, UnicodeDecodeError):
             failed = structured.ConstraintFailed("the engine sent an answer that is not JSON")
             return failed.status_code, json.dumps(error_body(failed.status_code, failed.message)).encode()
         except structured.ConstraintFailed as exc:
             return exc.status_code, json.dumps(error_body(exc.status_code, exc.message)).encode()
         return status, body
+
+    def _say_unvalidated(self) -> None:
+        """The head of an answer cut by its token limit says that its JSON was not checked."""
+        headers = self.exchange.answer_headers
+        headers[:] = [header for header in headers if header[0] != structured.HEADER]
+        self.exchange.announce(structured.UNVALIDATED)
 
     def _shortened(self, shortening: Shortening, body: bytes) -> tuple[int, bytes]:
         try:
