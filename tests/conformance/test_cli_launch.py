@@ -455,7 +455,7 @@ def test_agents_get_the_models_context_window(fake_daemon: InProcessDaemon, tmp_
     """Issue 34: Claude Code gets the model's window (CLAUDE_CODE_MAX_CONTEXT_TOKENS, else it assumes 1M for
     a model it does not know) and no token-count reminder; Codex, which ignores OPENAI_BASE_URL, gets the
     runner as its provider in a config folder of its own (never the user's ~/.codex), with the model and
-    its window; the tiny model was trained with 512 tokens."""
+    its window: the tiny model's trained 512 tokens, then the 2048 `configure` sets."""
     env = launch_env(tmp_path, fake_daemon.url, "claude", "codex")
     (tmp_path / "user" / ".codex").mkdir()
     for app in ("claude", "codex"):
@@ -481,6 +481,13 @@ def test_agents_get_the_models_context_window(fake_daemon: InProcessDaemon, tmp_
     )
     assert KEY not in (codex_home / "config.toml").read_text()  # the key stays in the environment
     assert not any((tmp_path / "user" / ".codex").iterdir())
+    # a context set with `configure` is the one the engine serves (stretched beyond the trained 512)
+    configured = run_cli(env, "configure", "--context-size", "2048", "tiny")
+    assert configured.returncode == 0, configured.stderr
+    for app in ("claude", "codex"):
+        assert run_cli(env, "launch", app, "--model", "tiny").returncode == 0
+    assert recorded(tmp_path, "claude")["env"]["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "2048"
+    assert "model_context_window = 2048\n" in (codex_home / "config.toml").read_text()
 
 
 def test_opencode_files_where_opencode_reads_them(fake_daemon: InProcessDaemon, tmp_path: Path) -> None:

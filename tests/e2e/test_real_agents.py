@@ -9,6 +9,12 @@ What each agent sent is read from the daemon's request recorder: the tool's outp
 have read) in turn 2's request, and turn 2's prompt extending turn 1's: the system prompt, the tools and turn
 1's messages unchanged, so an engine's prompt cache serves them (the scripted engine keeps no cache; the share
 asserted here is the prompt's unchanged prefix, what a cache can serve at most).
+
+Then each agent once on the real llama-server, with the tiny random-weight model (which calls no tool: the
+session's second turn is the agent's own "continue the last session" with a new prompt): both runs exit 0,
+and the usage llama-server reported for turn 2 says at least 90 % of its prompt came from the cache. Turn 1
+prefills the agent's whole first prompt (Claude Code's: ~47k of the tiny vocabulary's tokens, ~4 minutes on
+two loaded cores), hence the longer bound.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +33,7 @@ from typing import Any
 import pytest
 
 from tests.conformance.dmr_daemons import FakeDaemons, cli_env
+from tests.daemon import Daemon, free_port
 from tests.inprocess import InProcessDaemon
 from tests.models import write_tiny_gguf
 
@@ -35,6 +43,10 @@ CONTEXT = 65536  # above every agent's first prompt (Claude Code's ~12.6k tokens
 SECRET = "the secret word is pelican"
 PROMPT = "Read note.txt and tell me the secret word."
 SESSION_TIMEOUT = 180  # seconds for a whole session, the agent killed (with its children) beyond it
+LLAMA_TURN_TIMEOUT = 600  # one turn on llama-server (Claude Code abandons a request after 10 minutes)
+# The random-weight model's answer is noise, the history's next turn as long as Claude Code lets it be (and
+# not what it re-tokenizes to): capped, it is what a real model's short answer would be to turn 2's prompt.
+SHORT_ANSWERS = {"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,7 @@ class Agent:
     tool: str  # the tool the scripted model calls, and its arguments (`{file}`: the note's absolute path)
     tool_args: str
     route: str  # where its requests arrive
+    continued: tuple[str, ...]  # headless, its last session continued with a second prompt
 
     def binary(self) -> Path:
         return AGENTS / self.package / "node_modules" / ".bin" / self.app
@@ -52,12 +65,26 @@ class Agent:
 
 CLAUDE_ARGS = ("-p", PROMPT, "--allowedTools", "Read")  # as root, --dangerously-skip-permissions is refused
 CLAUDE_READ = '{"file_path": "{file}"}'
+GO_ON = "Go on."
+CLAUDE_GO_ON = ("-c", "-p", GO_ON)
 AGENT_CASES = {
     "claude-2.1.332": Agent(
-        "claude", "claude-code-2.1.332", CLAUDE_ARGS, "Read", CLAUDE_READ, "/anthropic/v1/messages"
+        "claude",
+        "claude-code-2.1.332",
+        CLAUDE_ARGS,
+        "Read",
+        CLAUDE_READ,
+        "/anthropic/v1/messages",
+        CLAUDE_GO_ON,
     ),
     "claude-2.1.197": Agent(
-        "claude", "claude-code-2.1.197", CLAUDE_ARGS, "Read", CLAUDE_READ, "/anthropic/v1/messages"
+        "claude",
+        "claude-code-2.1.197",
+        CLAUDE_ARGS,
+        "Read",
+        CLAUDE_READ,
+        "/anthropic/v1/messages",
+        CLAUDE_GO_ON,
     ),
     # exec's default sandbox is read-only, which lets `cat` read the note
     "codex-0.171.0": Agent(
@@ -67,6 +94,7 @@ AGENT_CASES = {
         "exec_command",
         '{"cmd": "cat {file}"}',
         "/v1/responses",
+        ("exec", "resume", "--last", "--skip-git-repo-check", GO_ON),
     ),
     "opencode-1.18.33": Agent(
         "opencode",
@@ -75,6 +103,7 @@ AGENT_CASES = {
         "read",
         '{"filePath": "{file}"}',
         "/v1/chat/completions",
+        ("run", "--continue", GO_ON),
     ),
 }
 
@@ -97,14 +126,22 @@ def agent_daemon(fake_daemons: FakeDaemons, agent: Agent, note: Path) -> InProce
     return daemon
 
 
-def run_session(agent: Agent, daemon: InProcessDaemon, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def run_session(
+    agent: Agent,
+    url: str,
+    tmp_path: Path,
+    args: tuple[str, ...] | None = None,
+    timeout: float = SESSION_TIMEOUT,
+    **extra: str,
+) -> subprocess.CompletedProcess[str]:
     """`model launch APP --model tiny -- ARGS` in the note's folder, the agent alone in a HOME of its own
     (its XDG folders under it), bounded: on timeout the session's process group is killed."""
     home, work = tmp_path / "user", tmp_path / "work"
-    home.mkdir()
+    home.mkdir(exist_ok=True)
+    work.mkdir(exist_ok=True)
     env = cli_env(
         tmp_path,
-        daemon.url,
+        url,
         HOME=str(home),
         PATH=f"{installed(agent).parent}{os.pathsep}/usr/bin{os.pathsep}/bin",
         XDG_CONFIG_HOME=str(home / ".config"),
@@ -114,8 +151,10 @@ def run_session(agent: Agent, daemon: InProcessDaemon, tmp_path: Path) -> subpro
         PWD=str(work),  # OpenCode takes its project folder from it, not from the working directory
         TERM="dumb",
         NO_COLOR="1",
+        **extra,
     )
-    command = [sys.executable, "-m", "modelrunner", "launch", agent.app, "--model", MODEL, "--", *agent.args]
+    words = agent.args if args is None else args
+    command = [sys.executable, "-m", "modelrunner", "launch", agent.app, "--model", MODEL, "--", *words]
     with subprocess.Popen(
         command,
         cwd=work,
@@ -127,33 +166,35 @@ def run_session(agent: Agent, daemon: InProcessDaemon, tmp_path: Path) -> subpro
         start_new_session=True,
     ) as session:
         try:
-            stdout, stderr = session.communicate(timeout=SESSION_TIMEOUT)
+            stdout, stderr = session.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(session.pid, signal.SIGKILL)
             stdout, stderr = session.communicate()
-            pytest.fail(
-                f"{agent.app} did not finish in {SESSION_TIMEOUT} s\n{stdout[-2000:]}\n{stderr[-2000:]}"
-            )
+            pytest.fail(f"{agent.app} did not end within {timeout} s\n{stdout[-2000:]}\n{stderr[-2000:]}")
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(session.pid, signal.SIGKILL)  # whatever the agent left running
     return subprocess.CompletedProcess(command, session.returncode, stdout, stderr)
 
 
-def recorded(daemon: InProcessDaemon) -> list[dict[str, Any]]:
+def recorded(daemon: Daemon | InProcessDaemon) -> list[dict[str, Any]]:
     """Every request the recorder kept, in the order they came."""
     listing = daemon.http("GET", "/engines/requests").json()
     records = [record for model in listing for record in model["records"]]
     return sorted(records, key=lambda record: int(record["id"].rsplit("_", 1)[1]))
 
 
-def without_cache_marks(value: Any) -> Any:
-    """A prompt with Anthropic's `cache_control` marks left out: Claude Code moves its last mark to the
-    newest message every turn, which no engine's prompt renders."""
+def as_rendered(value: Any) -> Any:
+    """A prompt as a template sees it: Anthropic's `cache_control` marks left out (Claude Code moves its last
+    mark to the newest message every turn, and no engine renders them) and a message's content as text
+    blocks (Claude Code sends a system message's text as blocks, then as a string when it sends it again)."""
     if isinstance(value, dict):
-        return {k: without_cache_marks(v) for k, v in value.items() if k != "cache_control"}
+        rendered = {k: as_rendered(v) for k, v in value.items() if k != "cache_control"}
+        if "role" in value and isinstance(value.get("content"), str):
+            rendered["content"] = [{"type": "text", "text": value["content"]}]
+        return rendered
     if isinstance(value, list):
-        return [without_cache_marks(item) for item in value]
+        return [as_rendered(item) for item in value]
     return value
 
 
@@ -163,12 +204,36 @@ def prompt_text(body: dict[str, Any]) -> str:
     turns = body.get("messages") or body.get("input") or []
     if isinstance(turns, str):
         turns = [turns]
-    return "".join(json.dumps(without_cache_marks(part)) for part in [*parts, *turns])
+    return "".join(json.dumps(as_rendered(part), sort_keys=True) for part in [*parts, *turns])
 
 
 def unchanged_share(first: str, second: str) -> float:
     common = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), len(first))
     return min(common, len(second)) / len(second)
+
+
+def assert_exited_0(
+    name: str, session: subprocess.CompletedProcess[str], records: list[dict[str, Any]]
+) -> None:
+    refused = [f"{r['url']} {r['status_code']}: {r.get('error')}" for r in records if r["status_code"] >= 400]
+    assert session.returncode == 0, (
+        f"{name} exited {session.returncode}\nstdout: {session.stdout[-3000:]}\n"
+        f"stderr: {session.stderr[-3000:]}\nrefused requests recorded: {refused}"
+    )
+
+
+def cached_share(answer: dict[str, Any]) -> float:
+    """The share of a turn's prompt that the engine's cache served, from the usage of its answer (Messages:
+    `input_tokens` is the uncached part; chat and Responses: the cached part of the whole)."""
+    usage = answer["usage"]
+    if "cache_read_input_tokens" in usage:
+        cached = usage["cache_read_input_tokens"]
+        whole = usage["input_tokens"] + cached + (usage.get("cache_creation_input_tokens") or 0)
+    elif "prompt_tokens" in usage:
+        cached, whole = usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]
+    else:
+        cached, whole = usage["input_tokens_details"]["cached_tokens"], usage["input_tokens"]
+    return float(cached / whole)
 
 
 def main_turns(agent: Agent, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -193,15 +258,9 @@ def test_a_real_agent_completes_a_two_turn_session(
     note = tmp_path / "work" / "note.txt"
     note.write_text(SECRET + "\n")
     daemon = agent_daemon(fake_daemons, agent, note)
-    session = run_session(agent, daemon, tmp_path)
+    session = run_session(agent, daemon.url, tmp_path)
     records = recorded(daemon)
-    refused = [
-        f"{r['url']} {r['status_code']}: {r.get('error', '')}" for r in records if r["status_code"] >= 400
-    ]
-    assert session.returncode == 0, (
-        f"{name} exited {session.returncode}\nstdout: {session.stdout[-3000:]}\n"
-        f"stderr: {session.stderr[-3000:]}\nrefused requests recorded: {refused}"
-    )
+    assert_exited_0(name, session, records)
     assert SECRET in session.stdout  # the answer, quoting the tool's output, reached the agent
     turns = main_turns(agent, records)
     assert len(turns) >= 2, [(r["url"], r["status_code"]) for r in records]
@@ -213,3 +272,36 @@ def test_a_real_agent_completes_a_two_turn_session(
     assert "found: " in second["response"]
     share = unchanged_share(prompt_text(first["body"]), prompt_text(second["body"]))
     assert share >= 0.9, f"turn 2's prompt keeps only {share:.1%} of turn 1's unchanged"
+
+
+@pytest.fixture(scope="module")
+def llama_daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
+    """The daemon on llama-server, the tiny model packaged with a window for the agents' prompts."""
+    home = tmp_path_factory.mktemp("real-agents")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
+        running = Daemon(home / "home", free_port()).start()
+    try:
+        gguf = write_tiny_gguf(home / "tiny.gguf", context_length=CONTEXT)
+        packaged = running.cli("package", "--gguf", str(gguf), MODEL)
+        assert packaged.returncode == 0, packaged.stderr
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize("name", sorted(AGENT_CASES))
+def test_a_real_agent_session_on_llama_server(name: str, llama_daemon: Daemon, tmp_path: Path) -> None:
+    agent = AGENT_CASES[name]
+    installed(agent)
+    before = len(recorded(llama_daemon))
+    for args in (agent.args, agent.continued):
+        session = run_session(agent, llama_daemon.url, tmp_path, args, LLAMA_TURN_TIMEOUT, **SHORT_ANSWERS)
+        assert_exited_0(name, session, recorded(llama_daemon)[before:])
+    turns = main_turns(agent, recorded(llama_daemon)[before:])
+    assert len(turns) >= 2, turns
+    first, last = turns[0], turns[-1]
+    assert GO_ON in last["request"] and GO_ON not in first["request"]
+    share = cached_share(json.loads(last["response"]))
+    usage = [json.loads(turn["response"])["usage"] for turn in (first, last)]
+    assert share >= 0.9, f"{name}: {share:.1%} of turn 2's prompt came from the cache; usage: {usage}"

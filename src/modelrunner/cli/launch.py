@@ -405,16 +405,19 @@ class ModelFacts(NamedTuple):
 
 
 def model_facts(model: str) -> ModelFacts:
-    """What the daemon says of the model (Ollama's /api/show: `tools` among its capabilities; its context
-    window: the one it is packaged with, at most the one it was trained with, the engine's cap)."""
+    """What the daemon says of the model: Ollama's /api/show (`tools` among its capabilities) and the context
+    window the engine serves it with: the one `configure` set, else the one it is packaged with, else the
+    one it was trained with (llama-server's default, and what a longer one is stretched to serve)."""
     from modelrunner.cli.common import client
 
-    shown = client().call("POST", "/api/show", payload={"model": model})
+    daemon = client()
+    shown = daemon.call("POST", "/api/show", payload={"model": model})
     info = shown.get("model_info") or {}
-    architecture = info.get("general.architecture")
-    windows = [info.get("context_length"), info.get(f"{architecture}.context_length")]
-    known = [w for w in windows if isinstance(w, int) and not isinstance(w, bool) and w > 0]
-    return ModelFacts("tools" in (shown.get("capabilities") or []), min(known) if known else None)
+    configured = [entry.config.get("context-size") for entry in daemon.configuration(model)]
+    trained = info.get(f"{info.get('general.architecture')}.context_length")
+    windows = [*configured, info.get("context_length"), trained]
+    served = next((w for w in windows if isinstance(w, int) and not isinstance(w, bool) and w > 0), None)
+    return ModelFacts("tools" in (shown.get("capabilities") or []), served)
 
 
 def prepare_model(app: str, runner: Runner) -> Runner:
