@@ -120,6 +120,33 @@ def test_count_tokens(daemon: Daemon) -> None:
     assert 0 < short < longer
 
 
+def test_claude_codes_request_with_a_system_message_in_messages(daemon: Daemon) -> None:
+    """Claude Code 2.1.197's captured request shape (a `role: "system"` message after the user's, adaptive
+    thinking, context management), its texts shortened and its tools left out (the tiny model's context is
+    512 tokens): llama-server answers it, and counts the system message."""
+    captured = golden.load("claude_code_2_1_197_request")
+    request = {**captured["body"], "model": "tiny", "max_tokens": 4, "temperature": 0, "top_k": 1}
+    request["system"] = captured["body"]["system"][:1]
+    request["messages"] = [
+        {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": "Available agent types: Explore, Plan."},
+    ]
+    del request["tools"]
+    headers = {"anthropic-beta": captured["headers"]["anthropic-beta"]}
+    with httpx.stream(
+        "POST", daemon.url + "/v1/messages?beta=true", json=request, headers=headers, timeout=120
+    ) as r:
+        assert r.status_code == 200, r.read()
+        kinds = [json.loads(line[6:])["type"] for line in r.iter_lines() if line.startswith("data: ")]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    counted = {k: v for k, v in request.items() if k in ("model", "system", "messages")}
+    both = daemon.http("POST", "/v1/messages/count_tokens", json=counted).json()["input_tokens"]
+    user_only = daemon.http(
+        "POST", "/v1/messages/count_tokens", json={**counted, "messages": counted["messages"][:1]}
+    ).json()["input_tokens"]
+    assert both > user_only > 0
+
+
 def test_unknown_model_is_a_not_found_error(daemon: Daemon) -> None:
     with pytest.raises(anthropic.NotFoundError) as missing:
         client_for(daemon).messages.create(model="absent", max_tokens=4, messages=HI)
