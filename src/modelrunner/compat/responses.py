@@ -10,8 +10,9 @@ is taken as the API has it, within what a local engine can do:
 * `include: ["reasoning.encrypted_content"]`: each reasoning item carries an `encrypted_content` that gives
   its reasoning back when the item returns in `input` (Codex keeps no state on the server: `store: false`).
   It is not a secret (a local model's reasoning is the user's own): the text in base64 with the digest
-  that says the daemon wrote it (`decrypted_reasoning`); one the daemon cannot read (OpenAI's, from another
-  provider) is ignored, as the reasoning of a turn the engine did not write.
+  that says the daemon wrote it (the thinking blocks' signature, compat/thinking_signature.py;
+  `decrypted_reasoning`); one the daemon cannot read (OpenAI's, another provider's) is ignored, as the
+  reasoning of a turn the engine did not write.
 * `namespace` tools (a named group of function tools): each function goes to the engine as
   `NAMESPACE__NAME` (`flat_name`), and a call of it comes back as OpenAI answers one, `name` and
   `namespace` apart (`FunctionNames`).
