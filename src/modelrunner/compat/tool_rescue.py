@@ -12,13 +12,20 @@ A text is rescued only when everything from the first call marker on is calls (w
 each naming a tool the request declared, with arguments that validate against that tool's JSON Schema;
 the text before the first marker stays the answer's text. Anything else is left alone: a rescue never
 guesses. `Holdback` is the same rule for a stream: it holds back only text that may still become a call.
+
+Reading is linear in the text, whatever it holds (issue 36 item 1: a backtracking expression took ~50 s over
+10,000 unclosed `<parameter=a>`): one scan with `str.find`, each block read once when its closer comes (a
+stream's too, as it comes), and bounded: a text over MAX_CHARS, or one whose reading outlasts MAX_SECONDS,
+is left as the text it is, with a log line saying why.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,18 +33,28 @@ import jsonschema
 import referencing.exceptions
 
 from modelrunner.compat.assemble import CHAT, MESSAGES
+from modelrunner.eventlog import event
+
+log = logging.getLogger(__name__)
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
+PARAMETER_OPEN = "<parameter="
+PARAMETER_CLOSE = "</parameter>"
 MARKERS = (CALL_OPEN, FUNCTION_OPEN)
+BLOCKS = ((CALL_OPEN, CALL_CLOSE), (FUNCTION_OPEN, FUNCTION_CLOSE))  # a marker's block ends at its closer
 HEADER = b"x-modelrunner-tool-rescue"
+MAX_CHARS = 2 * 1024 * 1024  # a longer answer is no call anyone meant: left as text, unread
+MAX_SECONDS = 5.0  # a backstop: reading is linear (a 1 MB answer takes well under a second)
 
 Tools = dict[str, dict[str, Any]]  # declared name -> its JSON Schema
 
-_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
-_PARAMETER = re.compile(r"<parameter=([^>]+)>(.*?)</parameter>", re.S)
+# Single-character classes, anchored or searched: neither can backtrack (each character is looked at once).
+_SPACES = re.compile(r"\s*")  # `\s` is str.isspace(), the whitespace str.strip() takes off
+_JSON_STRUCTURE = re.compile(r'[{}\[\]"]')
+_JSON_STRING_END = re.compile(r'["\\]')
 
 
 @dataclass(frozen=True)
@@ -81,23 +98,22 @@ def declared(path: str, doc: dict[str, Any]) -> Tools | None:
 
 def rescue(text: str, tools: Tools) -> Rescued | None:
     """The calls `text` is, with the text before them; None when it is not only valid calls."""
+    if len(text) > MAX_CHARS:
+        _left_as_text("too_long", len(text))
+        return None
     stripped = text.strip()
     if stripped.startswith("{"):
-        call = _json_call(stripped, tools)
+        call = _json_call(stripped, _Schemas(tools))
         return Rescued("", [call]) if call is not None else None
     start = _first_marker(text)
     if start < 0:
         return None
-    calls: list[Call] = []
-    rest = text[start:]
-    while rest:
-        block, rest, _ = _next_block(rest)
-        call = _block_call(block, tools) if block is not None else None
-        if call is None:
-            return None
-        calls.append(call)
-        rest = rest.lstrip()
-    return Rescued(text[:start].strip(), calls)
+    scan = _CallScan(tools, deadline=time.monotonic() + MAX_SECONDS)
+    scan.feed(text, start)
+    calls = scan.finish()
+    if scan.timed_out:
+        _left_as_text("too_slow", len(text))
+    return Rescued(text[:start].strip(), calls) if calls is not None else None
 
 
 def new_call_id(prefix: str) -> str:
@@ -105,34 +121,108 @@ def new_call_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
+def _left_as_text(reason: str, chars: int) -> None:
+    event(log, "tool_rescue_skipped", logging.WARNING, reason=reason, chars=chars)
+
+
 def _first_marker(text: str) -> int:
     found = [i for i in (text.find(marker) for marker in MARKERS) if i >= 0]
     return min(found) if found else -1
 
 
-def _next_block(text: str) -> tuple[str | None, str, bool]:
-    """The block `text` opens with (None when it opens with no marker), what follows it, and whether
-    the block was closed (an engine that stops at its end-of-turn may leave the last one open)."""
-    for opener, closer in ((CALL_OPEN, CALL_CLOSE), (FUNCTION_OPEN, FUNCTION_CLOSE)):
-        if text.startswith(opener):
-            end = text.find(closer)
-            if end < 0:
-                return text, "", False
-            end += len(closer)
-            return text[:end], text[end:], True
-    return None, text, True
+def _skip_spaces(text: str, position: int) -> int:
+    match = _SPACES.match(text, position)
+    assert match is not None  # `\s*` matches everywhere
+    return match.end()
 
 
-def _block_call(block: str, tools: Tools) -> Call | None:
+class _CallScan:
+    """Text from a call marker on, read as it comes (`feed`, once or piece by piece): whitespace, then blocks,
+    each from its marker to its closer. A block is read once, when its closer comes; what is held meanwhile is
+    the open block's pieces and the last few characters a closer cut in two may start with. `failed`: the text
+    can no longer be only calls; `finish` says, at its end, the calls it is (an engine that stops at its
+    end-of-turn may leave the last block open) or None."""
+
+    def __init__(self, tools: Tools, deadline: float | None = None) -> None:
+        self.schemas = _Schemas(tools)
+        self.deadline = deadline
+        self.calls: list[Call] = []
+        self.failed = False
+        self.timed_out = False
+        self._lead = ""  # between blocks: the start of a marker, cut by the end of a piece
+        self._closer: str | None = None  # the open block's closer (None: between blocks)
+        self._block: list[str] = []  # the open block's text so far
+        self._tail = ""  # its last characters, fewer than a closer's
+
+    def feed(self, text: str, position: int = 0) -> bool:
+        """Reads `text` from `position` on; whether what was read may still be only calls."""
+        while position < len(text) and not self.failed:
+            between = self._closer is None
+            position = self._between(text, position) if between else self._inside(text, position)
+        return not self.failed
+
+    def finish(self) -> list[Call] | None:
+        if self.failed or self._lead:
+            return None
+        if self._closer is not None:
+            self._closed("".join(self._block))
+        return None if self.failed else self.calls
+
+    def _between(self, text: str, position: int) -> int:
+        if not self._lead:
+            position = _skip_spaces(text, position)
+        carried = len(self._lead)  # of the marker, in the pieces before this one
+        lead = self._lead + text[position : position + max(map(len, MARKERS)) - carried]
+        for opener, closer in BLOCKS:
+            if lead.startswith(opener):
+                self._lead, self._closer, self._block = "", closer, [opener]
+                return position + len(opener) - carried
+        if lead and any(marker.startswith(lead) for marker in MARKERS):
+            self._lead = lead  # the piece ended in the middle of a marker
+        elif lead:
+            self.failed = True  # something that opens no block
+        return len(text)
+
+    def _inside(self, text: str, position: int) -> int:
+        closer = self._closer
+        assert closer is not None
+        keep = len(closer) - 1
+        across = (self._tail + text[position : position + keep]).find(closer)  # a closer cut in two
+        if across >= 0:
+            end = position + across + len(closer) - len(self._tail)
+        else:
+            found = text.find(closer, position)
+            end = found + len(closer) if found >= 0 else -1
+        if end < 0:
+            self._block.append(text[position:])
+            self._tail = (self._tail + text[max(position, len(text) - keep) :])[-keep:]
+            return len(text)
+        self._block.append(text[position:end])
+        self._closed("".join(self._block))
+        return end
+
+    def _closed(self, block: str) -> None:
+        self._closer, self._block, self._tail = None, [], ""
+        call = _block_call(block, self.schemas)
+        if call is None:
+            self.failed = True
+        elif self.deadline is not None and time.monotonic() > self.deadline:
+            self.failed = self.timed_out = True
+        else:
+            self.calls.append(call)
+
+
+def _block_call(block: str, schemas: _Schemas) -> Call | None:
     if block.startswith(CALL_OPEN):
         inner = block[len(CALL_OPEN) :]
         inner = inner[: -len(CALL_CLOSE)] if inner.endswith(CALL_CLOSE) else inner
         inner = inner.strip()
-        return _function_call(inner, tools) if inner.startswith(FUNCTION_OPEN) else _json_call(inner, tools)
-    return _function_call(block, tools)
+        function = inner.startswith(FUNCTION_OPEN)
+        return _function_call(inner, schemas) if function else _json_call(inner, schemas)
+    return _function_call(block, schemas)
 
 
-def _json_call(text: str, tools: Tools) -> Call | None:
+def _json_call(text: str, schemas: _Schemas) -> Call | None:
     """A Hermes call object: `name`, and `arguments` (or `parameters`) as an object or its JSON text."""
     try:
         doc = json.loads(text)
@@ -146,30 +236,52 @@ def _json_call(text: str, tools: Tools) -> Call | None:
             arguments = json.loads(arguments)
         except (ValueError, RecursionError):
             return None
-    return _valid(doc.get("name"), arguments, tools)
+    return schemas.call(doc.get("name"), arguments)
 
 
-def _function_call(text: str, tools: Tools) -> Call | None:
-    """Qwen3-coder's `<function=NAME>` block; a parameter is a string unless its schema says otherwise."""
-    match = _FUNCTION.fullmatch(text.strip())
-    if match is None or match.group(1) not in tools:
+def _function_call(text: str, schemas: _Schemas) -> Call | None:
+    """Qwen3-coder's `<function=NAME>` block, the whole of `text`: NAME (no `>`, no whitespace), then
+    parameters `<parameter=P>value</parameter>` with only whitespace between them; a parameter is a string
+    unless its schema says otherwise."""
+    text = text.strip()
+    if not text.startswith(FUNCTION_OPEN) or not text.endswith(FUNCTION_CLOSE):
         return None
-    name, body = match.group(1), match.group(2)
-    properties = tools[name].get("properties")
+    name_end = text.find(">", len(FUNCTION_OPEN))
+    body_end = len(text) - len(FUNCTION_CLOSE)
+    if name_end < 0 or name_end >= body_end:
+        return None
+    name = text[len(FUNCTION_OPEN) : name_end]
+    if not name or any(character.isspace() for character in name) or name not in schemas.tools:
+        return None
+    properties = schemas.tools[name].get("properties")
     properties = properties if isinstance(properties, dict) else {}
     arguments: dict[str, Any] = {}
-    position = 0
-    for parameter in _PARAMETER.finditer(body):
-        if body[position : parameter.start()].strip():
-            return None  # something between parameters: not the shape
-        position = parameter.end()
-        key, raw = parameter.group(1).strip(), parameter.group(2)
+    position = _skip_spaces(text, name_end + 1)
+    while position < body_end:
+        parameter = _parameter(text, position, body_end)
+        if parameter is None:
+            return None  # something between parameters, or one left open: not the shape
+        key, raw, end = parameter
         raw = raw[1:] if raw.startswith("\n") else raw
         raw = raw[:-1] if raw.endswith("\n") else raw
         arguments[key] = _parameter_value(raw, properties.get(key))
-    if body[position:].strip():
+        position = _skip_spaces(text, end)
+    return schemas.call(name, arguments)
+
+
+def _parameter(text: str, position: int, end: int) -> tuple[str, str, int] | None:
+    """The `<parameter=P>value</parameter>` at `position` (and before `end`): P (stripped), its value, and
+    where it ends."""
+    if not text.startswith(PARAMETER_OPEN, position, end):
         return None
-    return _valid(name, arguments, tools)
+    key_end = text.find(">", position + len(PARAMETER_OPEN), end)
+    if key_end <= position + len(PARAMETER_OPEN):  # none, or an empty name
+        return None
+    close = text.find(PARAMETER_CLOSE, key_end + 1, end)
+    if close < 0:
+        return None
+    key = text[position + len(PARAMETER_OPEN) : key_end].strip()
+    return key, text[key_end + 1 : close], close + len(PARAMETER_CLOSE)
 
 
 def _parameter_value(raw: str, schema: object) -> Any:
@@ -183,86 +295,180 @@ def _parameter_value(raw: str, schema: object) -> Any:
         return raw  # the schema's check refuses it
 
 
-def _valid(name: object, arguments: object, tools: Tools) -> Call | None:
-    if not isinstance(name, str) or name not in tools or not isinstance(arguments, dict):
-        return None
-    schema = tools[name]
-    try:
-        validator = jsonschema.validators.validator_for(schema)
-        validator.check_schema(schema)
-        if not validator(schema).is_valid(arguments):
+class _Schemas:
+    """The declared tools' schemas, each checked and made a validator once, however many calls name it
+    (checking a schema costs far more than a call's small arguments)."""
+
+    def __init__(self, tools: Tools) -> None:
+        self.tools = tools
+        self._validators: dict[str, Any] = {}  # name -> its validator, None when its schema is invalid
+
+    def call(self, name: object, arguments: object) -> Call | None:
+        """The call, when `name` is declared and `arguments` validate against its schema."""
+        if not isinstance(name, str) or name not in self.tools or not isinstance(arguments, dict):
             return None
-    except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable):
-        return None
-    return Call(name, arguments)
+        if name not in self._validators:
+            self._validators[name] = self._validator(self.tools[name])
+        validator = self._validators[name]
+        try:
+            if validator is None or not validator.is_valid(arguments):
+                return None
+        except referencing.exceptions.Unresolvable:
+            return None
+        return Call(name, arguments)
+
+    @staticmethod
+    def _validator(schema: dict[str, Any]) -> Any:
+        try:
+            kind = jsonschema.validators.validator_for(schema)
+            kind.check_schema(schema)
+        except jsonschema.exceptions.SchemaError:
+            return None
+        return kind(schema)
 
 
-def _may_become_calls(tail: str, tools: Tools) -> bool:
-    """Whether `tail` (from the first marker on) may still end as calls when more text comes."""
-    rest = tail
-    while rest:
-        if not rest.startswith(MARKERS):
-            return any(marker.startswith(rest) for marker in MARKERS)
-        block, rest, closed = _next_block(rest)
-        if not closed:
-            return True
-        if block is None or _block_call(block, tools) is None:
+class _JsonOpening:
+    """Whether an answer that opens with `{` may still be a bare JSON call, read as it comes: it may until it
+    is a whole JSON value followed by something else. Each character is looked at once: the brackets and
+    strings are followed to where the value closes, and the value is decoded once, then."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []  # the value so far
+        self.state = "space"  # before the value; then "value", "after" (a whole value) or "not" (never one)
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False  # a backslash ended the last piece, in a string
+
+    def may_be_call(self, piece: str) -> bool:
+        if self.state == "space":
+            start = _skip_spaces(piece, 0)
+            if start == len(piece):
+                return True
+            if piece[start] != "{":
+                self.state = "not"
+                return False
+            self.state, piece = "value", piece[start:]
+        if self.state == "value":
+            end = self._value_end(piece)
+            self.pieces.append(piece if end < 0 else piece[:end])
+            if end < 0:
+                return True
+            self.state = "after" if self._decodes("".join(self.pieces)) else "stuck"
+            self.pieces = []
+            piece = piece[end:]
+        if self.state == "after" and _skip_spaces(piece, 0) < len(piece):
+            self.state = "not"
+        return self.state != "not"  # "stuck" (not JSON, whatever follows) holds to the end, as ever
+
+    def _value_end(self, piece: str) -> int:
+        """Where in `piece` the value's outermost bracket closes (just after it), -1 if it does not."""
+        position = 0
+        if self.escaped and piece:  # the character a backslash escapes
+            self.escaped, position = False, 1
+        while position < len(piece):
+            if self.in_string:
+                match = _JSON_STRING_END.search(piece, position)
+                if match is None:
+                    return -1
+                position = match.end()
+                if match.group() == "\\":
+                    if position == len(piece):
+                        self.escaped = True
+                    position += 1
+                else:
+                    self.in_string = False
+                continue
+            match = _JSON_STRUCTURE.search(piece, position)
+            if match is None:
+                return -1
+            position, character = match.end(), match.group()
+            if character == '"':
+                self.in_string = True
+            elif character in "{[":
+                self.depth += 1
+            else:
+                self.depth -= 1
+                if self.depth == 0:
+                    return position
+        return -1
+
+    @staticmethod
+    def _decodes(value: str) -> bool:
+        try:
+            _, end = json.JSONDecoder().raw_decode(value)
+        except (ValueError, RecursionError):
             return False
-        rest = rest.lstrip()
-    return True
+        return end == len(value)
 
 
 class Holdback:
     """A streamed answer's text, less what may still become a call: `feed` each text delta and send
     what it returns; `end` says, once the stream ended, the calls (with the text to send before them)
-    or the held text to send as it was."""
+    or the held text to send as it was. Each delta is read once (`_JsonOpening`, `_CallScan`): the work
+    of a whole stream is linear in its text; held text over MAX_CHARS goes out as text."""
 
     def __init__(self, tools: Tools) -> None:
         self.tools = tools
-        self.held = ""
         self.released = False  # some text went out: a bare JSON call can no longer be the whole answer
         self.passing = False  # known not to be calls: everything goes out as it comes
+        self._held: list[str] = []  # the text held back, in pieces
+        self._size = 0
+        self._opening: _JsonOpening | None = _JsonOpening()  # until the answer is known not to be bare JSON
+        self._calls: _CallScan | None = None  # the held text opens with a marker: its calls, read so far
 
     def feed(self, delta: str) -> str:
         if self.passing:
             return delta
-        self.held += delta
-        cut = self._hold_from()
-        out, self.held = self.held[:cut], self.held[cut:]
+        self._held.append(delta)
+        self._size += len(delta)
+        if self._size > MAX_CHARS:
+            _left_as_text("too_long", self._size)
+            self.passing = True
+            return self._release(self._take())
+        if self._opening is not None:
+            if self._opening.may_be_call(delta):
+                return ""
+            self._opening = None
+        if self._calls is not None:
+            if self._calls.feed(delta):
+                return ""
+            self.passing = True
+            return self._release(self._take())
+        return self._release(self._hold_from_marker(self._take()))
+
+    def _take(self) -> str:
+        held, self._held, self._size = "".join(self._held), [], 0
+        return held
+
+    def _release(self, out: str) -> str:
         self.released = self.released or bool(out)
         return out
 
-    def _hold_from(self) -> int:
-        text = self.held
-        if not self.released and text.lstrip()[:1] in ("", "{") and self._json_may_be_call(text):
-            return 0
+    def _hold_from_marker(self, text: str) -> str:
+        """What of `text` goes out; from its first marker on (or the start of one at its end) it is held."""
         start = _first_marker(text)
         if start >= 0:
-            if _may_become_calls(text[start:], self.tools):
-                return start
-            self.passing = True
-            return len(text)
-        for size in range(min(len(text), max(map(len, MARKERS)) - 1), 0, -1):
-            if any(marker.startswith(text[-size:]) for marker in MARKERS):
-                return len(text) - size
-        return len(text)
-
-    def _json_may_be_call(self, text: str) -> bool:
-        """Text that opens with `{` holds until it is a whole JSON value followed by something else."""
-        stripped = text.strip()
-        if not stripped:
-            return True
-        try:
-            _, end = json.JSONDecoder().raw_decode(stripped)
-        except (ValueError, RecursionError):
-            return True  # incomplete so far
-        return not stripped[end:].strip()
+            scan = _CallScan(self.tools)
+            if not scan.feed(text, start):
+                self.passing = True
+                return text
+            self._calls, cut = scan, start
+        else:  # a marker's start can only be from the last `<` on (a marker has no other)
+            last = text.rfind("<", max(0, len(text) - max(map(len, MARKERS)) + 1))
+            partial = last >= 0 and any(marker.startswith(text[last:]) for marker in MARKERS)
+            cut = last if partial else len(text)
+        if cut < len(text):
+            self._held, self._size = [text[cut:]], len(text) - cut
+        return text[:cut]
 
     def end(self) -> tuple[str, Rescued | None]:
         """What is still held, and the calls it is (None: send it as text)."""
-        held, self.held = self.held, ""
+        held = self._take()
         if self.passing or not held:
             return held, None
+        if self._calls is not None:  # read as it came: no second reading
+            calls = self._calls.finish()
+            return (held, None) if calls is None else ("", Rescued("", calls))
         found = rescue(held, self.tools)
         return (held, None) if found is None else (found.text, found)
 

@@ -43,6 +43,7 @@ MAX_JSON_BODY = 64 * 1024 * 1024  # embeddings of many inputs are large
 _TOO_LARGE = re.compile(r"input \((\d+) tokens\) is too large to process.*current batch size: (\d+)", re.S)
 READ_ERRORS = (UpstreamError, ConnectionError, asyncio.IncompleteReadError, ValueError)
 DEFAULT_ENGINE_IDLE = 600.0
+RESCUE_INLINE_BYTES = 16 * 1024  # a longer answer's calls are read in a thread (`EngineCall._rescue`)
 
 
 def engine_idle_timeout() -> float:
@@ -234,10 +235,12 @@ class EngineCall:
                     return failed.status_code, json.dumps(answer).encode()
             elif self.shortening is not None:
                 return self._shortened(self.shortening, body)
-            return self._checked(self.status, self._rescued_body(body) if self.status == 200 else body)
+            return self._checked(self.status, await self._rescued_body(body) if self.status == 200 else body)
         assembler = assemble.assembler_for(self.assembling, self.exchange.model or "")
+        size = 0  # of the stream: the answer's text is shorter
         try:
             async for chunk in self.chunks():
+                size += len(chunk)
                 assembler.feed(chunk)
             doc = assembler.result()
             self.unopened = isinstance(assembler, assemble.MessageAssembler) and not assembler.started
@@ -247,7 +250,7 @@ class EngineCall:
             if exc.body is None:
                 raise self.exchange.cut(exc) from None
             return exc.status, json.dumps(exc.body).encode()
-        self._rescue(doc)
+        await self._rescue(doc, size)
         return self._checked(200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode())
 
     def _checked(self, status: int, body: bytes) -> tuple[int, bytes]:
@@ -277,19 +280,22 @@ class EngineCall:
         except BadRequest as exc:
             return exc.status_code, json.dumps(error_body(exc.status_code, exc.message, exc.param)).encode()
 
-    def _rescue(self, doc: dict[str, Any]) -> bool:
-        """Tool calls the engine wrote as text, made calls in the answer (compat/tool_rescue.py)."""
+    async def _rescue(self, doc: dict[str, Any], size: int) -> bool:
+        """Tool calls the engine wrote as text, made calls in the answer (compat/tool_rescue.py). An answer
+        over RESCUE_INLINE_BYTES (`size`) is read in a thread: the reading is linear, yet a megabyte takes
+        tens of milliseconds that the daemon's other requests need not wait."""
         if self.tools is None:
             return False
-        if self.path == assemble.MESSAGES:
-            count = tool_rescue.rescue_message(doc, self.tools)
+        rescue = tool_rescue.rescue_message if self.path == assemble.MESSAGES else tool_rescue.rescue_chat
+        if size > RESCUE_INLINE_BYTES:
+            count = await asyncio.to_thread(rescue, doc, self.tools)
         else:
-            count = tool_rescue.rescue_chat(doc, self.tools)
+            count = rescue(doc, self.tools)
         if count:
             self.exchange.tool_calls_rescued(count)
         return count > 0
 
-    def _rescued_body(self, body: bytes) -> bytes:
+    async def _rescued_body(self, body: bytes) -> bytes:
         """An unassembled answer, with its rescued calls."""
         if self.tools is None:
             return body
@@ -297,7 +303,7 @@ class EngineCall:
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):
             return body
-        if not isinstance(doc, dict) or not self._rescue(doc):
+        if not isinstance(doc, dict) or not await self._rescue(doc, len(body)):
             return body
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
