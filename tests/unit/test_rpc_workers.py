@@ -270,4 +270,4 @@ def test_model_worker_warns_beyond_loopback_and_caps_memory(
     assert "WARNING" not in capsys.readouterr().err
     with pytest.raises(SystemExit) as refused:
         main(["worker", "--port", "0"])
-    assert refused.value.code == 2
+    assert refused.value.code == 1  # a usage error: the bare message and exit 1, as DMR (cobra)
