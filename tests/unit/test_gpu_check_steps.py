@@ -7,7 +7,17 @@ import time
 from pathlib import Path
 
 import pytest
-from bench.gpu_check import Run, Step, StepTimeout, run_command
+from bench.gpu_check import (
+    OFFLINE_LIMIT_S,
+    OFFLINE_PLAN,
+    VLLM_NOT_BROUGHT,
+    Run,
+    Step,
+    StepTimeout,
+    action,
+    plan_seconds,
+    run_command,
+)
 
 
 def test_a_failed_or_spent_step_records_its_error_and_the_next_runs(tmp_path: Path) -> None:
@@ -42,3 +52,15 @@ def test_a_command_out_of_budget_is_ended_with_its_children(tmp_path: Path) -> N
     except FileNotFoundError:
         left = False
     assert not left
+
+
+def test_the_offline_run_records_vllm_as_not_available_and_fits_one_command(tmp_path: Path) -> None:
+    """--offline (issue #35): vLLM cannot be brought to a host with no network; its step says so (not an
+    error), and the plan leaves the install its minute of the 10 a command may run."""
+    run = Run(dry=False, work=tmp_path, bundle=tmp_path / "bundle")
+    run.record(VLLM_NOT_BROUGHT, action(run, VLLM_NOT_BROUGHT))
+    entry = run.steps["vllm"]
+    assert entry["status"] == "not-available" and "64 MiB" in entry["reason"]
+    names = [step.name for phase in OFFLINE_PLAN for lane in phase for step in lane]
+    assert len(names) == len(set(names)) and "vllm-ray" not in names
+    assert run.plan == OFFLINE_PLAN and plan_seconds(run.plan) <= OFFLINE_LIMIT_S <= 600 - 60
