@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from modelrunner.cli.common import display
@@ -38,6 +39,15 @@ def _say_if_loading(daemon: Client, model: str) -> None:
             return
 
 
+def loading_notice(daemon: Client, model: str) -> threading.Timer:
+    """A started timer that says, on stderr, when the model is still loading LOADING_NOTICE_AFTER seconds
+    from now; cancel it once the first answer comes."""
+    notice = threading.Timer(LOADING_NOTICE_AFTER, _say_if_loading, (daemon, model))
+    notice.daemon = True
+    notice.start()
+    return notice
+
+
 def stream_answer(
     daemon: Client,
     model: str,
@@ -50,16 +60,12 @@ def stream_answer(
     """Print an answer as it streams; returns its text. Reasoning comes first under "Thinking:" (italic
     with --color), as DMR prints it. An error event or a cut stream raises DaemonError. `on_event` sees
     each event too (the web search tool loop collects tool calls with it)."""
-    import threading
-
     from modelrunner.errors import DaemonError
 
     text: list[str] = []
     finish_reason = None
     state = "none"  # none | reasoning | content
-    notice = threading.Timer(LOADING_NOTICE_AFTER, _say_if_loading, (daemon, model))
-    notice.daemon = True
-    notice.start()
+    notice = loading_notice(daemon, model)
     try:
         for event in daemon.chat_stream(model, messages, backend, **options):
             notice.cancel()

@@ -206,6 +206,7 @@ def interactive_chat(
     from prompt_toolkit.history import FileHistory, InMemoryHistory
 
     from modelrunner import config
+    from modelrunner.cli.engines import with_engine_installed
     from modelrunner.errors import DaemonError
 
     if os.environ.get("DOCKER_MODEL_NOHISTORY"):
@@ -217,7 +218,7 @@ def interactive_chat(
     session: Any = PromptSession(history=history)
     if preload:
         try:
-            daemon.preload(model, backend)  # load while the user types
+            with_engine_installed(daemon, lambda: daemon.preload(model, backend))  # the first use installs
         except DaemonError as exc:
             print(f"background model preload failed: {exc.message}", file=sys.stderr)
     chat = Chat(daemon, model, backend, color, websearch)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from modelrunner import config
 from modelrunner.cli.common import DmrArgs, UsageError, client, takes
@@ -15,6 +17,8 @@ from modelrunner.cli.common import DmrArgs, UsageError, client, takes
 if TYPE_CHECKING:
     from modelrunner.client import Client
     from modelrunner.client_types import EnginesInfo
+
+T = TypeVar("T")
 
 # DMR's --gpu kinds and ours; any other word is DMR's "unknown GPU specification"
 GPU_WORDS = ("auto", "none", "cuda", "vulkan", "rocm", "musa", "cann")
@@ -90,20 +94,70 @@ def _apply_runner_flags(args: argparse.Namespace) -> None:
     os.environ.update(settings)
 
 
-def _install(args: argparse.Namespace, force: bool) -> None:
+def install_with_progress(
+    daemon: Client,
+    backend: str,
+    gpu: str = "auto",
+    version: str | None = None,
+    force: bool = False,
+    out: TextIO | None = None,
+) -> None:
+    """Install an engine through the daemon, printing each progress line as it comes (on `out`, stdout by
+    default) and the final status; the install's error line raises DaemonError."""
     from modelrunner.errors import DaemonError
 
-    _apply_runner_flags(args)
-    version = (args.llama_server_version or None) if args.backend == "llama.cpp" else None
-    for event in client().install_backend(args.backend, gpu=args.gpu, version=version, force=force):
+    out = out or sys.stdout
+    for event in daemon.install_backend(backend, gpu=gpu, version=version, force=force):
         kind, message = event.get("type"), str(event.get("message", ""))
         if kind == "error":
             raise DaemonError(500, message)
         if kind == "success":
             status = event.get("status")
-            print(f"{message} ({status})" if status else message)
+            print(f"{message} ({status})" if status else message, file=out, flush=True)
         else:
-            print(message, flush=True)
+            print(message, file=out, flush=True)
+
+
+def _install(args: argparse.Namespace, force: bool) -> None:
+    _apply_runner_flags(args)
+    version = (args.llama_server_version or None) if args.backend == "llama.cpp" else None
+    install_with_progress(client(), args.backend, args.gpu, version, force)
+
+
+# DMR's switch for the install its CLI does on first use (ensureStandaloneRunnerAvailable)
+NO_AUTO_INSTALL = "MODEL_RUNNER_NO_AUTO_INSTALL"
+# The fix a "not installed" answer names (Engine.install_hint): the engine a plain install would make usable.
+# A broken engine names reinstall-runner instead, and one that cannot be installed here names none: neither
+# is installed unasked.
+_INSTALL_HINT = re.compile(r"\bmodel install-runner --backend (\S+)")
+
+
+def engine_to_install(message: str) -> str | None:
+    """The engine a "not installed" message tells the user to install, if any."""
+    found = _INSTALL_HINT.search(message)
+    return found.group(1).rstrip(".,;)") if found else None
+
+
+def with_engine_installed(daemon: Client, action: Callable[[], T]) -> T:
+    """`action` (a load or a first request); when the daemon answers that the engine it needs is not
+    installed, install that engine with its progress on stderr, then try once more. DMR's CLI does the same
+    on first use (cmd/cli/commands/install-runner.go ensureStandaloneRunnerAvailable, called by run.go
+    before it runs a model; MODEL_RUNNER_NO_AUTO_INSTALL turns it off); a cached build makes it seconds."""
+    from modelrunner.client_errors import EngineNotInstalled
+
+    try:
+        return action()
+    except EngineNotInstalled as exc:
+        backend = engine_to_install(exc.message)
+        if backend is None or os.environ.get(NO_AUTO_INSTALL):
+            raise
+    print(
+        f"{backend} is not installed yet: installing it now (once; set {NO_AUTO_INSTALL}=1 to turn this off)",
+        file=sys.stderr,
+        flush=True,
+    )
+    install_with_progress(daemon, backend, out=sys.stderr)
+    return action()
 
 
 def cmd_install_runner(args: argparse.Namespace) -> None:
@@ -122,6 +176,10 @@ def cmd_uninstall_runner(args: argparse.Namespace) -> None:
     daemon = client()
     result = daemon.uninstall_backend(args.backend)
     print(result["message"])
+    from modelrunner.cli.storage import engine_cache_note, runner_is_here
+
+    if runner_is_here():  # what stays on this machine, on stderr (stdout is DMR's)
+        print(engine_cache_note(), file=sys.stderr)
     if args.images:  # DMR: remove the runner's container images
         print("No images to remove: this model runner runs no containers (cached engine builds stay)")
     if args.models:  # DMR: also remove the model storage

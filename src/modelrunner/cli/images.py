@@ -53,14 +53,38 @@ def decode_images(answer: object) -> list[bytes]:
     return images
 
 
+def _generate(
+    daemon: Client, model: str, payload: dict[str, Any], headers: dict[str, str] | None = None
+) -> Any:
+    """POST to the image route, installing the diffusers engine on first use and saying, on stderr, when
+    the model is still loading (a pipeline takes a while to load: not a hang)."""
+    from modelrunner.cli.answer import loading_notice
+    from modelrunner.cli.engines import with_engine_installed
+
+    notice = loading_notice(daemon, model)
+    try:
+        return with_engine_installed(
+            daemon, lambda: daemon.call("POST", ROUTE, payload=payload, headers=headers)
+        )
+    finally:
+        notice.cancel()
+
+
+def _what_is_made(payload: dict[str, Any]) -> str:
+    """`an image of 512x512, 20 steps`, as far as the request says (the engine's defaults otherwise)."""
+    details = [str(payload["size"])] if "size" in payload else []
+    if "num_inference_steps" in payload:
+        details.append(f"{payload['num_inference_steps']} steps")
+    else:
+        details.append("the engine's default steps")
+    if "seed" in payload:
+        details.append(f"seed {payload['seed']}")
+    return "an image (" + ", ".join(details) + ")"
+
+
 def run_image(daemon: Client, args: argparse.Namespace) -> int:
     if args.detach:
-        daemon.call(
-            "POST",
-            ROUTE,
-            payload={"model": args.model, "prompt": "preload"},
-            headers={"X-Preload-Only": "true"},
-        )
+        _generate(daemon, args.model, {"model": args.model, "prompt": "preload"}, {"X-Preload-Only": "true"})
         return 0
     prompt = " ".join(args.prompt)
     if not sys.stdin.isatty():
@@ -75,10 +99,32 @@ def run_image(daemon: Client, args: argparse.Namespace) -> int:
         payload["num_inference_steps"] = args.steps
     if args.seed is not None:
         payload["seed"] = args.seed
-    images = decode_images(daemon.call("POST", ROUTE, payload=payload))
+    # stderr says what happens (loading, then minutes of denoising on a CPU); stdout keeps only the paths
+    print(f"Generating {_what_is_made(payload)} with {args.model}...", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    images = decode_images(_generate(daemon, args.model, payload))
     from modelrunner.fileio import write_file_atomic
 
-    for path, png in zip(output_paths(args.output, len(images)), images, strict=True):
+    paths = output_paths(args.output, len(images))
+    for path, png in zip(paths, images, strict=True):
         write_file_atomic(path, png)
         print(path)
+    took = time.monotonic() - started
+    print(f"Wrote {', '.join(map(str, paths))} in {took:.1f}s", file=sys.stderr, flush=True)
     return 0
+
+
+# The flags that only an image model reads: on a chat model they are said to be ignored
+IMAGE_FLAGS = (("output", "-o/--output"), ("size", "--size"), ("steps", "--steps"), ("seed", "--seed"))
+
+
+def warn_image_flags_ignored(args: argparse.Namespace) -> None:
+    """`run CHAT_MODEL -o out.png` would otherwise drop -o without a word."""
+    given = [flag for attribute, flag in IMAGE_FLAGS if getattr(args, attribute, None) is not None]
+    if given:
+        print(
+            f"{', '.join(given)}: only for image models; {args.model} answers in text, so "
+            f"{'it is' if len(given) == 1 else 'they are'} ignored",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -68,6 +68,7 @@ def _use_color(mode: str) -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from modelrunner.cli.engines import with_engine_installed
     from modelrunner.cli.prompt_files import PromptFileError, user_message
     from modelrunner.cli.websearch import answerer
 
@@ -86,13 +87,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         daemon = client()
         ensure_model(daemon, args.model)
-        from modelrunner.cli.images import is_image_model, run_image
+        from modelrunner.cli.images import is_image_model, run_image, warn_image_flags_ignored
 
         if is_image_model(daemon.get_model(args.model)):  # a DDUF model: a picture, not a chat
             args.prompt = [prompt] if prompt else []  # stdin is read already
             return run_image(daemon, args)
+        warn_image_flags_ignored(args)
         if args.detach:
-            daemon.preload(args.model, args.backend)
+            with_engine_installed(daemon, lambda: daemon.preload(args.model, args.backend))
             if args.debug:
                 print(f"Model {args.model} loaded successfully")
             return 0
@@ -102,7 +104,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         except PromptFileError as exc:
             raise UsageError(str(exc)) from None
         options = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-        answerer(args.websearch)(daemon, args.model, [message], args.backend, color, **options)
+        answer = answerer(args.websearch)
+        with_engine_installed(
+            daemon, lambda: answer(daemon, args.model, [message], args.backend, color, **options)
+        )
         print()
         return 0
     from modelrunner.cli.chat import interactive_chat
@@ -193,13 +198,33 @@ def cmd_unload(args: argparse.Namespace) -> None:
             f"'{path}' {problem}.\n\nUsage:  {path} {UNLOAD_USAGE}\n\n"
             f"See '{path} --help' for more information."
         )
-    count = client().unload(args.models, args.all, args.backend)
+    daemon = client()
+    count = daemon.unload(args.models, args.all, args.backend)
+    busy = [] if count or args.all else _in_use(daemon.ps(), args.models)
     if count:
         print(f"Unloaded {count} model(s).")
     elif args.all:
         print("No models are running.")
+    elif busy:  # ours: DMR says "No such model(s) running." while `ps` lists them answering requests
+        print(
+            f"Not unloaded: {', '.join(busy)} {'is' if len(busy) == 1 else 'are'} answering requests; "
+            "a runner in use is left alone, unload it again when it is idle."
+        )
     else:
         print("No such model(s) running.")
+
+
+def _in_use(runners: list[Runner], names: list[str]) -> list[str]:
+    """The `ps` names of the runners in use that one of `names` names, as the daemon's unload finds them
+    (server/admin_serving.py names_runner: any spelling of the name it was loaded under, or its ID)."""
+    from modelrunner.server.admin_serving import names_runner
+
+    return [
+        ps_name(runner.model_name)
+        for runner in runners
+        if runner.in_use
+        and any(names_runner(name, runner.model_name, str(runner.raw.get("model_id", ""))) for name in names)
+    ]
 
 
 def _parse_bool(text: str) -> bool:
@@ -328,7 +353,12 @@ def add_commands(commands: Any) -> None:
     run.add_argument("--websearch", action="store_true", help="Enable web search tool during chat")
     run.add_argument("-o", "--output", metavar="FILE", help="image models: the PNG to write")
     run.add_argument("--size", metavar="WxH", help="image models: width x height (default 512x512)")
-    run.add_argument("--steps", type=int, metavar="N", help="image models: inference steps (default 50)")
+    run.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help="image models: inference steps (default 50, as in the dashboard)",
+    )
     run.add_argument("--seed", type=int, metavar="N", help="image models: seed, for a repeatable image")
     run.set_defaults(handler=cmd_run)
 
