@@ -435,8 +435,9 @@ def cmd_load(args: argparse.Namespace) -> None:
     print(f"Loaded model {model_id}" + (f' as "{args.tag}"' if args.tag else ""))
 
 
-def cmd_df(_: argparse.Namespace) -> None:
-    """DMR's `df` (df.go): sizes as go-units' CustomSize; no engine row when it uses no space."""
+def cmd_df(args: argparse.Namespace) -> None:
+    """DMR's `df` (df.go): sizes as go-units' CustomSize; no engine row when it uses no space. Ours, with
+    -v: then where the files are on this machine (store, runner home, engine cache) and their sizes."""
     from modelrunner.cli.dmrformat import custom_size, go_table
 
     usage = client().disk_usage()
@@ -444,6 +445,23 @@ def cmd_df(_: argparse.Namespace) -> None:
     if usage.default_backend:
         rows.append(["Inference engine", custom_size(usage.default_backend)])
     sys.stdout.write(go_table(["TYPE", "SIZE"], rows))
+    if args.verbose:
+        _print_places()
+
+
+def _print_places() -> None:
+    from modelrunner import config
+    from modelrunner.cli.storage import places_table, runner_is_here
+
+    print()
+    if not runner_is_here():
+        print(f"The runner at {config.client_target().base_url} keeps its files on its own machine.")
+        return
+    sys.stdout.write(places_table())
+    print(
+        "\nThe engine cache is shared by every runner home of this user; uninstall-runner leaves it "
+        "(a reinstall takes seconds)."
+    )
 
 
 def _scanln() -> str:
@@ -580,6 +598,12 @@ def add_commands(commands: Any) -> None:
     load.set_defaults(handler=cmd_load)
 
     df = commands.add_parser("df", help="Show disk usage of models and engines.")
+    df.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also where the files are: model store, runner home, engine cache, with their sizes",
+    )
     takes(df, DmrArgs("df", "", counted=False))
     df.set_defaults(handler=cmd_df)
 

@@ -18,11 +18,16 @@ from modelrunner.errors import ModelRunnerError
 _Found = TypeVar("_Found")
 
 
+def engine_cache_base() -> Path:
+    """`${XDG_CACHE_HOME:-~/.cache}/modelrunner`: the engine caches of every engine (and tool)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "modelrunner"
+
+
 def engine_cache_root(name: str) -> Path:
     """The machine-wide cache of one engine (or tool), shared by every runner home of this user: a build
     or an environment is made once per machine and recipe, not once per home."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "modelrunner" / name
+    return engine_cache_base() / name
 
 
 @contextlib.contextmanager
