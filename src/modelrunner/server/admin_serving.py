@@ -28,7 +28,7 @@ from modelrunner.scheduler.scheduler import Scheduler
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
 from modelrunner.scheduler.warm import warm_metrics
 from modelrunner.server.lifecycle import Lifecycle, model_for_engine
-from modelrunner.server.log_files import LogStreamer, ModelFilter
+from modelrunner.server.log_files import LogStreamer, ModelFilter, normal_name
 from modelrunner.store.store import ModelStore
 
 
@@ -75,7 +75,9 @@ class AdminServing:
             with contextlib.suppress(ModelNotFound, BadRequest):
                 ids.add(self.store.get(name).id)
             ids.update(
-                r.key.model_id for r in list(self.scheduler.runners.values()) if r.model.reference == name
+                r.key.model_id
+                for r in list(self.scheduler.runners.values())
+                if names_runner(name, r.model.reference, r.key.model_id)
             )
         return ids
 
@@ -139,6 +141,15 @@ class AdminServing:
 
     async def metrics(self) -> str:
         return await render_metrics(self.scheduler, self.lifecycle)
+
+
+def names_runner(name: str, reference: str, model_id: str) -> bool:
+    """Whether `name`, as typed, names a runner whose model may have left the store: the name it was loaded
+    under in any spelling (`tiny`: `ai/tiny:latest`), or its ID as `ps` shows it (12 hex digits, or more)."""
+    if normal_name(name) == normal_name(reference):
+        return True
+    digits = name.lower().removeprefix("sha256:")
+    return len(digits) >= 12 and model_id.removeprefix("sha256:").startswith(digits)
 
 
 def _draft_name(store: ModelStore, settings: ModelSettings) -> str | None:

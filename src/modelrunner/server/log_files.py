@@ -17,7 +17,8 @@ FOLLOW_POLL = 0.2  # seconds between looks at the files while following
 _MODEL_FIELD = re.compile(rb'(?:^| )model=("(?:[^"\\]|\\.)*"|\S+)')
 
 
-def _normal(name: str) -> str:
+def normal_name(name: str) -> str:
+    """A model name in its full form (`tiny` -> `docker.io/ai/tiny:latest`); as it is when it is none."""
     try:
         return full_tag(name)
     except ModelRunnerError:
@@ -30,7 +31,7 @@ class ModelFilter:
 
     def __init__(self, store: ModelStore, name: str) -> None:
         self.store = store
-        self.wanted = _normal(name)
+        self.wanted = normal_name(name)
         try:
             self.model_id: str | None = store.get(name).id
         except ModelRunnerError:
@@ -50,7 +51,7 @@ class ModelFilter:
         return self._seen[value]
 
     def _names_it(self, name: str) -> bool:
-        if _normal(name) == self.wanted:
+        if normal_name(name) == self.wanted:
             return True
         try:
             return self.model_id is not None and self.store.get(name).id == self.model_id
