@@ -79,10 +79,11 @@ def test_create_from_a_model_sets_the_context_size(daemon: Daemon, client: ollam
     ("request_body", "fragment", "status"),
     [
         ({"model": "x", "from": "tiny", "template": "{{ .Prompt }}"}, "template", 400),
-        ({"model": "x", "from": "tiny", "system": "Be brief."}, "system", 400),
         ({"model": "x", "from": "tiny", "quantize": "q4_K_M"}, "quantiz", 400),
         ({"model": "x", "from": "tiny", "adapters": {"a.gguf": "sha256:" + "a" * 64}}, "adapters", 400),
-        ({"model": "x", "from": "tiny", "parameters": {"temperature": 0.2}}, "temperature", 400),
+        ({"model": "x", "from": "tiny", "parameters": {"num_gpu": 1}}, "num_gpu", 400),
+        ({"model": "x", "from": "tiny", "parameters": {"num_predict": "many"}}, "num_predict", 400),
+        ({"model": "x", "from": "tiny", "messages": [{"role": "user", "content": "hi"}]}, "messages", 400),
         ({"model": "x", "from": "tiny", "parameters": {"num_ctx": 0}}, "num_ctx", 400),
         ({"model": "x", "modelfile": "FROM tiny"}, "Modelfile", 400),
         ({"model": "x"}, "either", 400),

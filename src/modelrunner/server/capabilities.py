@@ -65,6 +65,23 @@ def check(name: str, engine: str, config: ModelConfig, bundle: Path, needs: Need
         raise BadRequest(f"{name} does not support tools (its chat template cannot render them)")
 
 
+# What a template that thinks writes or takes: the tags of Ollama's thinking.InferTags, the switch of
+# Qwen3's templates, the reasoning field of DeepSeek's, gpt-oss's analysis channel.
+_THINKING_MARKS = ("<think>", "enable_thinking", "reasoning_content", "<|channel|>")
+
+
+def shown(config: ModelConfig, bundle: Path) -> list[str]:
+    """What the model's template and projector allow, as Ollama's `/api/show` lists it (server/images.go
+    Capabilities): `tools`, `vision`, `thinking`, each decided as the request rule above decides."""
+    template = chat_template(config, bundle)
+    allowed = ["tools"] if renders_tools(config, bundle) else []
+    if llamacpp.projector_file(bundle) is not None:
+        allowed.append("vision")
+    if template is not None and any(mark in template for mark in _THINKING_MARKS):
+        allowed.append("thinking")
+    return allowed
+
+
 def renders_tools(config: ModelConfig, bundle: Path) -> bool:
     """Whether llama-server's chat template for the model can render tools (no template: assumed so)."""
     template = chat_template(config, bundle)

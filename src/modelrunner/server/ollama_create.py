@@ -4,9 +4,11 @@ official clients' `create_blob` + `create`).
 Uploaded files wait in the store's `downloads/` as `ollama-<hex>` (verified against their digest, removed
 after 7 days if no model uses them). `create` makes a DMR artifact: from uploaded `files` (a GGUF, its
 shards, or a safetensors folder) or `from` an existing model, plus `license` texts and `parameters.num_ctx`
-as the context size; the uploaded files are moved into the blobs, not copied. What a DMR artifact cannot
-hold is refused with a 400 that says so: Go chat templates, system prompts, messages, adapters,
-quantization and sampling parameters (those are set per request).
+as the context size; the uploaded files are moved into the blobs, not copied. The `system` prompt and the
+other `parameters` (sampling defaults) are kept with the tag (server/ollama_persona.py) and applied by the
+Ollama routes, as Ollama applies a Modelfile's SYSTEM and PARAMETER; a model created `from` one that has
+them inherits them. What cannot be used is refused with a 400 that says so: Go chat templates, messages,
+adapters, quantization, parameters that are not request options.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,10 +33,12 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from modelrunner.artifact.builder import BuiltArtifact, PackageSpec, build_artifact, extend_artifact
 from modelrunner.artifact.manifest import check_relative_path
 from modelrunner.compat.bodies import parse_json_object, validated
+from modelrunner.compat.ollama import stored_parameters
 from modelrunner.errors import BadRequest
 from modelrunner.fileio import link_or_copy
 from modelrunner.reference import validate_digest
 from modelrunner.server.body_stream import consume_in_thread
+from modelrunner.server.ollama_persona import NONE, Persona, Personas
 from modelrunner.store.sink import AdoptingStoreSink
 from modelrunner.store.store import ModelStore, full_tag
 
@@ -41,7 +46,6 @@ READ_SIZE = 1024 * 1024
 MAX_LICENSE_TEXT = 1024 * 1024
 _UNSUPPORTED = {
     "template": "Ollama (Go) chat templates cannot be used: the model's own template is used",
-    "system": "a system prompt cannot be stored with the model: send it with each request",
     "messages": "messages cannot be stored with the model: send them with each request",
     "adapters": "adapters (LoRA) are not supported",
     "quantize": "quantization is not supported: upload or pull the quantization you want",
@@ -56,6 +60,7 @@ class CreateRequest(BaseModel):
     files: dict[str, str] | None = Field(default=None, max_length=1000)
     license: str | list[str] | None = None
     parameters: dict[str, Any] | None = None
+    system: str | None = Field(default=None, max_length=1024 * 1024)
     stream: bool = True
 
 
@@ -122,13 +127,22 @@ def _package_spec(body: CreateRequest, folder: Path) -> PackageSpec:
         path.parent.mkdir(exist_ok=True)
         path.write_text(text, encoding="utf-8")
         spec.licenses.append(path)
-    for key, value in (body.parameters or {}).items():
-        if key != "num_ctx":
-            raise BadRequest(f"parameter {key[:40]!r} cannot be stored with the model: send it per request")
+    value = (body.parameters or {}).get("num_ctx")
+    if value is not None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BadRequest("num_ctx must be a positive number of tokens")
         spec.context_size = value
     return spec
+
+
+def _persona(store: ModelStore, body: CreateRequest) -> Persona:
+    """The new model's system prompt and parameters (its ID yet to come): the request's, over those of the
+    model it is from."""
+    base = NONE
+    if body.from_ is not None:
+        base = Personas(store).of(body.from_, store.get(body.from_))
+    parameters = {**base.parameters, **stored_parameters(body.parameters or {})}
+    return Persona("", body.system or base.system, parameters)
 
 
 def create_model(store: ModelStore, body: CreateRequest, raw: dict[str, Any]) -> str:
@@ -139,6 +153,7 @@ def create_model(store: ModelStore, body: CreateRequest, raw: dict[str, Any]) ->
     if (body.from_ is None) == (not body.files):
         raise BadRequest("give either `from` (a model) or `files` (uploaded with /api/blobs)")
     tag = full_tag(body.model)
+    persona = _persona(store, body)  # a parameter that cannot be kept fails before any work
     work = Path(tempfile.mkdtemp(prefix=".create-", dir=store.layout.downloads_dir))
     try:
         folder = work / "model"
@@ -155,6 +170,7 @@ def create_model(store: ModelStore, body: CreateRequest, raw: dict[str, Any]) ->
             else:
                 built = build_artifact(spec, sink)
             model_id = store.add_model(built.manifest_bytes, [tag])
+            Personas(store).put(tag, replace(persona, model_id=model_id))
         except BaseException:
             with contextlib.suppress(Exception):
                 store.remove_unreferenced_blobs(sink.added)

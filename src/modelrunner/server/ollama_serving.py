@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Coroutine
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio.to_thread
 
@@ -31,6 +31,7 @@ from modelrunner.server import capabilities, embed_truncation, keepalive
 from modelrunner.server.distribution_api import wait_started
 from modelrunner.server.engine_request import call_engine
 from modelrunner.server.lifecycle import Inference
+from modelrunner.server.ollama_persona import Personas
 from modelrunner.server.serving import Document, LineStream
 from modelrunner.server.upstream import EngineCall, InputTooLong
 from modelrunner.store.store import StoredModel
@@ -39,6 +40,7 @@ OLLAMA_VERSION = "0.1.0"  # what DMR answers
 _FOREVER = datetime(9999, 12, 31, tzinfo=UTC).isoformat().replace("+00:00", "Z")
 
 Kind = Literal["chat", "generate"]
+Request = TypeVar("Request", shapes.ChatRequest, shapes.GenerateRequest)
 
 
 def _line(doc: Document) -> bytes:
@@ -55,6 +57,7 @@ class OllamaServing:
     def __init__(self, ctx: Inference, transfers: TransferManager) -> None:
         self.ctx = ctx
         self.transfers = transfers
+        self.personas = Personas(ctx.store)  # what `/api/create` kept with a tag (system, parameters)
 
     # -- models ------------------------------------------------------------------------------------
 
@@ -102,12 +105,15 @@ class OllamaServing:
         return {"models": list(out.values())}
 
     def show(self, body: shapes.PullRequest) -> Document:
-        """Ollama's answer, with `tools` among the capabilities unless the request rule would refuse tools
-        (server/capabilities.py): what `model launch` asks before starting a coding agent."""
+        """Ollama's answer, its capabilities with what the model's template and projector allow (`tools`,
+        `vision`, `thinking`), as the request rule decides (server/capabilities.py): what `model launch`
+        asks before starting a coding agent, and clients before they send tools or images."""
         model = self.lookup(body.model_name())
-        shown = shapes.show_response(model)
-        gguf = model.config.format == "gguf"  # only llama.cpp's templates are judged
-        if not gguf or capabilities.renders_tools(model.config, self.ctx.store.bundle_of(model)):
+        persona = self.personas.of(body.model_name(), model)
+        shown = shapes.show_response(model, persona.system, persona.parameters)
+        if model.config.format == "gguf":  # only llama.cpp's templates and projectors are judged
+            shown["capabilities"] += capabilities.shown(model.config, self.ctx.store.bundle_of(model))
+        else:
             shown["capabilities"].append("tools")
         return shown
 
@@ -116,10 +122,12 @@ class OllamaServing:
         model = self.lookup(name)
         await self.ctx.scheduler.unload({model.id})
         await anyio.to_thread.run_sync(self.ctx.store.delete, name)
+        self.personas.forget(name)
 
     async def copy(self, body: shapes.CopyRequest) -> None:
-        self.lookup(body.source)
+        model = self.lookup(body.source)
         await anyio.to_thread.run_sync(self.ctx.store.tag, body.source, body.destination)
+        self.personas.copy(body.source, body.destination, model)
 
     def lookup(self, name: str) -> StoredModel:
         try:
@@ -133,6 +141,7 @@ class OllamaServing:
         name, keep_alive = body.model_name(), keep_alive_of(body.keep_alive)
         if not body.messages:
             return await self.load_or_unload(name, keep_alive, "chat")
+        body = self.with_persona(body)
         await self.apply_context_size(name, shapes.context_size_option(body.options), Mode.COMPLETION)
         return await self._complete(
             "chat", name, "/v1/chat/completions", shapes.chat_body(body), keep_alive, body.stream
@@ -142,9 +151,18 @@ class OllamaServing:
         name, keep_alive = body.model_name(), keep_alive_of(body.keep_alive)
         if not body.prompt and not body.images:
             return await self.load_or_unload(name, keep_alive, "generate")
+        body = self.with_persona(body)
         await self.apply_context_size(name, shapes.context_size_option(body.options), Mode.COMPLETION)
         path, upstream = shapes.generate_body(body)
         return await self._complete("generate", name, path, upstream, keep_alive, body.stream)
+
+    def with_persona(self, body: Request) -> Request:
+        """The request with the system prompt and parameters its model was created with, if any."""
+        if not self.personas.path.exists():  # most stores: no model was created with one
+            return body
+        name = body.model_name()
+        persona = self.personas.of(name, self.lookup(name))
+        return shapes.with_persona(body, persona.system, persona.parameters) if persona else body
 
     async def apply_context_size(self, name: str, num_ctx: int | None, mode: Mode) -> None:
         """`options.num_ctx` becomes the model's persisted context size; idle runners reload with it."""
