@@ -19,10 +19,10 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.compat.bodies import json_body
-from modelrunner.engines.base import InstallState
+from modelrunner.engines.base import Engine, InstallState
 from modelrunner.engines.gpu import GPU_KINDS, detect_accelerator
 from modelrunner.engines.registry import EngineRegistry, is_supported_here, platform_name
-from modelrunner.errors import BadRequest, ModelRunnerError
+from modelrunner.errors import BadRequest, EngineUnsupported, ModelRunnerError
 
 _log = logging.getLogger(__name__)
 
@@ -41,6 +41,17 @@ class InstallRequest(BaseModel):
 class UninstallRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     backend: str = Field(min_length=1, max_length=64)
+
+
+def can_install_here(engine: Engine) -> bool:
+    """Whether an install can succeed here, as the engine's own check before any work says (an engine that
+    runs here but not in modelrunner yet, or not on this platform, cannot): the dashboard offers Install
+    only then."""
+    try:
+        engine.prepare_install()
+    except EngineUnsupported:
+        return False
+    return True
 
 
 def _line(kind: str, message: str, **extra: Any) -> bytes:
@@ -69,6 +80,7 @@ def build_engines_router(
                 "version": status.version,
                 "detail": status.detail,
                 "supported": is_supported_here(engine),
+                "installable": can_install_here(engine),  # the dashboard offers Install only then
             }
         accelerator = detect_accelerator().to_json()
         return {

@@ -148,6 +148,8 @@ export default {
         const running = e.state === "Running";
         const actions = e.supported === false
           ? h("span", { class: "muted", text: "not on this platform" })
+          : e.installable === false // runs here, but modelrunner cannot install it (yet): its detail says why
+          ? h("span", { class: "muted", text: "cannot be installed here" })
           : [
               button(running ? "Reinstall" : "Install", () => runInstall(e.name, running), running ? "ghost small" : "small"),
               running ? button("Uninstall", () => uninstall(e.name), "danger small") : null,

@@ -14,7 +14,8 @@ export default {
     const negative = h("input", { type: "text", name: "negative", placeholder: "optional" });
     const width = h("input", { type: "number", name: "width", min: 64, max: 2048, step: 8, value: 512 });
     const height = h("input", { type: "number", name: "height", min: 64, max: 2048, step: 8, value: 512 });
-    const steps = h("input", { type: "number", name: "steps", min: 1, max: 150, value: 20 });
+    // the engine's default (diffusers_server/params.py), which `model run` leaves it to: one default
+    const steps = h("input", { type: "number", name: "steps", min: 1, max: 150, value: 50 });
     const seed = h("input", { type: "number", name: "seed", min: 0, step: 1, placeholder: "random" });
     const submit = h("button", { type: "submit", text: "Generate" });
     const status = h("div", { class: "messages" });

@@ -289,6 +289,7 @@ class Pull {
     this.error = null;
     this.started = performance.now();
     this.controller = new AbortController();
+    this.resumable = true; // false once the registry refused the pull itself
   }
 
   async run() {
@@ -306,7 +307,11 @@ class Pull {
       if (error.name === "AbortError") {
         this.status = "cancelled";
         this.message = "Cancelled: what was downloaded is kept, pull again to resume.";
-      } else this.fail(error.message);
+      } else {
+        // refused before any transfer (not found, a bad name, no access): there is nothing to resume
+        this.resumable = !(error.status >= 400 && error.status < 500 && error.status !== 408 && error.status !== 429);
+        this.fail(error.message);
+      }
     }
   }
 
@@ -360,7 +365,7 @@ function renderPulls(box, onDone) {
     const actions = pull.active
       ? [button("Cancel", () => pull.controller.abort(), "ghost")]
       : [
-          pull.status !== "done" ? button("Resume", () => startPull(pull.reference, onDone)) : null,
+          pull.status !== "done" && pull.resumable ? button("Resume", () => startPull(pull.reference, onDone)) : null,
           button("Dismiss", () => pulls.delete(pull.reference) && renderPulls(box, onDone), "ghost"),
         ];
     return h(
