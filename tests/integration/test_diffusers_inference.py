@@ -122,8 +122,11 @@ def test_chat_with_an_image_model_is_400(daemon: Daemon) -> None:
 def test_cli_run_writes_the_png_and_prints_its_path(daemon: Daemon, tmp_path: Path) -> None:
     out = tmp_path / "cat.png"
     args = ("run", "tiny-sd", "a nice cat", "-o", str(out), "--size", "64x64", "--steps", "2", "--seed", "7")
-    printed = daemon.cli(*args).stdout
-    assert printed.strip() == str(out)
+    ran = daemon.cli(*args)
+    assert ran.stdout.strip() == str(out)  # stdout: only the path; stderr says what happens (issue 37 item 10)
+    said = ran.stderr.splitlines()
+    assert said[0] == "Generating an image (64x64, 2 steps, seed 7) with tiny-sd..."
+    assert said[-1].startswith(f"Wrote {out} in ") and said[-1].endswith("s")
     assert png_size(out.read_bytes()) == (64, 64)
     [same] = images(generate(daemon, prompt="a nice cat", seed=7))
     assert out.read_bytes() == same

@@ -64,7 +64,7 @@ def _generate(
     notice = loading_notice(daemon, model)
     try:
         return with_engine_installed(
-            daemon, lambda: daemon.call("POST", ROUTE, payload=payload, headers=headers)
+            daemon, lambda: daemon.call("POST", ROUTE, payload=payload, headers=headers or {})
         )
     finally:
         notice.cancel()
