@@ -33,7 +33,8 @@ Tool calling (a request with `tools`; its body is logged as a `chat` event): FAK
 the model calls, as llama-server streams a call (id and name first, the arguments in two fragments, finish
 reason `tool_calls`), with FAKE_TOOL_ARGS (default: the last user message as `{"query": ...}`), until the
 request holds FAKE_TOOL_ROUNDS tool results (default 1); then the answer is `found: <each tool result>`.
-FAKE_TEXT scripts the answer's text (streamed in pieces of a few characters), e.g. a call written as text;
+FAKE_TEXT scripts the answer's text (streamed in pieces of a few characters), e.g. a call written as text
+(FAKE_TEXT_FILE: read from that file, for a text over the 128 KiB an environment variable may hold);
 FAKE_REASONING the reasoning before it (a chat stream's `reasoning_content` deltas, as llama-server's);
 `/v1/messages` answers them as an Anthropic message (the reasoning a thinking block signed with an empty
 string, which a stream stops at the message's end), streamed as llama-server b11434 streams one; with
@@ -209,7 +210,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/messages":
             long_chunks = os.environ.get("FAKE_CHUNKS")  # a long answer, as on the chat route: t0 t1 ...
             default = "".join(f"t{i} " for i in range(int(long_chunks))) if long_chunks else "hi"
-            self._message(request, os.environ.get("FAKE_TEXT", default))
+            self._message(request, _fake_text() or default)
             return
         if os.environ.get("FAKE_TOOL_CALL") and request.get("stream"):
             self._tool_stream(request)
@@ -224,7 +225,7 @@ class Handler(BaseHTTPRequestHandler):
                             "index": 0,
                             "message": {
                                 "role": "assistant",
-                                "content": os.environ.get("FAKE_TEXT", "hi"),
+                                "content": _fake_text() or "hi",
                                 **_reasoning(os.environ.get("FAKE_REASONING")),
                             },
                         }
@@ -244,7 +245,7 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
         if not self._prefill():
             return
-        text = os.environ.get("FAKE_TEXT")
+        text = _fake_text()
         pieces = [text[i : i + 7] for i in range(0, len(text), 7)] if text else []
         chunks = len(pieces) if text else int(os.environ.get("FAKE_CHUNKS", "5"))
         crash_after = int(os.environ.get("FAKE_CRASH_AFTER", "-1"))
@@ -512,6 +513,11 @@ def _block_text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     return str(content)
+
+
+def _fake_text() -> str | None:
+    path = os.environ.get("FAKE_TEXT_FILE")
+    return Path(path).read_text() if path else os.environ.get("FAKE_TEXT")
 
 
 def _reasoning(text: str | None) -> dict[str, str]:

@@ -6,11 +6,14 @@ say it happened, and text that is not a declared, valid call is left alone."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import ollama
 import openai
 import pytest
@@ -204,3 +207,37 @@ def test_a_streamed_anthropic_answer_gets_a_tool_use_block(start: Callable[[str]
     assert text.type == "text" and text.text == "Checking."
     assert use.type == "tool_use" and (use.name, use.input) == ("get_weather", {"city": "Paris", "days": 2})
     assert rescued(daemon, "anthropic") == 1
+
+
+def test_the_daemon_answers_while_a_hostile_megabyte_is_read(
+    tmp_path: Path, fake_daemons: FakeDaemons
+) -> None:
+    """A 1 MB answer of unclosed `<parameter=a>` (issue 36 item 1: 130 KB of them froze the daemon ~50 s)
+    comes back as the text it is, and `GET /version` is answered all the while."""
+    hostile = "<function=get_weather>" + "<parameter=a>" * (1024 * 1024 // 13) + "</function>"
+    answer = tmp_path / "answer.txt"
+    answer.write_text(hostile)
+    daemon = fake_daemons.start({"FAKE_TEXT_FILE": str(answer)})
+    client(daemon).chat.completions.create(model="tiny", messages=HI)  # the model loaded before the clock
+    results: list[Any] = []
+
+    def ask() -> None:  # read whole (n=2), as any answer of vLLM is
+        created = client(daemon).chat.completions.with_raw_response.create(
+            model="tiny", messages=HI, tools=TOOLS, n=2
+        )
+        results.append(created)
+
+    asking = threading.Thread(target=ask)
+    latencies: list[float] = []
+    with httpx.Client(base_url=daemon.url, timeout=10) as poll:
+        asking.start()
+        while asking.is_alive() or not latencies:
+            start = time.monotonic()
+            assert poll.get("/version").status_code == 200
+            latencies.append(time.monotonic() - start)
+    asking.join()
+    (raw,) = results
+    assert HEADER not in raw.headers
+    message = raw.parse().choices[0].message
+    assert message.content == hostile and not message.tool_calls
+    assert max(latencies) < 2.0, latencies  # generous for a loaded machine: the old reading took hours
