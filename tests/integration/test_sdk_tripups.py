@@ -124,6 +124,25 @@ def test_the_anthropic_sdk_lists_and_retrieves_models_in_anthropics_shape(start:
         client.models.list(after_id="absent")
 
 
+def test_the_anthropic_sdk_at_the_daemons_root_lists_models_in_anthropics_shape(start: Start) -> None:
+    """Claude Code's ANTHROPIC_BASE_URL is the daemon's root: the SDK's `models.list()` asks `/v1/models`
+    (DMR's OpenAI alias, no Anthropic route in DMR) and says `anthropic-version`; it gets Anthropic's shape,
+    the OpenAI SDK the OpenAI list, both with DMR's IDs (api.go ToOpenAI: the first tag as stored)."""
+    daemon = start(models=2)
+    client = anthropic.Anthropic(base_url=daemon.url, api_key="x", max_retries=0)
+    listed = list(client.models.list())
+    assert {m.type for m in listed} == {"model"}
+    assert sorted(m.id for m in listed) == ["docker.io/ai/other:latest", "docker.io/ai/tiny:latest"]
+    assert {m.display_name for m in listed} == {"tiny", "other"}
+    assert client.models.retrieve("tiny").id == "docker.io/ai/tiny:latest"
+    openai_client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="x", max_retries=0)
+    served = openai_client.models.list()
+    assert sorted(m.id for m in served) == ["docker.io/ai/other:latest", "docker.io/ai/tiny:latest"]
+    assert {m.object for m in served} == {"model"}
+    with pytest.raises(anthropic.BadRequestError):
+        client.models.list(limit=0)
+
+
 # -- Ollama's ps ---------------------------------------------------------------------------------------
 
 

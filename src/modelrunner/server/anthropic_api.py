@@ -14,7 +14,8 @@ is asked for as a stream and assembled (server/upstream.py), so that a client th
 takes them before anything else (compat/anthropic.py, `with_system_messages_placed`).
 
 `/anthropic/v1/models[/{id}]` lists the store's models in Anthropic's shape (its SDK's `models.list()`
-pages with `has_more` and `last_id`); the IDs are those of the OpenAI list, usable as `model`.
+pages with `has_more` and `last_id`); the IDs are those of the OpenAI list, usable as `model`. DMR has no
+such route; its `/v1/models` asked by the Anthropic SDK answers the same (server/openai_api.py).
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ from modelrunner.compat import anthropic as shapes
 from modelrunner.compat.bodies import parse_json_object
 from modelrunner.server.anthropic_serving import AnthropicServing
 from modelrunner.server.lifecycle import Inference
-from modelrunner.server.openai_api import openai_id
+from modelrunner.server.openai_api import anthropic_model, anthropic_models
 from modelrunner.server.serving import respond
-from modelrunner.store.store import StoredModel
 
 
 def build_anthropic_router(ctx: Inference) -> APIRouter:
@@ -67,18 +67,13 @@ def build_anthropic_router(ctx: Inference) -> APIRouter:
     def list_models(
         limit: int = Query(20, ge=1, le=1000), after_id: str | None = None, before_id: str | None = None
     ) -> dict[str, Any]:
-        models = [_model(m) for m in ctx.store.list_models()]
-        return shapes.model_page(models, limit, after_id, before_id)
+        return anthropic_models(ctx.store, limit, after_id, before_id)
 
     @router.get("/anthropic/v1/models/{model_id:path}")
     def get_model(model_id: str) -> dict[str, Any]:
-        return _model(ctx.store.get(model_id))
+        return anthropic_model(ctx.store.get(model_id))
 
     return router
-
-
-def _model(model: StoredModel) -> dict[str, Any]:
-    return shapes.model_object(openai_id(model), model.config.created)
 
 
 def _endpoint(
