@@ -26,6 +26,7 @@ from tests.conformance.gotypes import (
     go_decode,
 )
 from tests.inprocess import InProcessDaemon
+from tests.models import write_tiny_dduf
 from tests.registry import Registry
 
 UA = {"User-Agent": "docker-model-cli/v1.2.6"}
@@ -58,8 +59,22 @@ def test_list_inspect_version_df_decode(fake_daemon: InProcessDaemon) -> None:
     usage = daemon.http("GET", "/engines/df", headers=UA).json()
     go_decode(usage, DISK_USAGE)
     assert usage["models_disk_usage"] > 0
+    assert listing["data"][0]["dmr"]["context_window"] == 512  # the GGUF's, as DMR's packaging keeps it
     # DMR's Inspect: a 404 is "model not found"
     assert daemon.http("GET", "/models/absent", headers=UA).status_code == 404
+
+
+def test_the_dmr_block_leaves_out_what_a_model_does_not_say(
+    fake_daemon: InProcessDaemon, tmp_path: Path
+) -> None:
+    """api.go DMRMetadata: every field `omitempty`; a diffusers model has no context window (nor a
+    quantization), so its `dmr` block does not name one (it said `null`)."""
+    dduf = write_tiny_dduf(tmp_path / "tiny.dduf")
+    packaged = fake_daemon.http("POST", "/models/package", json={"target": "ai/pictures", "dduf": str(dduf)})
+    assert packaged.status_code == 201, packaged.text
+    shown = fake_daemon.http("GET", "/engines/v1/models/ai/pictures").json()
+    assert "context_window" not in shown["dmr"]
+    assert all(value not in (None, "") for value in shown["dmr"].values()), shown["dmr"]
 
 
 def test_tag_repackage_rm_as_dmr_s_cli_sends_them(fake_daemon: InProcessDaemon) -> None:
@@ -73,6 +88,11 @@ def test_tag_repackage_rm_as_dmr_s_cli_sends_them(fake_daemon: InProcessDaemon) 
         "POST", "/models/tiny/repackage", content=body, headers={**UA, "Content-Type": "application/json"}
     )
     assert repackaged.status_code == 201, repackaged.text  # handleRepackageModel: StatusCreated
+    assert repackaged.json() == {
+        "message": 'Model repackaged successfully as "myorg/tiny:small"',
+        "source": "tiny",
+        "target": "myorg/tiny:small",
+    }
     # Remove: DELETE ...?force=false, 200 and DeleteModelResponse
     removed = daemon.http("DELETE", "/models/myorg/tiny:v1?force=false", headers=UA)
     assert removed.status_code == 200

@@ -122,7 +122,11 @@ def test_repackage_context_size(daemon: Daemon, tiny_gguf: Path) -> None:
     response = daemon.http("POST", "/models/tiny/repackage", json={"target": "tiny:ctx", "context_size": 128})
     assert response.status_code == 201, response.text
     body = response.json()
-    assert body["source"] == "tiny" and body["target"] == "docker.io/ai/tiny:ctx"
+    assert body == {  # http_handler.go handleRepackageModel
+        "message": 'Model repackaged successfully as "tiny:ctx"',
+        "source": "tiny",
+        "target": "tiny:ctx",
+    }
     new = daemon.http("GET", "/models/tiny:ctx").json()
     assert new["id"] != source and new["config"]["context_size"] == 128
     old_layers = {p.name for p in (daemon.store_root / "blobs" / "sha256").iterdir()}

@@ -20,7 +20,7 @@ from modelrunner.artifact.builder import (
     extend_artifact,
     local_zone,
 )
-from modelrunner.artifact.gojson import parse_bool
+from modelrunner.artifact.gojson import go_quote, parse_bool
 from modelrunner.compat.bodies import json_body
 from modelrunner.errors import BadRequest, NotFound, PermissionDenied
 from modelrunner.reference import parse_reference
@@ -185,13 +185,12 @@ def build_models_router(store: ModelStore, token: str) -> APIRouter:
     def repackage_model(
         name: str, body: RepackageRequest = Depends(json_body(RepackageRequest))
     ) -> dict[str, str]:
-        model_id = store.repackage(name, body.target, body.context_size)
-        target = store.get(model_id).tags
+        """http_handler.go handleRepackageModel: the names as the request gave them."""
+        store.repackage(name, body.target, body.context_size)
         return {
-            "message": "Model repackaged successfully",
+            "message": f"Model repackaged successfully as {go_quote(body.target)}",
             "source": name,
-            "target": target[0],
-            "id": model_id,
+            "target": body.target,
         }
 
     @router.get("/models/{name:path}/export")
