@@ -273,18 +273,13 @@ def install_diffusers_env(bundle: Path, env: Path, python: str) -> None:
     pip_offline(python, target, bundle, "diffusers", "fastapi", "uvicorn")
 
 
-# What the dry run imports from each environment it installed.
+# What the dry run imports from each environment it installed: in the daemon's, the run itself too
+# (bench/gpu_check.py imports the tests' helpers, and they pytest: the host has it, the stand-in gets it).
 PROBES = {
-    "venv": (
-        "modelrunner.cli",
-        "modelrunner.server.app",
-        "modelrunner.engines.build",
-        "fastapi",
-        "uvicorn",
-        "gguf",
-    ),
+    "venv": ("modelrunner.cli", "modelrunner.server.app", "bench.gpu_check", "bench.gpu_models"),
     "diffusers-env": ("diffusers", "fastapi", "uvicorn", "PIL"),
 }
+RUN_NEEDS_FROM_HOST = ("pytest",)
 
 
 def host_like_python() -> str:
@@ -307,14 +302,15 @@ def dry_install(bundle: Path) -> int:
         subprocess.run([python, "-m", "venv", str(host)], check=True)
         host_python = str(host / "bin" / "python")
         pip = [host_python, "-m", "pip", "install", "--disable-pip-version-check", "--quiet"]
-        subprocess.run([*pip, *manifest["host_has"]], check=True)  # the host's part: fetched, not bundled
+        # the host's part, fetched here: it is not in the bundle
+        subprocess.run([*pip, *manifest["host_has"], *RUN_NEEDS_FROM_HOST], check=True)
         started = time.monotonic()
         result = install(bundle, Path(work) / "venv", host_python)
         install_diffusers_env(bundle, Path(work) / "diffusers-env", host_python)
         seconds = time.monotonic() - started
         for env, modules in PROBES.items():
             probe = f"import {', '.join(modules)}; print('{env}: imported {', '.join(modules)}')"
-            subprocess.run([str(Path(work) / env / "bin" / "python"), "-c", probe], check=True)
+            subprocess.run([str(Path(work) / env / "bin" / "python"), "-c", probe], check=True, cwd=ROOT)
     print(f"offline install of {bundle} ({folder_bytes(bundle) / 2**20:.1f} MiB): the daemon's venv "
           f"{result['seconds']} s, with the diffusers environment {seconds:.1f} s")  # fmt: skip
     return 0
