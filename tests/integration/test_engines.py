@@ -50,14 +50,14 @@ def test_install_status_uninstall_through_the_cli(daemon: Daemon, llama_server: 
     assert daemon.http("GET", "/engines/status").json() == {
         "llama.cpp": "Running: llama.cpp b11434",
         "vllm": "Not Installed: no vllm environment installed",
-        "mlx": "Not Installed: only supported on macOS arm64",
+        "mlx": "Not Installed: no MLX environment installed",
         "sglang": "Not Installed: not yet available in modelrunner",
         "diffusers": "Not Installed: no diffusers environment installed",
     }
     rows = status_rows(daemon.cli("status").stdout)  # DMR's BACKEND / STATUS / DETAILS table
     assert rows["llama.cpp"] == ["Running", "llama.cpp b11434"]
     assert rows["vllm"] == ["Not Installed", "no vllm environment installed"]
-    assert rows["mlx"] == ["Not Installed", "only supported on macOS arm64"]
+    assert rows["mlx"] == ["Not Installed", "no MLX environment installed"]
     status = json.loads(daemon.cli("status", "--json").stdout)
     assert status["running"] is True
     assert status["backends"]["llama.cpp"] == "Running: llama.cpp b11434"

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from modelrunner.artifact.model_config import ModelConfig
 from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.errors import UnknownEngine
 from tests.fake_engine import FakeEngine
@@ -25,7 +26,7 @@ def registry() -> EngineRegistry:
 def test_the_format_decides_whatever_backend_is_named(
     registry: EngineRegistry, backend: str | None, model_format: str, engine: str
 ) -> None:
-    if model_format == "gguf" and backend in ("mlx", "sglang"):
+    if model_format == "gguf" and backend == "sglang":
         engine = backend  # kept as DMR keeps it: it cannot run here, and its 412 says so
     assert registry.resolve(backend, model_format).name == engine
 
@@ -34,7 +35,27 @@ def test_a_format_no_engine_claims_goes_to_the_default_engine(registry: EngineRe
     assert registry.default is registry["llama.cpp"]
     assert registry.resolve(None, "").name == "llama.cpp"  # a config that names no format
     assert registry.resolve("vllm", "").name == "llama.cpp"  # vLLM runs here and serves safetensors only
-    assert registry.resolve("mlx", "").name == "mlx"  # DMR keeps the backend asked for
+    assert registry.resolve("mlx", "").name == "llama.cpp"  # MLX runs here too, and serves MLX's files only
+    assert registry.resolve("sglang", "").name == "sglang"  # DMR keeps the backend asked for
+
+
+def safetensors_config(written_by: str) -> ModelConfig:
+    """A safetensors model's config as packaging makes it: the first file's `__metadata__` under
+    `safetensors` (DMR's format/safetensors.go extractMetadata)."""
+    metadata = {"format": written_by, "tensor_count": "3"}
+    return ModelConfig({"format": "safetensors", "safetensors": metadata}, created=0)
+
+
+@pytest.mark.parametrize("backend", [None, "llama.cpp", "vllm", "mlx", "diffusers"])
+def test_safetensors_that_mlx_wrote_go_to_mlx_the_others_to_vllm(
+    registry: EngineRegistry, backend: str | None
+) -> None:
+    assert registry.resolve(backend, safetensors_config("mlx")).name == "mlx"
+    assert registry.resolve(backend, safetensors_config("pt")).name == "vllm"
+    assert registry.resolve(backend, ModelConfig({"format": "safetensors"}, created=0)).name == "vllm"
+    # a GGUF whose metadata happened to say mlx is still llama.cpp's: only safetensors are MLX's
+    gguf = ModelConfig({"format": "gguf", "safetensors": {"format": "mlx"}}, created=0)
+    assert registry.resolve(backend, gguf).name == "llama.cpp"
 
 
 def test_an_unknown_backend_is_one_404_naming_the_choices(registry: EngineRegistry) -> None:

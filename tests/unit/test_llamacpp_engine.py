@@ -397,7 +397,7 @@ def test_broken_server_is_an_error_state(tmp_path: Path, monkeypatch: pytest.Mon
 def test_registry_lists_every_dmr_engine() -> None:
     engines = EngineRegistry.of(default_registry())
     assert list(engines) == ["llama.cpp", "vllm", "mlx", "sglang", "diffusers"]
-    assert engines["mlx"].status().describe("mlx") == "Not Installed: only supported on macOS arm64"
+    assert engines["mlx"].status().describe("mlx") == "Not Installed: no MLX environment installed"
     assert engines["sglang"].status().describe("sglang") == "Not Installed: not yet available in modelrunner"
     with pytest.raises(EngineUnsupported, match="not yet available"):
         engines["sglang"].prepare_install("auto")

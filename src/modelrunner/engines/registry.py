@@ -11,11 +11,13 @@ A new engine is one module (an `Engine` with its `name`, `formats` and `modes`) 
 from __future__ import annotations
 
 import functools
-import platform
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
+from modelrunner.artifact.mediatypes import FORMAT_SAFETENSORS
+from modelrunner.artifact.model_config import ModelConfig
+from modelrunner.engines import mlx
 from modelrunner.engines.base import (
     Engine,
     EngineStatus,
@@ -28,6 +30,7 @@ from modelrunner.engines.base import (
 )
 from modelrunner.engines.diffusers import DiffusersEngine
 from modelrunner.engines.llamacpp import LlamaCppEngine
+from modelrunner.engines.mlx import MlxEngine
 from modelrunner.engines.settings import EngineSettings
 from modelrunner.engines.vllm import VllmEngine
 from modelrunner.errors import EngineNotInstalled, EngineUnsupported, UnknownEngine
@@ -74,36 +77,32 @@ class UnavailableEngine(Engine):
         raise EngineNotInstalled(f"{self.name} is not installed ({self.reason})")
 
 
-def _is_macos_arm64() -> bool:
-    return sys.platform == "darwin" and platform.machine() == "arm64"
-
-
 def _placeholders() -> list[Engine]:
     completion = frozenset({Mode.COMPLETION, Mode.EMBEDDING})
     on_linux = sys.platform.startswith("linux")
-    not_yet = "not yet available in modelrunner"
     return [
-        UnavailableEngine(
-            "mlx",
-            frozenset({"safetensors"}),
-            completion,
-            not_yet if _is_macos_arm64() else "only supported on macOS arm64",
-            supported=_is_macos_arm64(),
-        ),
         UnavailableEngine(
             "sglang",
             frozenset({"safetensors"}),
             completion,
-            not_yet if on_linux else "only supported on Linux",
+            "not yet available in modelrunner" if on_linux else "only supported on Linux",
             supported=on_linux,
         ),
     ]
 
 
 def default_registry() -> list[Engine]:
-    """Every engine DMR names, in its order (contract 2.2): llama.cpp, vllm, the status-only entries,
+    """Every engine DMR names, in its order (contract 2.2): llama.cpp, vllm, mlx, the status-only entries,
     diffusers. The first is the default backend; for a format, the first engine that serves it wins."""
-    return [LlamaCppEngine(), VllmEngine(), *_placeholders(), DiffusersEngine()]
+    return [LlamaCppEngine(), VllmEngine(), MlxEngine(), *_placeholders(), DiffusersEngine()]
+
+
+def engine_format(model: ModelConfig) -> str:
+    """The format that picks a model's engine: its config's, except `mlx` for safetensors that MLX wrote
+    (engines/mlx.py is_mlx_model): those go to MLX, every other safetensors model to vLLM."""
+    if model.format == FORMAT_SAFETENSORS and mlx.is_mlx_model(model.config):
+        return mlx.FORMAT
+    return model.format
 
 
 @functools.cache
@@ -146,13 +145,15 @@ class EngineRegistry(Mapping[str, Engine]):
             raise UnknownEngine(f"unknown backend {name[:40]!r}: use one of {', '.join(self._engines)}")
         return engine
 
-    def resolve(self, backend: str | None, model_format: str) -> Engine:
-        """The engine that runs a model of `model_format` when `backend` (or none) is asked for (DMR's
-        selectBackendForModel). A named backend must exist. A format whose first engine (in registry order)
-        is not the default goes to it, whatever the URL says (safetensors to vLLM, DDUF to diffusers); any
-        other format (GGUF, or a config that names none) stays with the backend asked for, as in DMR, if
-        that engine serves it or is one this runner does not implement (MLX, SGLang: its 412 says why); a
-        real engine asked for a format it does not serve (vLLM for a GGUF model) gives way to the default."""
+    def resolve(self, backend: str | None, model: ModelConfig | str) -> Engine:
+        """The engine that runs a model (its config, or a format) when `backend` (or none) is asked for
+        (DMR's selectBackendForModel; a config's format is `engine_format`'s). A named backend must exist.
+        A format whose first engine (in registry order) is not the default goes to it, whatever the URL says
+        (safetensors to vLLM, MLX's to mlx, DDUF to diffusers); any other format (GGUF, or a config that
+        names none) stays with the backend asked for, as in DMR, if that engine serves it or is one this
+        runner does not implement (SGLang: its 412 says why); a real engine asked for a format it does not
+        serve (vLLM for a GGUF model) gives way to the default."""
+        model_format = model if isinstance(model, str) else engine_format(model)
         named = self.find(backend) if backend is not None else None
         default = self.default
         if default is None:

@@ -184,7 +184,7 @@ def build_admin_router(
         except ModelNotFound:
             model = None  # accepted all the same, as DMR's ConfigureRunner does (below)
         if model is not None:
-            engine = engines.resolve(backend, model.config.format)
+            engine = engines.resolve(backend, model.config)
         else:  # its settings are checked against the engine asked for (nothing will run them)
             engine = engines.find(backend) if backend is not None else engines.resolve(None, "")
         flags = requested_flags(body)

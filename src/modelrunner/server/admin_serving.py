@@ -112,7 +112,7 @@ class AdminServing:
         """Ours: the memory one runner of the model needs on this machine, with its stored settings (what
         `model generate` requests for a pod)."""
         stored = self.store.get(model)
-        engine = self.engines.resolve(backend, stored.config.format)
+        engine = self.engines.resolve(backend, stored.config)
         settings = self.scheduler.settings.get(engine.name, stored.id, Mode.COMPLETION) or ModelSettings()
         target = model_for_engine(self.store, stored, model)
         memory = engine.estimate_memory(target, settings.runner_settings())

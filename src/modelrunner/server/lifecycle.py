@@ -389,7 +389,7 @@ class Inference:
         self.lifecycle = lifecycle
 
     def engine_for(self, model: StoredModel, backend: str | None = None) -> Engine:
-        return self.engines.resolve(backend, model.config.format)
+        return self.engines.resolve(backend, model.config)
 
     async def acquire(
         self,
