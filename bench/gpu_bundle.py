@@ -35,6 +35,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -317,28 +318,49 @@ def dry_install(bundle: Path) -> int:
 
 
 def build_llama(bundle: Path, work: Path) -> int:
-    """On the GPU host: engines/build.py's CUDA recipe compiled from the bundle's source (GGML_NATIVE, so
-    for this machine's GPU only), then adopted into the engine cache after its smoke test."""
-    from modelrunner.engines.build import VERSION, BuildSpec, _cmake_cache, _compile, adopt_build
+    """On the GPU host: engines/build.py's own build of the CUDA recipe (GGML_NATIVE, so for this machine's
+    GPU only), smoke test and fallbacks included, from the bundle's trimmed copy of the same pinned source
+    instead of pip's download."""
+    from modelrunner.engines import build
 
-    with tarfile.open(bundle / f"llama.cpp-{VERSION}.tar.gz") as tar:
+    with tarfile.open(bundle / f"llama.cpp-{build.VERSION}.tar.gz") as tar:
         tar.extractall(work / "src", filter="data")
-    spec = BuildSpec("cuda")
-    build = work / "build"
+    source = work / "src" / "llama.cpp"
+
+    def bundled_source(work: Path, progress: Callable[[str], None]) -> Path:
+        progress(f"Using the bundle's llama.cpp {build.VERSION} source (no network here)")
+        return source
+
+    build._fetch_source = bundled_source
+    use_cuda_compiler()
     started = time.monotonic()
-    _compile(work / "src" / "llama.cpp", build, spec, lambda line: print(line, flush=True), work)
-    compiled = time.monotonic() - started
-    cache = _cmake_cache(build)
-    binary = adopt_build(build, spec)
+    spec = build.BuildSpec("cuda")
+    binary = build.ensure_built(spec, lambda line: print(line, flush=True))
+    info = build.build_info(spec)
     found = {
-        "compile_s": round(compiled, 1),
-        "adopt_s": round(time.monotonic() - started - compiled, 1),
-        "cuda_architectures": cache.get("CMAKE_CUDA_ARCHITECTURES"),
-        "nvcc": cache.get("CMAKE_CUDA_COMPILER"),
+        "seconds": round(time.monotonic() - started, 1),
         "binary": str(binary),
-    }
+        "cuda_code": cuda_code(binary),
+        "nvcc": shutil.which("nvcc"),
+    } | {key: info.get(key) for key in ("build_seconds", "turned_off", "smoke_test", "cmake_flags")}
     print(json.dumps(found), flush=True)
     return 0
+
+
+def use_cuda_compiler() -> None:
+    """nvcc on PATH for CMake, where the toolkit is installed but not on PATH."""
+    if shutil.which("nvcc") is None:
+        for nvcc in sorted(Path("/usr/local").glob("cuda*/bin/nvcc")):
+            os.environ["PATH"] = f"{nvcc.parent}{os.pathsep}{os.environ['PATH']}"
+            return
+
+
+def cuda_code(binary: Path) -> list[str]:
+    """The GPU architectures compiled into the binary (cuobjdump's list of its CUDA ELF images)."""
+    if shutil.which("cuobjdump") is None:
+        return ["cuobjdump not found"]
+    listed = subprocess.run(["cuobjdump", "--list-elf", str(binary)], capture_output=True, text=True)
+    return sorted(set(re.findall(r"sm_\w+", listed.stdout))) or [listed.stderr.strip()[-300:]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(install(args.bundle.resolve(), args.venv)), flush=True)
         return 0
     if args.action == "build-llama":
+        if args.work is None:
+            parser.error("build-llama needs --work")
         return build_llama(args.bundle.resolve(), args.work)
     return dry_install(args.bundle.resolve())
 
