@@ -123,9 +123,10 @@ def test_cli_run_writes_the_png_and_prints_its_path(daemon: Daemon, tmp_path: Pa
     out = tmp_path / "cat.png"
     args = ("run", "tiny-sd", "a nice cat", "-o", str(out), "--size", "64x64", "--steps", "2", "--seed", "7")
     ran = daemon.cli(*args)
-    assert ran.stdout.strip() == str(out)  # stdout: only the path; stderr says what happens (issue 37 item 10)
+    assert ran.stdout.strip() == str(out)  # only the path: stderr says what happens (issue 37 item 10)
     said = ran.stderr.splitlines()
     assert said[0] == "Generating an image (64x64, 2 steps, seed 7) with tiny-sd..."
+    assert [line for line in said if line.startswith("Step ")] == ["Step 1/2", "Step 2/2"]  # the engine's log
     assert said[-1].startswith(f"Wrote {out} in ") and said[-1].endswith("s")
     assert png_size(out.read_bytes()) == (64, 64)
     [same] = images(generate(daemon, prompt="a nice cat", seed=7))
@@ -215,6 +216,25 @@ def test_engine_not_installed_is_412(tmp_path: Path, tiny_sd_dduf: Path) -> None
         assert "install-runner --backend diffusers" in error_message(response)
         status = bare.http("GET", "/engines/status").json()
         assert status["diffusers"] == "Not Installed: no diffusers environment installed"
+    finally:
+        bare.stop()
+
+
+def test_the_first_run_installs_the_engine_from_the_cache(
+    tmp_path: Path, tiny_sd_dduf: Path, diffusers_python: Path
+) -> None:
+    """Issue 37 item 4, for real: on a fresh runner home `model run` installs diffusers (the cached
+    environment: seconds), says so on stderr, then writes the picture (tests/conformance/test_cli_first_use.py
+    names DMR's ensureStandaloneRunnerAvailable)."""
+    bare = Daemon(tmp_path / "fresh-home", free_port()).start()
+    try:
+        bare.cli("package", "--dduf", str(tiny_sd_dduf), "tiny-sd")
+        out = tmp_path / "first.png"
+        ran = bare.cli("run", "tiny-sd", "a cat", "-o", str(out), "--size", "64x64", "--steps", "2")
+        assert ran.stdout.strip() == str(out) and png_size(out.read_bytes()) == (64, 64)
+        assert "diffusers is not installed yet: installing it now" in ran.stderr
+        assert "Using the cached diffusers environment" in ran.stderr
+        assert bare.http("GET", "/engines/status").json()["diffusers"].startswith("Running: diffusers")
     finally:
         bare.stop()
 

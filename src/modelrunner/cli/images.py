@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +72,61 @@ def _generate(
         notice.cancel()
 
 
+# The engine's log line after each denoising step (engines/diffusers_server/pipeline.py STEP_LINE)
+_STEP = re.compile(rb"diffusers server: step (\d+)/(\d+)")
+
+
+class StepProgress:
+    """Shows the denoising steps on stderr as the engine logs them (`model logs --model M -f`): the step
+    lines already in the log are counted first and skipped, so only this request's are shown. Progress
+    is a courtesy: a log that cannot be read shows none, and nothing fails."""
+
+    def __init__(self, daemon: Client, model: str) -> None:
+        self.daemon, self.model = daemon, model
+        self.tty = sys.stderr.isatty()
+        self.shown = (0, 0)
+        self.done = threading.Event()
+        self.caught_up = threading.Event()  # the last step shown
+        try:
+            self.skip = len(_STEP.findall(b"".join(daemon.logs(False, False, model))))
+        except Exception:  # no log route (an older runner), no access: no progress
+            self.skip = -1
+            return
+        threading.Thread(target=self._follow, daemon=True).start()
+
+    def _follow(self) -> None:
+        seen, pending = 0, b""
+        try:
+            for chunk in self.daemon.logs(True, False, self.model):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    found = _STEP.search(line)
+                    if found is None:
+                        continue
+                    seen += 1
+                    if seen > self.skip and not self.done.is_set():
+                        self._show(int(found[1]), int(found[2]))
+                if self.done.is_set():
+                    return
+        except Exception:
+            return
+
+    def _show(self, step: int, steps: int) -> None:
+        text = f"Step {step}/{steps}"
+        print(f"\r{text}" if self.tty else text, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+        self.shown = (step, steps)
+        if step == steps:
+            self.caught_up.set()
+
+    def finish(self) -> None:
+        """After the answer: let the log's last steps reach the screen (a second at most), then stop."""
+        if self.skip >= 0:
+            self.caught_up.wait(1.0)
+        self.done.set()
+        if self.tty and self.shown[0]:
+            print(file=sys.stderr, flush=True)
+
+
 def _what_is_made(payload: dict[str, Any]) -> str:
     """`an image of 512x512, 20 steps`, as far as the request says (the engine's defaults otherwise)."""
     details = [str(payload["size"])] if "size" in payload else []
@@ -102,7 +159,14 @@ def run_image(daemon: Client, args: argparse.Namespace) -> int:
     # stderr says what happens (loading, then minutes of denoising on a CPU); stdout keeps only the paths
     print(f"Generating {_what_is_made(payload)} with {args.model}...", file=sys.stderr, flush=True)
     started = time.monotonic()
-    images = decode_images(_generate(daemon, args.model, payload))
+    progress = StepProgress(daemon, args.model)
+    try:
+        answer = _generate(daemon, args.model, payload)
+    except BaseException:
+        progress.done.set()
+        raise
+    progress.finish()
+    images = decode_images(answer)
     from modelrunner.fileio import write_file_atomic
 
     paths = output_paths(args.output, len(images))

@@ -27,10 +27,18 @@ class Cancelled(Exception):
     """The request's client left: its image is not finished."""
 
 
-def _stop_when(cancelled: threading.Event) -> Any:
+# A line per denoising step in the engine's log, which `model run` follows to show the progress
+STEP_LINE = "diffusers server: step {step}/{steps}"
+
+
+def _on_step_end(cancelled: threading.Event | None, steps: int) -> Any:
+    """After each denoising step: say it in the log, and stop (Cancelled) once the client has left."""
+
     def on_step_end(pipe: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
-        if cancelled.is_set():
+        if cancelled is not None and cancelled.is_set():
             raise Cancelled("the client left")
+        total = getattr(pipe, "num_timesteps", None) or steps  # a scheduler may take more than asked
+        print(STEP_LINE.format(step=step + 1, steps=total), flush=True)
         return tensors
 
     return on_step_end
@@ -57,12 +65,9 @@ class ImagePipeline:
         """One PNG per image, made one pipeline call at a time; image i uses seed + i. Once `cancelled`
         is set (the client left) the work stops at the next denoising step: Cancelled is raised."""
         images = []
-        stop_early: dict[str, Any] = {}
-        if (
-            cancelled is not None
-            and "callback_on_step_end" in inspect.signature(self.pipe.__call__).parameters
-        ):
-            stop_early["callback_on_step_end"] = _stop_when(cancelled)
+        each_step: dict[str, Any] = {}
+        if "callback_on_step_end" in inspect.signature(self.pipe.__call__).parameters:
+            each_step["callback_on_step_end"] = _on_step_end(cancelled, request.num_inference_steps)
         for i in range(request.n):
             if cancelled is not None and cancelled.is_set():
                 raise Cancelled("the client left")
@@ -81,7 +86,7 @@ class ImagePipeline:
                     num_images_per_prompt=1,
                     generator=generator,
                     output_type="pil",
-                    **stop_early,
+                    **each_step,
                 )
             buffer = io.BytesIO()
             result.images[0].save(buffer, format="PNG")
