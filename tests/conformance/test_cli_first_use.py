@@ -14,6 +14,7 @@ from modelrunner.engines.base import EngineStatus, InstallState, ProgressCallbac
 from modelrunner.errors import EngineUnsupported
 from tests.conformance.dmr_daemons import FakeDaemons, cli_env, run_cli
 from tests.fake_engine import FakeEngine
+from tests.terminal import Terminal
 
 INSTALL_LINES = ["Using the cached build of llama.cpp (fake)", "Installed llama.cpp fake-1"]
 
@@ -64,13 +65,32 @@ def test_the_first_run_installs_the_engine_with_its_progress(
     assert (again.returncode, again.stderr, engine.installs) == (0, "", 1)
 
 
-def test_detach_and_chat_install_too(fake_daemons: FakeDaemons, tmp_path: Path) -> None:
-    """`run -d` (a load only) and the interactive chat's preload take the same path as a one-shot run."""
+def test_detach_installs_too(fake_daemons: FakeDaemons, tmp_path: Path) -> None:
+    """`run -d` (a load only) takes the same path as a one-shot run."""
     engine = UninstalledEngine()
     daemon = fake_daemons.start({}, engines={"llama.cpp": engine})
     loaded = run_cli(cli_env(tmp_path, daemon.url), "run", "-d", "tiny")
     assert (loaded.returncode, loaded.stdout) == (0, "")
     assert INSTALL_LINES[0] in loaded.stderr and engine.installs == 1
+    assert [runner["backend_name"] for runner in daemon.ps()] == ["llama.cpp"]
+
+
+def test_the_chat_installs_before_its_prompt(fake_daemons: FakeDaemons, tmp_path: Path) -> None:
+    """The interactive chat's preload installed nothing: it said "background model preload failed" and
+    every message then failed; now the install's lines come first, then the prompt, then answers."""
+    engine = UninstalledEngine()
+    daemon = fake_daemons.start({"FAKE_CHUNKS": "3"}, engines={"llama.cpp": engine})
+    term = Terminal(["run", "tiny"], cli_env(tmp_path, daemon.url, TERM="xterm"), tmp_path)
+    try:
+        shown = term.expect("Send a message")
+        assert INSTALL_LINES[1] in shown and "preload failed" not in shown
+        term.send("hi")
+        term.send("/bye")
+        assert term.close() == 0
+    finally:
+        if term.process.poll() is None:
+            term.process.kill()
+    assert engine.installs == 1
     assert [runner["backend_name"] for runner in daemon.ps()] == ["llama.cpp"]
 
 
