@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -156,6 +158,25 @@ def test_unload_then_a_request_reloads(daemon: Daemon) -> None:
     assert chat(daemon, max_tokens=1).status_code == 200
     [again] = engine_runners(daemon)
     assert again["backend_name"] == "mlx" and again["pid"] != first["pid"]
+
+
+def test_a_model_mlx_lm_cannot_load_fails_its_request_and_says_why(
+    daemon: Daemon, models: tuple[Path, Path], tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(models[1], broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "num_hidden_layers": N_LAYER + 1}))
+    daemon.cli("package", "--safetensors-dir", str(broken), "broken-mlx")
+    started = time.monotonic()
+    response = chat(daemon, model="broken-mlx")
+    # mlx_lm's health check stays 503 after its loader died; the launcher ends the process instead, so the
+    # request is answered at once with the engine's own words, not after the start timeout
+    assert time.monotonic() - started < 60
+    assert response.status_code == 500, response.text
+    assert "engine exited with code 1" in error_message(response)
+    assert "Missing 9 parameters" in error_message(response)
+    assert "mlx_lm.server could not load the model" in engine_log(daemon.home, "mlx")
 
 
 def test_runtime_flags_are_refused(daemon: Daemon) -> None:

@@ -62,14 +62,15 @@ VERSION = "0.32.4"  # MLX's release (DMR's status shows MLX's version); also the
 MLX_LM_VERSION = "0.32.2"
 ENV_INFO = "modelrunner-env.json"  # written last into a cached environment: its presence means complete
 INSTALL_INFO = "install.json"
-# Measured: the server holds ~200 MB resident with the tiny test model after a chat (python, mlx,
-# transformers' tokenizer); rounded up for larger models' tokenizers and MLX's buffer cache.
+# Measured: the server holds ~90 MB resident with the tiny test model after a 50-token chat (python, MLX,
+# transformers' tokenizer); a real model's tokenizer, prefill activations and MLX's cache of freed buffers
+# come on top.
 MEMORY_OVERHEAD = 512 * 1024 * 1024
 _VERSION_ALIASES = {None, "", "latest", VERSION}
 
 # Run by the environment's python as `python -c LAUNCHER <socket> <mlx_lm.server flags>`.
 LAUNCHER = r"""
-import socketserver, sys
+import socketserver, sys, time
 from mlx_lm import server
 
 socket_path = sys.argv.pop(1)
@@ -89,6 +90,12 @@ class TheModel(server.ModelProvider):
 
 
 def serve_on_unix_socket(host, port, response_generator):
+    # The model loads in mlx_lm's generation thread: the socket answers once it is loaded (the runner is
+    # ready then), and a model that cannot load ends the process instead of leaving a server that hangs.
+    while response_generator.model_provider.model is None:
+        if not response_generator.generation_available():
+            sys.exit("mlx_lm.server could not load the model")
+        time.sleep(0.05)
     fingerprint = server.get_system_fingerprint()
 
     def handler(*args, **kwargs):
