@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -177,6 +179,42 @@ def test_a_model_mlx_lm_cannot_load_fails_its_request_and_says_why(
     assert "engine exited with code 1" in error_message(response)
     assert "Missing 9 parameters" in error_message(response)
     assert "mlx_lm.server could not load the model" in engine_log(daemon.home, "mlx")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_stops_the_generation(daemon: Daemon, stream: bool) -> None:
+    """mlx_lm stops a generation when writing its stream fails, and writes an unstreamed answer only at the
+    end: the daemon asks for a stream and assembles it (Engine.assembles_unstreamed), so a client that
+    leaves stops the engine's work either way. 6000 tokens take ~20 s here; the engine is idle within 5 s."""
+    assert chat(daemon, max_tokens=1).status_code == 200
+    [runner] = engine_runners(daemon)
+    messages = [{"role": "user", "content": "hello"}]
+    body = json.dumps(
+        {"model": "tiny-mlx", "messages": messages, "max_tokens": 6000, "stream": stream}
+    ).encode()
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=LOAD) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + b"Content-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        busy = cpu_seconds(runner["pid"])
+        time.sleep(1.5)
+        assert cpu_seconds(runner["pid"]) - busy > 0.2, "the engine was not generating"
+        assert not select.select([sock], [], [], 0)[0] or stream  # unstreamed: nothing before the end
+    deadline = time.monotonic() + 5
+    while True:
+        before = cpu_seconds(runner["pid"])
+        time.sleep(0.5)
+        if cpu_seconds(runner["pid"]) - before < 0.05:
+            break  # idle: the generation stopped
+        assert time.monotonic() < deadline, "the engine went on generating for a client that left"
+    assert not any(r["in_use"] for r in engine_runners(daemon))
 
 
 def test_runtime_flags_are_refused(daemon: Daemon) -> None:

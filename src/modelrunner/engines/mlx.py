@@ -228,6 +228,9 @@ class MlxEngine(Engine):
     name = NAME
     formats = frozenset({FORMAT})
     modes = frozenset({Mode.COMPLETION})  # mlx_lm.server has no embeddings or reranking routes
+    # mlx_lm stops a generation whose client left only while it streams (a write fails); an unstreamed answer
+    # is written whole at the end, so the daemon asks for a stream and assembles it (compat/assemble.py)
+    assembles_unstreamed = True
 
     def __init__(self, install_root: Path | None = None) -> None:
         self._install_root = install_root  # None: <runner home>/engines/mlx, read when needed
