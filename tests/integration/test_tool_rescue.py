@@ -5,6 +5,7 @@ say it happened, and text that is not a declared, valid call is left alone."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -19,6 +20,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from modelrunner.compat import tool_rescue
 from tests.conformance.dmr_daemons import FakeDaemons
 from tests.inprocess import InProcessDaemon
 
@@ -209,11 +211,42 @@ def test_a_streamed_anthropic_answer_gets_a_tool_use_block(start: Callable[[str]
     assert rescued(daemon, "anthropic") == 1
 
 
+@pytest.fixture
+def on_the_loop(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each reading of a chat answer for calls ran on the daemon's event loop (the real reading,
+    watched: the daemon runs in this process)."""
+    seen: list[bool] = []
+    real = tool_rescue.rescue_chat
+
+    def watched(doc: dict[str, Any], tools: tool_rescue.Tools) -> int:
+        seen.append(asyncio_running())
+        return real(doc, tools)
+
+    monkeypatch.setattr(tool_rescue, "rescue_chat", watched)
+    return seen
+
+
+def asyncio_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_a_short_answer_is_read_on_the_loop(
+    start: Callable[[str], InProcessDaemon], on_the_loop: list[bool]
+) -> None:
+    daemon = start(HERMES)
+    client(daemon).chat.completions.create(model="tiny", messages=HI, tools=TOOLS, n=2)
+    assert on_the_loop == [True]  # a thread's hop would cost more than the reading
+
+
 def test_the_daemon_answers_while_a_hostile_megabyte_is_read(
-    tmp_path: Path, fake_daemons: FakeDaemons
+    tmp_path: Path, fake_daemons: FakeDaemons, on_the_loop: list[bool]
 ) -> None:
     """A 1 MB answer of unclosed `<parameter=a>` (issue 36 item 1: 130 KB of them froze the daemon ~50 s)
-    comes back as the text it is, and `GET /version` is answered all the while."""
+    comes back as the text it is, read off the event loop, and `GET /version` is answered all the while."""
     hostile = "<function=get_weather>" + "<parameter=a>" * (1024 * 1024 // 13) + "</function>"
     answer = tmp_path / "answer.txt"
     answer.write_text(hostile)
@@ -241,3 +274,4 @@ def test_the_daemon_answers_while_a_hostile_megabyte_is_read(
     message = raw.parse().choices[0].message
     assert message.content == hostile and not message.tool_calls
     assert max(latencies) < 2.0, latencies  # generous for a loaded machine: the old reading took hours
+    assert on_the_loop == [False]
