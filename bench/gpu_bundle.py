@@ -90,16 +90,15 @@ def wheel_name(path: Path) -> tuple[str, str]:
 
 
 def requirements() -> list[str]:
-    """The daemon's dependencies, the diffusers engine's pins of what the host lacks, gguf and setuptools
-    (modelrunner's build backend, for the install from the checkout)."""
+    """The daemon's dependencies (gguf among them), the diffusers engine's pins of what the host lacks, and
+    setuptools (modelrunner's build backend, for the install from the checkout)."""
     import tomllib
 
     from modelrunner.engines import diffusers
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    backend = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
     engine = [r for r in diffusers.REQUIREMENTS if normal(re.split(r"[=<>]", r)[0]) not in HOST_PACKAGES]
-    return [*project["project"]["dependencies"], *engine, "gguf", *backend]
+    return [*project["project"]["dependencies"], *engine, *project["build-system"]["requires"]]
 
 
 def download_wheels(dest: Path) -> dict[str, list[str]]:
@@ -256,12 +255,12 @@ def pip_offline(python: str, target: Path, bundle: Path, *requirements: str) -> 
 
 
 def install(bundle: Path, venv: Path, python: str = "python3") -> dict[str, object]:
-    """The checkout's modelrunner (its dependencies from the bundle) and gguf into a new venv."""
+    """The checkout's modelrunner, its dependencies from the bundle, into a new venv."""
     started = time.monotonic()
     if venv.exists():
         raise SystemExit(f"{venv} exists: the offline install makes a new one")
     target = make_venv(python, venv)
-    pip_offline(python, target, bundle, str(ROOT), "gguf")
+    pip_offline(python, target, bundle, str(ROOT))
     record = {"venv": str(venv), "host_python": python, "seconds": round(time.monotonic() - started, 1)}
     (venv / INSTALL_RECORD).write_text(json.dumps(record) + "\n")  # for gpu_check's JSON
     return record
