@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 
 MAX_ERROR_BODY = 1024 * 1024
 MAX_JSON_BODY = 64 * 1024 * 1024  # embeddings of many inputs are large
-_TOO_LARGE = re.compile(r"input \((\d+) tokens\) is too large to process.*current batch size: (\d+)", re.S)
+# Two searches, not one pattern with `.*` between: that backtracks over a hostile error body (1 MiB: ~10 s)
+_TOO_LARGE = re.compile(r"input \((\d{1,12}) tokens\) is too large to process")
+_BATCH_SIZE = re.compile(r"current batch size: (\d{1,12})")
 READ_ERRORS = (UpstreamError, ConnectionError, asyncio.IncompleteReadError, ValueError)
 DEFAULT_ENGINE_IDLE = 600.0
 RESCUE_INLINE_BYTES = 16 * 1024  # a longer answer's calls are read in a thread (`EngineCall._rescue`)
@@ -86,8 +88,9 @@ class InputTooLong(EngineFailed):
 
 
 def input_too_long(status: int, message: str) -> InputTooLong | None:
-    match = _TOO_LARGE.search(message) if status == 500 else None
-    return None if match is None else InputTooLong(int(match.group(1)), int(match.group(2)))
+    found = _TOO_LARGE.search(message) if status == 500 else None
+    batch = _BATCH_SIZE.search(message, found.end()) if found is not None else None
+    return None if found is None or batch is None else InputTooLong(int(found.group(1)), int(batch.group(1)))
 
 
 class EngineCall:
