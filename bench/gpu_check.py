@@ -612,6 +612,8 @@ def install_diffusers_offline(run: Run) -> dict[str, Any]:
         probe = "import json, torch, diffusers, transformers; print(json.dumps({'torch': torch.__version__, "
         probe += "'cuda': torch.version.cuda, 'transformers': transformers.__version__}))"
         found = json.loads(run_command([str(env / "bin" / "python"), "-c", probe], 60).splitlines()[-1])
+        if not found["cuda"]:  # the engine would run on the CPU, and its images/s say nothing of the GPU
+            raise RuntimeError(f"the host's torch {found['torch']} has no CUDA")
         info = {"diffusers": diffusers.VERSION, "flavour": "cuda", "requirements": diffusers.REQUIREMENTS}
         info |= found | {"offline_bundle": "the host's torch and transformers, not the pinned ones"}
         (env / diffusers.ENV_INFO).write_text(json.dumps(info, indent=2) + "\n")  # last: complete
