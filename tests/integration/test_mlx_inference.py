@@ -100,8 +100,9 @@ def test_chat_not_streamed_runs_in_mlx_lm_server_on_the_runner_socket(daemon: Da
     [runner] = engine_runners(daemon)
     assert runner["backend_name"] == "mlx"
     argv = Path(f"/proc/{runner['pid']}/cmdline").read_bytes().decode().split("\0")[:-1]
-    assert argv[0].endswith("/engines/mlx/0.32.4/venv/bin/python") and argv[1] == "-c"
-    assert argv[3].endswith(".sock") and argv[4] == "--model"  # the launcher's socket, then mlx_lm's flags
+    install = daemon.home / "engines" / "mlx" / mlx.VERSION
+    assert argv[:2] == [str(install / "venv" / "bin" / "python"), str(install / mlx.LAUNCHER_FILE)]
+    assert argv[2].endswith(".sock") and argv[3] == "--model"  # the launcher's socket, then mlx_lm's flags
     assert '"POST /v1/chat/completions HTTP/1.1" 200' in engine_log(daemon.home, "mlx")
 
 
@@ -235,6 +236,13 @@ def test_install_status_reinstall_uninstall(tmp_path: Path, mlx_env: Path) -> No
         assert "already installed" in home.cli("install-runner", "--backend", "mlx").stdout
         assert "Using the cached MLX environment" in home.cli("reinstall-runner", "--backend", "mlx").stdout
         assert home.http("GET", "/engines/status").json()["mlx"] == f"Running: mlx {mlx.VERSION}"
+        # a launcher that is not this version's (an install by another modelrunner) is not used
+        launcher = home.home / "engines" / "mlx" / mlx.VERSION / mlx.LAUNCHER_FILE
+        launcher.write_text(launcher.read_text() + "# older\n")
+        older = "installed by another modelrunner version; run: model reinstall-runner --backend mlx"
+        assert home.http("GET", "/engines/status").json()["mlx"] == f"Error: {older}"
+        assert "Installed mlx" in home.cli("reinstall-runner", "--backend", "mlx").stdout
+        assert launcher.read_text() == mlx.LAUNCHER
         assert home.cli("uninstall-runner", "--backend", "mlx").stdout.strip() == "Uninstalled mlx"
         assert not (home.home / "engines" / "mlx").exists()
         assert (mlx_env / "bin" / "python").exists()  # the machine's cached environment stays

@@ -14,9 +14,10 @@ Python, architecture) and a runner home's install (`<home>/engines/mlx/<version>
 install.json, as for diffusers. `python -m modelrunner.engines.mlx` fills the cache (scripts/test-setup).
 
 mlx_lm.server listens on TCP only; the engine contract is a Unix socket. The process is started through
-`LAUNCHER`, run by the environment's python: mlx_lm.server's own `main` (its flags, model loading, request
-handler), with its HTTP server bound to the runner's socket instead, and every request's `model` taken as
-the one model it serves (mlx_lm would otherwise load an unknown name from the Hugging Face Hub).
+`LAUNCHER` (written into the runner home's install), run by the environment's python: mlx_lm.server's own
+`main` (its flags, model loading, request handler), with its HTTP server bound to the runner's socket
+instead, and every request's `model` taken as the one model it serves (mlx_lm would otherwise load an
+unknown name from the Hugging Face Hub).
 """
 
 from __future__ import annotations
@@ -62,13 +63,14 @@ VERSION = "0.32.4"  # MLX's release (DMR's status shows MLX's version); also the
 MLX_LM_VERSION = "0.32.2"
 ENV_INFO = "modelrunner-env.json"  # written last into a cached environment: its presence means complete
 INSTALL_INFO = "install.json"
+LAUNCHER_FILE = "launch_mlx_lm.py"
 # Measured: the server holds ~90 MB resident with the tiny test model after a 50-token chat (python, MLX,
 # transformers' tokenizer); a real model's tokenizer, prefill activations and MLX's cache of freed buffers
 # come on top.
 MEMORY_OVERHEAD = 512 * 1024 * 1024
 _VERSION_ALIASES = {None, "", "latest", VERSION}
 
-# Run by the environment's python as `python -c LAUNCHER <socket> <mlx_lm.server flags>`.
+# Run by the environment's python as `python <install>/launch_mlx_lm.py <socket> <mlx_lm.server flags>`.
 LAUNCHER = r"""
 import socketserver, sys, time
 from mlx_lm import server
@@ -257,6 +259,12 @@ class MlxEngine(Engine):
             return "not installed"
         if not self.python.exists():
             return "its environment is gone from the cache; run: model reinstall-runner --backend mlx"
+        try:
+            launcher = (self.install_dir / LAUNCHER_FILE).read_text()
+        except OSError:
+            launcher = None
+        if launcher != LAUNCHER:
+            return "installed by another modelrunner version; run: model reinstall-runner --backend mlx"
         return None
 
     def status(self) -> EngineStatus:
@@ -299,13 +307,14 @@ class MlxEngine(Engine):
         return self.status()
 
     def _place(self, env: Path) -> None:
-        """`<install root>/<version>/`: a link to the cached environment and install.json."""
+        """`<install root>/<version>/`: a link to the cached environment, the launcher, install.json."""
         from filelock import FileLock
 
         root = self.install_root
         root.mkdir(parents=True, exist_ok=True)
         with FileLock(str(root.parent / f".{NAME}.lock")), staged_folder(self.install_dir) as staging:
             (staging / "venv").symlink_to(env, target_is_directory=True)
+            (staging / LAUNCHER_FILE).write_text(LAUNCHER)
             info = {"version": VERSION, "mlx_lm": MLX_LM_VERSION, "env": env.name}
             (staging / INSTALL_INFO).write_text(json.dumps(info) + "\n")
 
@@ -332,7 +341,8 @@ class MlxEngine(Engine):
             raise BadRequest(f"mlx needs an MLX safetensors model, and {model.reference} is {model.format}")
         self.validate_runtime_flags(list(settings.runtime_flags))
         self.require_installed()
-        argv = [str(self.python), "-c", LAUNCHER, str(socket), "--model", str(model_dir(model.bundle))]
+        launcher = self.install_dir / LAUNCHER_FILE
+        argv = [str(self.python), str(launcher), str(socket), "--model", str(model_dir(model.bundle))]
         limit = max_tokens(model, settings)
         if limit is not None:
             argv += ["--max-tokens", str(limit)]
