@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from bench.gpu_check import (
+    BUILD_LLAMA_OFFLINE,
+    DIFFUSERS_ENV_OFFLINE,
     OFFLINE_LIMIT_S,
     OFFLINE_PLAN,
     VLLM_NOT_BROUGHT,
@@ -17,6 +19,7 @@ from bench.gpu_check import (
     action,
     plan_seconds,
     run_command,
+    start_daemon_offline,
 )
 
 
@@ -64,3 +67,14 @@ def test_the_offline_run_records_vllm_as_not_available_and_fits_one_command(tmp_
     names = [step.name for phase in OFFLINE_PLAN for lane in phase for step in lane]
     assert len(names) == len(set(names)) and "vllm-ray" not in names
     assert run.plan == OFFLINE_PLAN and plan_seconds(run.plan) <= OFFLINE_LIMIT_S <= 600 - 60
+
+
+def test_the_offline_daemon_step_leaves_out_an_engine_whose_step_failed(tmp_path: Path) -> None:
+    """A compile out of its budget leaves diffusers to be measured; with neither engine there is nothing
+    to start a daemon for, and the step says why."""
+    run = Run(dry=False, work=tmp_path, bundle=tmp_path / "bundle")
+    run.steps[BUILD_LLAMA_OFFLINE.name] = {"status": "timeout"}
+    run.steps[DIFFUSERS_ENV_OFFLINE.name] = {"status": "error"}
+    with pytest.raises(RuntimeError, match="no engine to measure") as raised:
+        start_daemon_offline(run)
+    assert "build-llama.cpp-cuda ended timeout" in str(raised.value) and run.daemon is None
