@@ -34,6 +34,15 @@ def llama_server() -> Path:
     return build.ensure_built(build.BuildSpec("none"), lambda line: print(line, flush=True))
 
 
+def running_llama_cpp(llama_server: Path) -> str:
+    """`llama.cpp b11434`, and what this CPU's proven build was made without, if anything (engines/build.py):
+    the value that `Running: ...` of the engine's status carries."""
+    import json
+
+    off = build.describe_turned_off(json.loads((llama_server.parent.parent / "build.json").read_text()))
+    return f"llama.cpp {build.VERSION}" + (f" ({off})" if off else "")
+
+
 def packaged_model(store: ModelStore, spec: PackageSpec, tag: str) -> ModelForEngine:
     """Package spec into store under tag and describe its bundle as the scheduler would to an engine."""
     built = build_artifact(spec, StoreSink(store))

@@ -21,7 +21,7 @@ from modelrunner.engines.base import Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.llamacpp import LlamaCppEngine
 from modelrunner.store.store import ModelStore
 from tests.daemon import Daemon, Daemons, error_message, free_port, json_lines
-from tests.engines import packaged_model, tiny_model, unix_client, wait_healthy
+from tests.engines import packaged_model, running_llama_cpp, tiny_model, unix_client, wait_healthy
 
 
 def status_rows(text: str) -> dict[str, list[str]]:
@@ -42,25 +42,26 @@ def status_rows(text: str) -> dict[str, list[str]]:
 def test_install_status_uninstall_through_the_cli(daemon: Daemon, llama_server: Path) -> None:
     installed = daemon.home / "engines" / "llama.cpp" / "b11434" / "bin" / "llama-server"
     out = daemon.cli("install-runner").stdout
+    running = running_llama_cpp(llama_server)
     assert "Using the cached build of llama.cpp b11434" in out
     assert "Installed llama.cpp b11434" in out
-    assert "(Running: llama.cpp b11434)" in out
+    assert f"(Running: {running})" in out
     assert installed.is_file() and os.access(installed, os.X_OK)
 
     assert daemon.http("GET", "/engines/status").json() == {
-        "llama.cpp": "Running: llama.cpp b11434",
+        "llama.cpp": f"Running: {running}",
         "vllm": "Not Installed: no vllm environment installed",
         "mlx": "Not Installed: no MLX environment installed",
         "sglang": "Not Installed: not yet available in modelrunner",
         "diffusers": "Not Installed: no diffusers environment installed",
     }
     rows = status_rows(daemon.cli("status").stdout)  # DMR's BACKEND / STATUS / DETAILS table
-    assert rows["llama.cpp"] == ["Running", "llama.cpp b11434"]
+    assert rows["llama.cpp"] == ["Running", running]
     assert rows["vllm"] == ["Not Installed", "no vllm environment installed"]
     assert rows["mlx"] == ["Not Installed", "no MLX environment installed"]
     status = json.loads(daemon.cli("status", "--json").stdout)
     assert status["running"] is True
-    assert status["backends"]["llama.cpp"] == "Running: llama.cpp b11434"
+    assert status["backends"]["llama.cpp"] == f"Running: {running}"
     assert daemon.http("GET", "/engines/info").json()["accelerator"]["kind"] in ("none", "cuda", "vulkan")
     assert daemon.http("GET", "/engines/df").json()["default_backend_disk_usage"] > 1_000_000
 
@@ -82,7 +83,7 @@ def test_install_streams_progress_lines(daemon: Daemon, llama_server: Path) -> N
     assert events[-1] == {
         "type": "success",
         "message": "llama.cpp is installed",
-        "status": "Running: llama.cpp b11434",
+        "status": f"Running: {running_llama_cpp(llama_server)}",
     }
 
 
