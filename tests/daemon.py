@@ -182,6 +182,11 @@ class Daemons:
 
 
 def error_message(response: httpx.Response) -> str:
+    """The message of an error: DMR's routes answer http.Error's text (the message and a newline), the
+    other APIs' and the middleware's refusals their JSON."""
+    if response.headers.get("content-type") == "text/plain; charset=utf-8":
+        assert response.text.endswith("\n") and response.text.strip(), response.text
+        return response.text[:-1]
     body = response.json()
     assert set(body) == {"error"}, body
     message = body["error"]["message"]

@@ -118,7 +118,7 @@ def test_a_busy_runner_takes_the_same_configuration_and_refuses_a_new_one(
         assert send(fake_daemon, "POST", "/engines/_configure", body).status_code == 202
         changed = send(fake_daemon, "POST", "/engines/_configure", '{"model":"tiny","context-size":1024}')
         assert changed.status_code == 409
-        assert "runner already active" in changed.json()["error"]["message"]
+        assert "runner already active" in changed.text
         assert shown(fake_daemon) == {"context-size": 2048}
         assert fake_daemon.ps()[0]["pid"] == pid
     finally:
@@ -223,7 +223,7 @@ def test_a_model_not_pulled_yet_is_accepted_and_configures_nothing(
     assert fake_daemon.http("GET", "/engines/_configure").json() == []
     assert fake_daemon.ps() == []
     bad = send(fake_daemon, "POST", "/engines/_configure", '{"model":"ai/later","context-size":0}')
-    assert bad.status_code == 400 and "context-size" in bad.json()["error"]["message"]
+    assert bad.status_code == 400 and "context-size" in bad.text
     # pulled afterwards, the model runs on its defaults
     package(fake_daemon, tmp_path, "ai/later", seed=1)
     later = {**CHAT, "model": "ai/later"}

@@ -63,7 +63,7 @@ def test_dmr_routes_read_any_body_as_json(
 
     # install/uninstall: the body is read, so the answer is about the backend it names
     installed = post(daemon, "/engines/install-backend", {"backend": "nope"}, headers)
-    assert installed.status_code == 404 and "unknown backend 'nope'" in installed.json()["error"]["message"]
+    assert installed.status_code == 404 and "unknown backend 'nope'" in installed.text
     uninstalled = post(daemon, "/engines/uninstall-backend", {"backend": "nope"}, headers)
     assert uninstalled.status_code == 404
 
@@ -72,7 +72,7 @@ def test_a_body_that_is_not_json_is_still_a_400(fake_daemon: InProcessDaemon) ->
     for path in ("/engines/_configure", "/engines/unload", "/models/create", "/models/tiny/repackage"):
         response = fake_daemon.http("POST", path, content=b"from=ai/smollm2", headers=FORM)
         assert response.status_code == 400, (path, response.text)
-        assert response.json()["error"]["message"] == "the request body is not valid JSON"
+        assert response.text == "the request body is not valid JSON\n"  # http.Error's
     assert fake_daemon.http("GET", "/engines/_configure").json() == []
 
 

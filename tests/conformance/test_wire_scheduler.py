@@ -117,7 +117,7 @@ def test_unload_by_id_and_by_backend(fake_daemon: InProcessDaemon) -> None:
 
 def test_unload_needs_models_or_all(fake_daemon: InProcessDaemon) -> None:
     response = send(fake_daemon, "POST", "/engines/unload", '{"all":false,"backend":"","models":null}')
-    assert response.status_code == 400 and "name the models to unload" in response.json()["error"]["message"]
+    assert response.status_code == 400 and "name the models to unload" in response.text
 
 
 def test_configure_as_dmr_s_cli_sends_it_and_show_in_its_shape(fake_daemon: InProcessDaemon) -> None:
@@ -185,8 +185,8 @@ def test_bad_configure_requests_are_400s_and_store_nothing(
 ) -> None:
     response = send(fake_daemon, "POST", "/engines/_configure", body)
     assert response.status_code == 400, response.text
-    assert response.headers["content-type"] == "application/json"
-    assert why in response.json()["error"]["message"]
+    assert response.headers["content-type"] == "text/plain; charset=utf-8"  # http.Error's, as DMR's
+    assert why in response.text
     assert fake_daemon.http("GET", "/engines/_configure").json() == []
     assert fake_daemon.ps() == []
 
@@ -232,7 +232,7 @@ def test_flags_that_change_the_engine_s_access_rules_are_refused(
     ):
         response = real_flag_rules.http("POST", "/engines/_configure", json=body)
         assert response.status_code == 400, response.text
-        message = response.json()["error"]["message"]
+        message = response.text
         assert flags[0] in message and why in message
     assert real_flag_rules.http("GET", "/engines/_configure").json() == []
 

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.conformance.dmr_daemons import fake_daemons_under
@@ -118,9 +119,9 @@ CASES: list[tuple[str, str, Any, int, str]] = [
         400,
         "openai",
     ),
-    # DMR
-    ("POST", "/engines/_configure", raw({"model": "tiny"}, keep_alive="NaN"), 400, "openai"),
-    ("POST", "/engines/_configure", {"model": "tiny", "keep_alive": "1e400h"}, 400, "openai"),
+    # DMR: http.Error's text
+    ("POST", "/engines/_configure", raw({"model": "tiny"}, keep_alive="NaN"), 400, "dmr"),
+    ("POST", "/engines/_configure", {"model": "tiny", "keep_alive": "1e400h"}, 400, "dmr"),
 ]
 
 
@@ -130,7 +131,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon
         yield daemons.start()
 
 
-def assert_shape(shape: str, status: int, body: Any) -> None:
+def assert_shape(shape: str, status: int, response: httpx.Response) -> None:
+    if shape == "dmr":
+        assert response.headers["content-type"] == "text/plain; charset=utf-8", response.text
+        assert response.text.endswith("\n") and response.text.strip(), response.text
+        return
+    body = response.json()
     if shape == "ollama":
         assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
     elif shape == "anthropic":
@@ -150,7 +156,7 @@ def test_bad_input_is_a_4xx_in_the_apis_shape_and_changes_nothing(
     else:
         response = daemon.http(method, path, json=body)
     assert response.status_code == status, response.text
-    assert_shape(shape, status, response.json())
+    assert_shape(shape, status, response)
     assert daemon.ps() == []
     assert daemon.http("GET", "/engines/_configure").json() == []
     assert snapshot(store) == before

@@ -312,9 +312,11 @@ def test_unknown_backend_is_404(start: Start, tmp_path: Path) -> None:
         daemon.http("POST", "/engines/nope/_configure", json={"model": "tiny", "context-size": 2048}),
         daemon.http("GET", "/engines/estimate", params={"model": "tiny", "backend": "nope"}),
     ]
+    why = "unknown backend 'nope': use one of llama.cpp"
     for response in answers:
         assert response.status_code == 404, response.text
-        assert response.json()["error"]["message"] == "unknown backend 'nope': use one of llama.cpp"
+    assert answers[0].json()["error"]["message"] == why  # OpenAI's shape
+    assert [answer.text for answer in answers[1:]] == [why + "\n"] * 2  # DMR's http.Error
     assert daemon.http("GET", "/engines/_configure").json() == []
     assert daemon.ps() == []
 

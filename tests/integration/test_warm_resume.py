@@ -265,5 +265,5 @@ def test_kv_persist_that_is_not_a_boolean_is_refused_and_changes_nothing(daemon:
     body = {"model": "tiny", "llamacpp": {"kv-persist": "no"}}
     response = daemon.http("POST", "/engines/_configure", json=body)
     assert response.status_code == 400
-    assert "kv-persist must be true or false" in response.json()["error"]["message"]
+    assert "kv-persist must be true or false" in response.text
     assert daemon.cli("configure", "show", "tiny").stdout == before

@@ -1,9 +1,12 @@
 """The one place errors become HTTP responses, in the shape of the API the request came to.
 
-OpenAI-style `{"error": {"message", "type", "code"}}` for the OpenAI, Responses and DMR routes, Ollama's
+OpenAI-style `{"error": {"message", "type", "code"}}` for the OpenAI and Responses routes, Ollama's
 `{"error": "..."}` under `/api/`, Anthropic's `{"type": "error", "error": {...}}` for Messages: whether
 the error comes from a handler, from routing (404, 405 with `Allow`), from validation or from the
-middleware (Host, API key, body limit).
+middleware (Host, API key, body limit). DMR's own routes (`/models`, `/engines/ps`, `_configure`, ...)
+answer as DMR's handlers do, with net/http's http.Error: the message and a newline as plain text, which
+DMR's CLI prints as it is (pkg/inference/models/http_handler.go, scheduling/http_handler.go); the
+middleware's refusals, which DMR does not make, stay JSON there.
 
 Failures that are not a ModelRunnerError are answered in the same shape, never as a bare text 500: a full
 disk is a 507 "no space left on device"; anything else a 500 whose traceback goes to the daemon log only.
@@ -18,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -132,8 +135,16 @@ def error_response(
     family: str = DMR,
     headers: dict[str, str] | None = None,
     param: str | None = None,
-) -> JSONResponse:
+) -> Response:
+    if family == DMR:
+        return go_http_error(status, message, headers)
     return JSONResponse(error_payload(family, status, message, param), status_code=status, headers=headers)
+
+
+def go_http_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """net/http's http.Error, as DMR's own routes answer every error: the message and a newline."""
+    headers = {**(headers or {}), "X-Content-Type-Options": "nosniff"}
+    return PlainTextResponse(message + "\n", status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -161,17 +172,20 @@ def allowed_methods(app: FastAPI, request: Request) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_model_runner_error(request: Request, exc: Exception) -> JSONResponse:
+    async def on_model_runner_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ModelRunnerError)
         headers = {"Retry-After": str(exc.retry_after)} if hasattr(exc, "retry_after") else None
-        payload = exception_payload(api_family(request.url.path), exc)
+        family = api_family(request.url.path)
+        if family == DMR:
+            return go_http_error(exc.status_code, exc.message, headers)
+        payload = exception_payload(family, exc)
         return JSONResponse(payload, status_code=exc.status_code, headers=headers)
 
-    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         return error_response(400, _validation_message(exc), api_family(request.url.path))
 
-    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
