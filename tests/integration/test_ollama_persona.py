@@ -125,3 +125,19 @@ def test_show_says_what_the_template_and_projector_allow(
     assert packaged("tooled", tools) == ["completion", "embedding", "tools"]
     thinking = plain + "{% if enable_thinking is false %}<think>\n\n</think>{% endif %}"
     assert packaged("thinker", thinking, projector=True) == ["completion", "embedding", "vision", "thinking"]
+
+
+def test_ollama_answers_are_kept_where_dmrs_ollama_layer_differs(fake_daemon: InProcessDaemon) -> None:
+    """DMR's pkg/ollama/http_handler.go handleGenerate answers an empty prompt with `{}` (no load) and
+    handleDelete with `{}`; Ollama's clients read Ollama's answers, so those are kept (README: the list of
+    what differs from DMR): the load's final line, and an empty 200."""
+    loaded = fake_daemon.http("POST", "/api/generate", json={"model": "tiny", "prompt": "", "stream": False})
+    assert loaded.status_code == 200
+    assert loaded.json()["done"] is True and loaded.json()["done_reason"] == "load"
+    assert ollama.Client(host=fake_daemon.url).generate(model="tiny", prompt="").done_reason == "load"
+    assert [runner["model_name"] for runner in fake_daemon.ps()] == ["tiny"]  # loaded
+    fake_daemon.http("POST", "/api/copy", json={"source": "tiny", "destination": "gone"})
+    deleted = fake_daemon.http("DELETE", "/api/delete", json={"model": "gone"})
+    assert (deleted.status_code, deleted.content) == (200, b"")
+    missing = fake_daemon.http("DELETE", "/api/delete", json={"model": "gone"})
+    assert missing.status_code == 404 and set(missing.json()) == {"error"}  # Ollama's, not DMR's text
