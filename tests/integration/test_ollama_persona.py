@@ -97,6 +97,11 @@ def test_a_persona_follows_copy_and_create_from_and_goes_with_delete(
     client.create(model="mario", from_="tiny")  # a new model of that name: no persona left over
     client.chat(model="mario", messages=[{"role": "user", "content": "hi"}])
     assert [m["role"] for m in last_engine_body(events)["messages"]] == ["user"]
+    # DMR's rm of the name (the same model as `tiny`, so a tag of it later names that model again)
+    assert daemon.http("DELETE", "/models/mario2").status_code == 200
+    assert daemon.http("POST", "/models/tiny/tag", params={"repo": "mario2"}).status_code == 201
+    client.chat(model="mario2", messages=[{"role": "user", "content": "hi"}])
+    assert [m["role"] for m in last_engine_body(events)["messages"]] == ["user"]
 
 
 def test_show_says_what_the_template_and_projector_allow(

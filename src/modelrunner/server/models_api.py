@@ -26,6 +26,7 @@ from modelrunner.errors import BadRequest, NotFound, PermissionDenied
 from modelrunner.reference import parse_reference
 from modelrunner.server.body_stream import consume_in_thread
 from modelrunner.server.localuser import caller_is_daemon_user
+from modelrunner.server.ollama_persona import Personas
 from modelrunner.signing.record import listed_with_verification, with_verification
 from modelrunner.store.archive import export_chunks, load_archive
 from modelrunner.store.sink import StoreSink
@@ -214,7 +215,11 @@ def build_models_router(store: ModelStore, token: str) -> APIRouter:
 
     @router.delete("/models/{name:path}")
     def delete_model(request: Request, name: str) -> list[dict[str, str]]:
-        return store.delete(name, force=query_flag(request, "force"))
+        removed = store.delete(name, force=query_flag(request, "force"))
+        personas = Personas(store)  # a name removed here loses what `/api/create` kept with it
+        for tag in (entry["Untagged"] for entry in removed if "Untagged" in entry):
+            personas.forget(tag)
+        return removed
 
     @router.post("/models/{name:path}")
     def unknown_action(name: str) -> None:
