@@ -304,3 +304,20 @@ def test_a_request_cancelled_in_the_queue_lets_the_next_go(one_slot: tuple[InPro
         daemon.wait_for(lambda: queue_depth(daemon) == 1, "the first to leave")
         assert busy.result().status_code == 200
         assert second.result().status_code == 200
+
+
+@pytest.mark.parametrize("phase", ["prefill", "generation"])
+def test_the_python_relay_lets_a_client_go_at_once_too(
+    prefilling: tuple[InProcessDaemon, Path],
+    generating: tuple[InProcessDaemon, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    phase: str,
+) -> None:
+    """The front relays in Python where the C relay is off (or not built): the same."""
+    monkeypatch.setenv("MODEL_RUNNER_NATIVE_RELAY", "0")
+    daemon, log = prefilling if phase == "prefill" else generating
+    closed_event = "prefill_cancelled" if phase == "prefill" else "cancelled"
+    body = {"messages": HI, "stream": True}
+    seconds = leave_and_time_the_cancel(daemon, log, "/v1/chat/completions", body, b"", closed_event)
+    assert seconds < 1.0, f"the engine saw the client's close {seconds:.2f} s later"
+    daemon.wait_for(lambda: not any(r["in_use"] for r in daemon.ps()), "the runner to be released")
