@@ -130,6 +130,19 @@ def test_a_double_slash_is_served_at_the_cleaned_path(fake_daemon: InProcessDaem
         assert answer.json()["object"] == "chat.completion"
 
 
+def test_errors_of_dmr_routes_are_http_error_s_text(fake_daemon: InProcessDaemon) -> None:
+    """http_handler.go answers with http.Error (the message, a newline, text/plain, nosniff), ServeMux a path
+    no route takes with NotFound's "404 page not found"; the OpenAI routes keep OpenAI's JSON error."""
+    missing = fake_daemon.http("GET", "/models/absent")
+    assert missing.status_code == 404 and "model not found" in missing.text and missing.text.endswith("\n")
+    assert missing.headers["content-type"] == "text/plain; charset=utf-8"
+    assert missing.headers["x-content-type-options"] == "nosniff"
+    nowhere = fake_daemon.http("GET", "/nowhere")
+    assert (nowhere.status_code, nowhere.text) == (404, "404 page not found\n")
+    openai = fake_daemon.http("GET", "/engines/v1/models/absent")
+    assert openai.status_code == 404 and openai.json()["error"]["message"]
+
+
 def test_export_names_the_file(fake_daemon: InProcessDaemon) -> None:
     """http_handler.go handleExportModel: `Content-Disposition: attachment; filename=%q` of name + .tar."""
     exported = fake_daemon.http("GET", "/models/ai/tiny:latest/export")

@@ -190,7 +190,10 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
             headers["Allow"] = allowed_methods(app, request)
-        return error_response(exc.status_code, str(exc.detail), api_family(request.url.path), headers or None)
+        family, detail = api_family(request.url.path), str(exc.detail)
+        if family == DMR and exc.status_code == 404 and detail == "Not Found":
+            detail = "404 page not found"  # a path no route takes: net/http's NotFound, as DMR's muxes
+        return error_response(exc.status_code, detail, family, headers or None)
 
     app.add_exception_handler(ModelRunnerError, on_model_runner_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
