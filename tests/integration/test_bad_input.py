@@ -45,6 +45,10 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     ("POST", "/v1/chat/completions", {**CHAT, "keep_alive": "soon"}, 400, "openai"),
     ("POST", "/v1/chat/completions", {**CHAT, "keep_alive": True}, 400, "openai"),
     ("POST", "/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "openai"),
+    # token limits OpenAI refuses (llama-server reads a negative one as "no limit"; -1 and 0 stay its own)
+    ("POST", "/v1/chat/completions", {**CHAT, "max_tokens": -5}, 400, "openai"),
+    ("POST", "/v1/chat/completions", {**CHAT, "max_completion_tokens": 2.5}, 400, "openai"),
+    ("POST", "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": "5"}, 400, "openai"),
     # a message without a role (llama-server: a 500 that SDKs retry), an unknown role or a message that is
     # not an object: OpenAI's 400s
     ("POST", "/v1/chat/completions", {"model": "tiny", "messages": [{"content": "hi"}]}, 400, "openai"),
@@ -74,6 +78,7 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     ("POST", "/api/chat", {"model": "absent", "messages": HI}, 404, "ollama"),
     ("POST", "/api/chat", {**CHAT, "options": {"num_ctx": -1}}, 400, "ollama"),
     ("POST", "/api/chat", {"model": "tiny", "messages": "hi"}, 400, "ollama"),
+    ("POST", "/api/chat", {**CHAT, "keep_alive": True}, 400, "ollama"),  # Ollama: "unsupported type"
     ("POST", "/api/generate", {"prompt": "hi"}, 400, "ollama"),
     ("GET", "/api/chat", None, 405, "ollama"),
     # Anthropic
@@ -92,6 +97,13 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     ),
     # Responses
     ("POST", "/v1/responses", {"model": "tiny", "input": []}, 400, "openai"),
+    (
+        "POST",
+        "/v1/responses",
+        {"model": "tiny", "input": [{"role": "user", "content": "hi"}] * 100_001},
+        400,
+        "openai",
+    ),
     ("POST", "/v1/responses", {"model": "tiny", "input": "hi", "background": True}, 400, "openai"),
     ("POST", "/v1/responses", b"{not json", 400, "openai"),
     ("POST", "/v1/responses", {"model": "absent", "input": "hi"}, 404, "openai"),
@@ -173,3 +185,26 @@ def test_metadata_beyond_openais_limits_is_refused_as_openai_refuses_it(
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error" and error["param"] == "metadata", error
     assert daemon.ps() == []  # refused before any engine was asked: nothing to store
+
+
+def test_a_long_responses_prompt_is_not_refused_as_too_many_items(daemon: InProcessDaemon) -> None:
+    """A string `input` is bounded by the body's size alone: 150,000 characters got a 400 about "items"
+    (issue 36 item 8), which only a list of more than 100,000 items deserves."""
+    response = daemon.http("POST", "/v1/responses", json={"model": "tiny", "input": "a " * 75_000})
+    assert response.status_code != 400 or "items" not in response.text, response.text
+    assert response.status_code == 200, response.text
+    unload_all(daemon)
+
+
+def unload_all(daemon: InProcessDaemon) -> None:
+    """The module's daemon runs no engine between its tests (the table's cases check that nothing loaded)."""
+    assert daemon.http("POST", "/engines/unload", json={"all": True}).status_code == 200
+    daemon.wait_for(lambda: daemon.ps() == [], "every runner to be unloaded")
+
+
+def test_llama_cpps_own_token_limits_pass(daemon: InProcessDaemon) -> None:
+    """-1 (no limit) and 0 (the prompt only) are what llama-server's clients send: not refused."""
+    for limit in (-1, 0):
+        response = daemon.http("POST", "/v1/chat/completions", json={**CHAT, "max_tokens": limit})
+        assert response.status_code == 200, response.text
+    unload_all(daemon)

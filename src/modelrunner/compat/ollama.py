@@ -10,9 +10,9 @@ import binascii
 import json
 import time
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from modelrunner.errors import BadRequest, InvalidReference
 from modelrunner.reference import DEFAULT_NAMESPACE, DOCKER_HUB, parse_reference
@@ -70,6 +70,17 @@ class Message(_Lenient):
     tool_name: str | None = None
 
 
+def _not_a_bool(value: Any) -> Any:
+    """Ollama's Duration takes a number of seconds or a duration string; `true` is refused ("unsupported
+    type"), where pydantic would read it as 1 (a second)."""
+    if isinstance(value, bool):
+        raise ValueError('keep_alive must be a duration such as "5m" or a number of seconds, not a boolean')
+    return value
+
+
+KeepAlive = Annotated[str | int | float | None, BeforeValidator(_not_a_bool)]
+
+
 class _ModelRequest(_Lenient):
     model: str = ""
     name: str = ""  # older clients say `name`
@@ -83,7 +94,7 @@ class _ModelRequest(_Lenient):
 
 class _InferenceRequest(_ModelRequest):
     options: dict[str, Any] | None = None
-    keep_alive: str | int | float | None = None
+    keep_alive: KeepAlive = None
     stream: bool = True
     format: str | dict[str, Any] | None = None
     think: bool | str | None = None
@@ -106,14 +117,14 @@ class EmbedRequest(_ModelRequest):
     input: str | list[str] = Field(default_factory=list)
     truncate: bool | None = None
     options: dict[str, Any] | None = None
-    keep_alive: str | int | float | None = None
+    keep_alive: KeepAlive = None
     dimensions: int | None = Field(default=None, gt=0)
 
 
 class EmbeddingsRequest(_ModelRequest):
     prompt: str = ""
     options: dict[str, Any] | None = None
-    keep_alive: str | int | float | None = None
+    keep_alive: KeepAlive = None
 
 
 class PullRequest(_ModelRequest):

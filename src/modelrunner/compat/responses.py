@@ -33,7 +33,7 @@ import uuid
 from collections import OrderedDict
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from modelrunner.compat.bodies import validated
 from modelrunner.compat.thinking_signature import signature
@@ -78,10 +78,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+MAX_INPUT_ITEMS = 100_000
+
+
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str = Field(min_length=1)
-    input: str | list[dict[str, Any]] = Field(max_length=100_000)
+    input: str | list[dict[str, Any]]
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
@@ -97,6 +100,15 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     user: str | None = None
     include: list[str] | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _bounded_items(cls, value: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        """A list of at most MAX_INPUT_ITEMS items; a string is bounded by the body's size limit alone (one
+        bound on both made a long prompt a 400 about items)."""
+        if isinstance(value, list) and len(value) > MAX_INPUT_ITEMS:
+            raise ValueError(f"at most {MAX_INPUT_ITEMS} input items are allowed")
+        return value
 
     def encrypts_reasoning(self) -> bool:
         return ENCRYPTED_REASONING in (self.include or [])

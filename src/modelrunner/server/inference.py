@@ -92,10 +92,27 @@ class Prepared:
 CHAT_ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 
 
+_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
+
+
 def check_request(route: Route, doc: dict[str, Any]) -> None:
     """What engines would answer wrongly: llama-server generates from an empty conversation, fails a message
-    without a role with a 500 (which SDKs retry) and takes any other role; OpenAI's API refuses all three
-    (its words)."""
+    without a role with a 500 (which SDKs retry) and takes any other role, and reads a negative token limit
+    as "no limit"; OpenAI's API refuses them all (its words). -1 and 0 stay llama.cpp's: clients of
+    llama-server send them (no limit; prompt only)."""
+    for name in _TOKEN_LIMITS:
+        value = doc.get(name)
+        if value is None:
+            continue
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        if isinstance(value, bool) or not whole:
+            kind = type(value).__name__
+            raise BadRequest(f"Invalid type for '{name}': expected an integer, but got {kind}.")
+        if value < -1:
+            raise BadRequest(
+                f"Invalid '{name}': integer below minimum value. Expected a value >= 1 (or -1: no limit), "
+                f"but got {int(value)} instead."
+            )
     if route.upstream_path == assemble.CHAT:
         messages = doc.get("messages")
         if not isinstance(messages, list) or not messages:
