@@ -210,3 +210,21 @@ def test_the_front_can_be_switched_off(fake_daemons: FakeDaemons, monkeypatch: p
     running = fake_daemons.start(front=None)
     answer = running.http("POST", "/v1/chat/completions", json={"model": "tiny", "messages": HI})
     assert answer.status_code == 200 and calls == ["/v1/chat/completions"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"GET http://evil.example/version HTTP/1.1", b"POST http://127.0.0.1/v1/chat/completions HTTP/1.1"],
+)
+def test_an_absolute_form_target_is_refused(daemon: InProcessDaemon, line: bytes) -> None:
+    """The daemon is no proxy: a target that names a host (which the Host check never sees, uvicorn keeping
+    only its path) is a 400, not answered as if it were the path alone (issue 36 item 8)."""
+    body = json.dumps({"model": "tiny", "messages": HI}).encode()
+    request = line + b"\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%b" % (
+        len(body),
+        body,
+    )
+    answer = exchange(daemon.port, request)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"not a proxy" in answer
+    assert daemon.ps() == []

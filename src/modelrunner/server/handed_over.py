@@ -21,7 +21,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -32,6 +32,7 @@ from modelrunner.server.localuser import client_holds_socket
 HALF_CLOSE_CHECK_SECONDS = 1.0  # how often a half-closed client of a whole answer is looked at again
 REQUEST_STALL_SECONDS = 60.0  # a request whose bytes stop coming for this long is answered 408
 STALLED = "the request was not received in full: its bytes stopped coming"
+ABSOLUTE_FORM = "modelrunner.absolute_form"  # a scope key: the request's target was a whole URL
 
 
 def stalled_answer() -> bytes:
@@ -133,6 +134,13 @@ class HandedOver(HttpToolsProtocol):
         super().on_message_begin()
         self.receiving = True
         self._arm_stall()
+
+    def on_headers_complete(self) -> None:
+        # uvicorn keeps only the path of an absolute-form target (`GET http://other.example/version`): the
+        # security layer must still see that the request named a host of its own (issue 36 item 8)
+        if not self.url.startswith(b"/") and self.url != b"*":
+            cast(dict[str, Any], self.scope)[ABSOLUTE_FORM] = True  # an extension key of ours
+        super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException
 
 from modelrunner.server import lifecycle
 from modelrunner.server.errors import DMR, api_family, error_payload
+from modelrunner.server.handed_over import ABSOLUTE_FORM
 from modelrunner.server.proxy import App, Message, Receive, Scope, Send, json_bytes, send_json
 
 MAX_BODY = 10 * 1024 * 1024
@@ -148,6 +149,9 @@ class SecurityMiddleware:
         async def refuse(status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
             await send_json(send, status, error_payload(family, status, message), extra)
 
+        if scope.get(ABSOLUTE_FORM):  # the target named a host: this daemon is no proxy (RFC 9112 3.2.2)
+            await refuse(400, "the request target must be a path, not a URL: this server is not a proxy")
+            return
         raw_headers = [(bytes(k).lower(), bytes(v)) for k, v in scope["headers"]]
         headers = dict(raw_headers)
         hosts = [v for k, v in raw_headers if k == b"host"]
