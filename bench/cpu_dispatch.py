@@ -116,9 +116,8 @@ def main() -> int:
                     name: {k: round(statistics.median(s[k] for s in runs), 1) for k in keys}
                     for name, runs in samples.items()
                 }
-                ratios = {
-                    f"dispatch/native {k}": round(medians["dispatch"][k] / medians["native"][k], 3) for k in keys
-                }
+                native, dispatch = medians["native"], medians["dispatch"]
+                ratios = {f"dispatch/native {k}": round(dispatch[k] / native[k], 3) for k in keys}
                 summary: dict[str, Any] = {**medians, **ratios}
                 report["models"][model_name] = summary
                 print(model_name, json.dumps(summary), flush=True)
