@@ -91,3 +91,61 @@ def test_connections_beyond_the_limit_get_503_and_retry_after(start: Start) -> N
             client.close()
     assert 200 in statuses and 503 in statuses
     assert "reason=file_descriptors" in (daemon.home / "logs" / "daemon.log").read_text()
+
+
+def test_streams_beyond_the_limit_get_503_never_a_502_or_a_silent_close(
+    start: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36 item 7: 300 streamed chats at once with a hard limit of 256 open files. A stream holds the
+    client's descriptor, its engine connection's and the relay's, so only some fit: those are answered in
+    full, every other one a 503 with Retry-After; none a 502 or 500 (an engine connection or the store's
+    files failing for want of descriptors) and none closed unanswered. The engine is the relay benchmark's
+    stand-in llama-server (bench/standin_engine.py), streaming 20 chunks 0.2 s apart."""
+    import sys
+    import threading
+
+    from tests.models import write_tiny_gguf
+
+    wrapper = tmp_path / "llama-server"
+    standin = Path(__file__).resolve().parents[2] / "bench" / "standin_engine.py"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {standin} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("STANDIN_STEP_MS", "200")  # read by the engine the daemon starts
+    monkeypatch.setenv("LLAMA_SERVER_PATH", str(wrapper))
+    daemon = start(256, 256)
+    daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "tiny.gguf")), "tiny")
+    body = json.dumps(
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": True}
+    ).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    outcomes: list[str] = []
+
+    def stream() -> None:
+        try:
+            with socket.create_connection(("127.0.0.1", daemon.port), timeout=120) as client:
+                client.sendall(request)
+                data = b""
+                while chunk := client.recv(65536):
+                    data += chunk
+        except OSError as exc:
+            outcomes.append(type(exc).__name__)
+            return
+        if not data:
+            outcomes.append("closed unanswered")
+        elif data.startswith(b"HTTP/1.1 503 ") and b"\r\nretry-after: 1\r\n" in data.lower():
+            outcomes.append("503")
+        elif data.startswith(b"HTTP/1.1 200 ") and b"data: [DONE]" in data:  # the whole stream
+            outcomes.append("200")
+        else:
+            outcomes.append(data[:12].decode("latin-1"))
+
+    threads = [threading.Thread(target=stream) for _ in range(300)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    assert len(outcomes) == 300 and set(outcomes) == {"200", "503"}, sorted(set(outcomes))
+    assert "Too many open files" not in (daemon.home / "logs" / "daemon.log").read_text()
