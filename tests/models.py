@@ -115,8 +115,28 @@ def _random_weights(shapes: Mapping[str, tuple[int, ...]], seed: int) -> dict[st
     return weights
 
 
+def _ending_at_once(weights: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+    """Weights whose every answer is end-of-text at once: each token's embedding is the same vector, the
+    blocks add nothing to it (zero attention and feed-forward outputs), and the output row of `</s>` (id 2)
+    points along it, so its logit (~32) dwarfs every other (~0.2) whatever the prompt and the sampling."""
+    ending = dict(weights)
+    ending["token_embd.weight"] = np.full_like(weights["token_embd.weight"], 0.1)
+    for name in weights:
+        if name.endswith(("attn_output.weight", "ffn_down.weight")):
+            ending[name] = np.zeros_like(weights[name])
+    output = weights["output.weight"].copy()
+    output[2] = 0.5
+    ending["output.weight"] = output
+    return ending
+
+
 def _tiny_llama_writer(
-    path: Path, context_length: int, chat_template: bool, seed: int, split_max_tensors: int = 0
+    path: Path,
+    context_length: int,
+    chat_template: bool,
+    seed: int,
+    split_max_tensors: int = 0,
+    ends_at_once: bool = False,
 ) -> GGUFWriter:
     tokens, scores, types = spm_vocab()
     writer = GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
@@ -141,7 +161,8 @@ def _tiny_llama_writer(
     writer.add_add_eos_token(False)
     if chat_template:
         writer.add_chat_template(CHAT_TEMPLATE)
-    for name, array in _random_weights(tiny_llama_tensor_shapes(len(tokens)), seed).items():
+    weights = _random_weights(tiny_llama_tensor_shapes(len(tokens)), seed)
+    for name, array in (_ending_at_once(weights) if ends_at_once else weights).items():
         writer.add_tensor(name, array)
     return writer
 
@@ -154,10 +175,17 @@ def _finish(writer: GGUFWriter) -> None:
 
 
 def write_tiny_gguf(
-    path: Path, *, context_length: int = 512, chat_template: bool = True, seed: int = 0
+    path: Path,
+    *,
+    context_length: int = 512,
+    chat_template: bool = True,
+    seed: int = 0,
+    ends_at_once: bool = False,
 ) -> Path:
-    """A ~0.45 MB llama GGUF (2 blocks, n_embd 64, 4/2 heads, F32) that llama-server can load."""
-    _finish(_tiny_llama_writer(path, context_length, chat_template, seed))
+    """A ~0.45 MB llama GGUF (2 blocks, n_embd 64, 4/2 heads, F32) that llama-server can load. With
+    `ends_at_once` every answer is end-of-text at once (`_ending_at_once`): a client that fails on an answer
+    cut by its length (Claude Code) gets a complete, empty one, however it samples."""
+    _finish(_tiny_llama_writer(path, context_length, chat_template, seed, ends_at_once=ends_at_once))
     return path
 
 

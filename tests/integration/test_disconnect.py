@@ -215,19 +215,22 @@ def test_raw_http(daemon: Daemon, path: str, body: dict[str, Any], stream: bool,
 # -- not streamed: the client's own timeout makes it leave --------------------------------------------
 
 
+# openai.Timeout, not httpx.Timeout: the SDK's own HTTP library (httpx2 since openai 3.6x) refuses the other
+
+
 def test_openai_chat_not_streamed(daemon: Daemon) -> None:
-    client = openai_client(daemon, timeout=httpx.Timeout(120, read=3))
+    client = openai_client(daemon, timeout=openai.Timeout(120, read=3))
     leaves(daemon, "openai chat, whole", lambda: client.chat.completions.create(**chat()))
 
 
 def test_openai_completions_not_streamed(daemon: Daemon) -> None:
-    client = openai_client(daemon, timeout=httpx.Timeout(120, read=3))
+    client = openai_client(daemon, timeout=openai.Timeout(120, read=3))
     body: CompletionCreateParamsNonStreaming = {"model": "long", "prompt": "hi", "max_tokens": MAX_TOKENS}
     leaves(daemon, "openai completions, whole", lambda: client.completions.create(**body))
 
 
 def test_openai_responses(daemon: Daemon) -> None:
-    client = openai_client(daemon, timeout=httpx.Timeout(120, read=3))
+    client = openai_client(daemon, timeout=openai.Timeout(120, read=3))
     body: ResponseCreateParamsBase = {"model": "long", "input": "hi", "max_output_tokens": MAX_TOKENS}
     leaves(daemon, "openai responses, whole", lambda: client.responses.create(**body))
     gate = Gate()
