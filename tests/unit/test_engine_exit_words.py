@@ -66,9 +66,17 @@ def test_a_crash_points_at_the_engine_log(tmp_path: Path, signum: str) -> None:
 
 
 def test_other_endings() -> None:
-    assert exit_reason.describe_exit(3, engine="vllm", output="x\nTraceback (most recent call last)\ny") == (
-        "engine exited with code 3: Traceback (most recent call last)"
+    traceback = "x\nTraceback (most recent call last)\n  File a.py\nValueError: no GPU"
+    assert exit_reason.describe_exit(3, engine="vllm", output=traceback) == (
+        "engine exited with code 3: Traceback (most recent call last) | ValueError: no GPU"
     )
+    # an abort's message has no level: the last line is kept beside the warnings (a lost RPC worker)
+    aborted = (
+        "0.00.6 W load: control-looking token: 212 '</s>' was not control-type\n"
+        "ggml-rpc.cpp:569: Remote RPC server crashed or returned malformed response"
+    )
+    assert exit_reason.last_words(aborted).endswith("ggml-rpc.cpp:569: Remote RPC server crashed or returned "
+                                                    "malformed response")  # fmt: skip
     assert exit_reason.describe_exit(-signal.SIGTERM, engine="vllm") == "the engine was ended by SIGTERM"
     assert exit_reason.describe_exit(-200, engine="vllm") == "the engine was ended by signal 200"
     banner_only = "\n".join(f"0.00.{i:03d} I srv  banner line {i}" for i in range(10))

@@ -18,9 +18,10 @@ _CRASHES = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGF
 # and the words engines use when something went wrong.
 _MEANINGFUL = re.compile(
     r"^\s*[\d.]+\s+[EW]\s|\b(ERROR|WARNING|CRITICAL|Traceback)\b|error|fatal|abort|assert|exception|failed"
-    r"|out of memory|illegal|segmentation|killed",
+    r"|out of memory|illegal|segmentation|killed|crash",
     re.IGNORECASE,
 )
+_INFO = re.compile(r"^\s*[\d.]+\s+I\s")  # llama.cpp's info level: its start-up banner, its progress
 MAX_LINES = 3
 MAX_CHARS = 600
 GIB = 1 << 30
@@ -45,10 +46,15 @@ def memory_available() -> int | None:
 
 
 def last_words(output: str) -> str:
-    """The engine's meaningful last lines (errors and warnings first choice, else its very last lines)."""
+    """The engine's meaningful last lines: its errors and warnings, and the very last line it wrote (what it
+    said as it died, in whatever words: an abort's message has no level) unless it is llama.cpp's info banner;
+    else its last lines."""
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
-    meaningful = [line for line in lines if _MEANINGFUL.search(line)]
-    chosen = (meaningful or lines)[-MAX_LINES:]
+    meaningful = [i for i, line in enumerate(lines) if _MEANINGFUL.search(line)]
+    last = len(lines) - 1
+    if meaningful and meaningful[-1] != last and not _INFO.match(lines[last]):
+        meaningful.append(last)
+    chosen = [lines[i] for i in meaningful][-MAX_LINES:] if meaningful else lines[-MAX_LINES:]
     text = " | ".join(chosen)
     return text if len(text) <= MAX_CHARS else "..." + text[-MAX_CHARS:]
 
