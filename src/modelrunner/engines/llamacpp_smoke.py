@@ -23,7 +23,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
 from gguf.quants import quantize
 
-from modelrunner.engines.exit_reason import signal_name
+from modelrunner.engines.exit_reason import last_words, signal_name
 
 # The weight types a user's GGUF most often has; each runs its own kernels.
 WEIGHT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "F16")
@@ -133,12 +133,12 @@ def write_smoke_model(path: Path, weight_type: str, seed: int = 0) -> Path:
     return path
 
 
-def _output_tail(log: Path, lines: int = 3) -> str:
+def _output_tail(log: Path) -> str:
+    """What llama-server said before it ended, in exit_reason's choice of lines (errors, its last words)."""
     try:
-        text = log.read_text(errors="replace")
+        return last_words(log.read_text(errors="replace"))
     except OSError:
         return ""
-    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
 def _answers(server: Path, model: Path, work: Path, threads: int) -> SmokeResult:
