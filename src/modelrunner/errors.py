@@ -9,6 +9,14 @@ from __future__ import annotations
 import errno
 from typing import TypeGuard
 
+_QUOTE_LIMIT = 60
+
+
+def quote_input(text: str) -> str:
+    """User input as a message shows it: escaped, and cut short so huge input is never echoed whole."""
+    shown = ascii(text)
+    return shown if len(shown) <= _QUOTE_LIMIT else shown[: _QUOTE_LIMIT - 3] + "..."
+
 
 class ModelRunnerError(Exception):
     """Base class: a failure with a user-facing message and an HTTP status."""

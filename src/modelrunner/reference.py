@@ -20,7 +20,8 @@ import re
 from dataclasses import dataclass, field
 
 from modelrunner import config
-from modelrunner.errors import InvalidDigest, InvalidReference
+from modelrunner.digest import digest_problem, validate_digest
+from modelrunner.errors import InvalidReference, quote_input
 
 MAX_INPUT_LENGTH = 4096  # refused before any parsing, so the work done on hostile input stays bounded
 MAX_NAME_LENGTH = 255  # Docker's limit on `registry/repository`
@@ -37,15 +38,11 @@ _REGISTRY_ALIASES = {"index.docker.io": DOCKER_HUB, "hf.co": HUGGING_FACE}
 # process that imports this module (a CLI verb may need one pattern, or none).
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
-_DIGEST = r"sha256:[0-9a-f]{64}"
-_ANY_CASE_HEX64 = r"[0-9a-fA-F]{64}"
 _HEX12 = r"[0-9a-f]{12}"
 _HEX64 = r"[0-9a-f]{64}"
 _HOST_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 _IPV6_CHARS = r"[0-9a-f:.]+"
 _PORT = r"[0-9]{1,5}"
-
-_SHOW_LIMIT = 60
 
 
 @dataclass(frozen=True)
@@ -124,7 +121,7 @@ def parse_reference(text: str, default_registry: str | None = None) -> Reference
         if not re.fullmatch(_COMPONENT, component):
             raise _invalid(
                 ref,
-                f"invalid path component {_show(component)}: use letters, digits and single . _ or - "
+                f"invalid path component {quote_input(component)}: use letters, digits and single . _ or - "
                 "between them",
             )
     if len(registry) + 1 + len(repository) > MAX_NAME_LENGTH:
@@ -151,14 +148,6 @@ def parse_model_id(text: str) -> str | None:
     return None
 
 
-def validate_digest(text: str) -> str:
-    """Return `text` if it is exactly `sha256:<64 lowercase hex>`; raise InvalidDigest otherwise."""
-    problem = _digest_problem(text)
-    if problem is not None:
-        raise InvalidDigest(f"invalid digest {_show(text)}: {problem}")
-    return text
-
-
 def same_reference(a: str, b: str) -> bool:
     """Whether two references name the same model once normalised; an unparseable one matches nothing."""
     try:
@@ -167,14 +156,8 @@ def same_reference(a: str, b: str) -> bool:
         return False
 
 
-def _show(text: str) -> str:
-    """Quote user input for a message: escaped, and cut short so huge input is never echoed whole."""
-    shown = ascii(text)
-    return shown if len(shown) <= _SHOW_LIMIT else shown[: _SHOW_LIMIT - 3] + "..."
-
-
 def _invalid(text: str, problem: str) -> InvalidReference:
-    return InvalidReference(f"invalid model reference {_show(text)}: {problem}")
+    return InvalidReference(f"invalid model reference {quote_input(text)}: {problem}")
 
 
 def _check_characters(ref: str) -> None:
@@ -201,7 +184,7 @@ def _split_digest(ref: str) -> tuple[str, str | None]:
         raise _invalid(ref, "ends with '@' but no digest follows")
     if "@" in digest:
         raise _invalid(ref, "more than one '@'")
-    problem = _digest_problem(digest)
+    problem = digest_problem(digest)
     if problem is not None:
         raise _invalid(ref, f"bad digest: {problem}")
     return name, digest
@@ -218,24 +201,9 @@ def _split_tag(ref: str, name: str) -> tuple[str, str | None]:
         raise _invalid(ref, f"tag is longer than {MAX_TAG_LENGTH} characters")
     if not re.fullmatch(_TAG, tag):
         raise _invalid(
-            ref, f"invalid tag {_show(tag)}: use letters, digits, _ . - and do not start with . or -"
+            ref, f"invalid tag {quote_input(tag)}: use letters, digits, _ . - and do not start with . or -"
         )
     return name[:colon], tag
-
-
-def _digest_problem(text: str) -> str | None:
-    if re.fullmatch(_DIGEST, text):
-        return None
-    algorithm, colon, hex_part = text.partition(":")
-    if not colon:
-        return "expected sha256:<64 lowercase hex characters>"
-    if algorithm != "sha256":
-        return f"algorithm must be 'sha256', got {_show(algorithm)}"
-    if len(hex_part) != 64:
-        return f"expected 64 hex characters after 'sha256:', got {len(hex_part)}"
-    if re.fullmatch(_ANY_CASE_HEX64, hex_part):
-        return "hex characters must be lowercase"
-    return "expected 64 lowercase hex characters (0-9, a-f) after 'sha256:'"
 
 
 def _default_registry(explicit: str | None) -> str:
@@ -243,7 +211,8 @@ def _default_registry(explicit: str | None) -> str:
     try:
         return _normalise_registry(raw)
     except ValueError as exc:
-        raise InvalidReference(f"default registry {_show(raw)} is not a valid registry host: {exc}") from None
+        shown = quote_input(raw)
+        raise InvalidReference(f"default registry {shown} is not a valid registry host: {exc}") from None
 
 
 def _normalise_registry(raw: str) -> str:
@@ -256,11 +225,11 @@ def _normalise_registry(raw: str) -> str:
             raise ValueError("IPv6 registry address is missing its ']'")
         address, rest = host[1:end], host[end + 1 :]
         if not re.fullmatch(_IPV6_CHARS, address):
-            raise ValueError(f"invalid IPv6 address {_show(address)}")
+            raise ValueError(f"invalid IPv6 address {quote_input(address)}")
         try:
             host = f"[{ipaddress.IPv6Address(address).compressed}]"
         except ValueError:
-            raise ValueError(f"invalid IPv6 address {_show(address)}") from None
+            raise ValueError(f"invalid IPv6 address {quote_input(address)}") from None
         if rest:
             if not rest.startswith(":"):
                 raise ValueError("expected ':port' after the IPv6 address")
@@ -272,16 +241,16 @@ def _normalise_registry(raw: str) -> str:
     if port is None:
         return _REGISTRY_ALIASES.get(host, host)
     if not re.fullmatch(_PORT, port) or not 1 <= int(port) <= 65535:
-        raise ValueError(f"registry port {_show(port)} must be a number from 1 to 65535")
+        raise ValueError(f"registry port {quote_input(port)} must be a number from 1 to 65535")
     return f"{host}:{int(port)}"
 
 
 def _check_hostname(host: str) -> None:
     labels = host.split(".")
     if not all(re.fullmatch(_HOST_LABEL, label) for label in labels):
-        raise ValueError(f"invalid registry host {_show(host)}")
+        raise ValueError(f"invalid registry host {quote_input(host)}")
     if all(label.isdigit() for label in labels):
         try:
             ipaddress.IPv4Address(host)
         except ValueError:
-            raise ValueError(f"invalid IPv4 registry address {_show(host)}") from None
+            raise ValueError(f"invalid IPv4 registry address {quote_input(host)}") from None

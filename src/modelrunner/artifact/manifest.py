@@ -14,8 +14,8 @@ from typing import Any
 
 from modelrunner.artifact import gojson
 from modelrunner.artifact import mediatypes as mt
+from modelrunner.digest import validate_digest
 from modelrunner.errors import InvalidArtifact, InvalidDigest, UnsupportedMediaType
-from modelrunner.reference import validate_digest
 
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_LAYERS = 10_000

@@ -22,10 +22,10 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from modelrunner.digest import validate_digest
 from modelrunner.engines.base import SavedSlot
 from modelrunner.eventlog import event
 from modelrunner.fileio import fsync_dir, link_or_copy, write_file_atomic
-from modelrunner.reference import validate_digest
 from modelrunner.scheduler.memory import env_bytes
 from modelrunner.store.layout import StoreLayout
 

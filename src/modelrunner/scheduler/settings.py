@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from modelrunner.digest import validate_digest
 from modelrunner.engines.base import Mode, RunnerSettings
 from modelrunner.engines.registry import configuration_types
 from modelrunner.engines.settings import EngineSettings, S, settings_of
 from modelrunner.fileio import write_file_atomic
-from modelrunner.reference import validate_digest
 from modelrunner.scheduler.durations import format_keep_alive
 
 

@@ -34,9 +34,9 @@ from modelrunner.artifact.builder import BuiltArtifact, PackageSpec, build_artif
 from modelrunner.artifact.manifest import check_relative_path
 from modelrunner.compat.bodies import parse_json_object, validated
 from modelrunner.compat.ollama import stored_parameters
+from modelrunner.digest import validate_digest
 from modelrunner.errors import BadRequest
 from modelrunner.fileio import link_or_copy
-from modelrunner.reference import validate_digest
 from modelrunner.server.body_stream import consume_in_thread
 from modelrunner.server.ollama_persona import NONE, Persona, Personas
 from modelrunner.store.sink import AdoptingStoreSink

@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from modelrunner.digest import validate_digest
 from modelrunner.errors import InvalidDigest
-from modelrunner.reference import validate_digest
 from modelrunner.signing.keys import InvalidKey
 
 PAYLOAD_TYPE = "cosign container image signature"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelrunner.reference import validate_digest
+from modelrunner.digest import validate_digest
 
 LAYOUT_VERSION = "1.0.0"
 

@@ -34,6 +34,7 @@ from modelrunner import config as runner_config
 from modelrunner.artifact import modelpack
 from modelrunner.artifact.manifest import Descriptor, Manifest, parse_manifest, sha256_digest
 from modelrunner.artifact.model_config import ModelConfig, parse_config_blob, with_context_size
+from modelrunner.digest import validate_digest
 from modelrunner.errors import (
     BadRequest,
     Conflict,
@@ -53,7 +54,7 @@ from modelrunner.fileio import (
     hash_file,
     write_file_atomic,
 )
-from modelrunner.reference import Reference, parse_model_id, parse_reference, validate_digest
+from modelrunner.reference import Reference, parse_model_id, parse_reference
 from modelrunner.store.bundle import build_bundle
 from modelrunner.store.layout import LAYOUT_VERSION, StoreLayout
 
