@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from modelrunner.errors import BadRequest
-from modelrunner.server.inference import check_request, match_route
+from modelrunner.server.inference import check_request
+from modelrunner.server.routes import match_route
 
 CHAT = match_route("/engines/v1/chat/completions")
 

@@ -30,6 +30,7 @@ from modelrunner.compat.bodies import parse_json_object
 from modelrunner.server.anthropic_serving import AnthropicServing
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.openai_api import anthropic_model, anthropic_models
+from modelrunner.server.routes import ANTHROPIC_V1, BACKEND_V1, ENGINES_V1
 from modelrunner.server.serving import respond
 
 
@@ -41,7 +42,7 @@ def build_anthropic_router(ctx: Inference) -> APIRouter:
         doc = shapes.with_system_messages_placed(parse_json_object(await request.body()))
         return respond(await serving.messages(doc, backend, count_tokens))
 
-    for prefix in ("/anthropic/v1", "/engines/v1"):
+    for prefix in (ANTHROPIC_V1, ENGINES_V1):  # `/v1/messages`: the alias
         router.add_api_route(
             prefix + "/messages", _endpoint(handle, None, False), methods=["POST"], name=f"{prefix} messages"
         )
@@ -58,18 +59,16 @@ def build_anthropic_router(ctx: Inference) -> APIRouter:
     async def count_tokens_backend(request: Request, backend: str) -> Response:
         return await handle(request, backend, True)
 
-    router.add_api_route("/engines/{backend}/v1/messages", messages_backend, methods=["POST"])
-    router.add_api_route(
-        "/engines/{backend}/v1/messages/count_tokens", count_tokens_backend, methods=["POST"]
-    )
+    router.add_api_route(BACKEND_V1 + "/messages", messages_backend, methods=["POST"])
+    router.add_api_route(BACKEND_V1 + "/messages/count_tokens", count_tokens_backend, methods=["POST"])
 
-    @router.get("/anthropic/v1/models")
+    @router.get(ANTHROPIC_V1 + "/models")
     def list_models(
         limit: int = Query(20, ge=1, le=1000), after_id: str | None = None, before_id: str | None = None
     ) -> dict[str, Any]:
         return anthropic_models(ctx.store, limit, after_id, before_id)
 
-    @router.get("/anthropic/v1/models/{model_id:path}")
+    @router.get(ANTHROPIC_V1 + "/models/{model_id:path}")
     def get_model(model_id: str) -> dict[str, Any]:
         return anthropic_model(ctx.store.get(model_id))
 

@@ -37,7 +37,7 @@ from modelrunner.server.distribution_api import build_distribution_router
 from modelrunner.server.engines_api import build_engines_router
 from modelrunner.server.errors import install_error_handlers
 from modelrunner.server.front import FastPath
-from modelrunner.server.inference import InferenceHandler, match_route
+from modelrunner.server.inference import InferenceHandler
 from modelrunner.server.lifecycle import Inference, Lifecycle, LifecycleMiddleware
 from modelrunner.server.localuser import ensure_token
 from modelrunner.server.models_api import build_models_router
@@ -47,11 +47,10 @@ from modelrunner.server.openai_api import build_openai_router
 from modelrunner.server.proxy import App, Receive, Scope, Send
 from modelrunner.server.recorder import Recorder, build_recorder_router, recording_enabled
 from modelrunner.server.responses_api import build_responses_router
+from modelrunner.server.routes import alias_target, match_route
 from modelrunner.server.security import SecurityMiddleware, SecurityPolicy
 from modelrunner.server.signing_api import build_signing_router
 from modelrunner.store.store import ModelStore
-
-_ALIASES = ("/v1/", "/rerank", "/score")
 
 
 def default_engines() -> EngineRegistry:
@@ -124,7 +123,7 @@ async def redirect_to_clean_path(scope: Scope, send: Send, location: str) -> Non
 class Dispatcher:
     """Paths with `//` are cleaned and served, other paths not in Go's canonical form redirected to it (as
     DMR's NormalizedServeMux over a ServeMux); inference routes go straight to the relay;
-    `/v1/...` aliases become `/engines/v1/...`."""
+    `/v1/...` aliases become `/engines/v1/...` (both in server/routes.py)."""
 
     def __init__(self, api: App, inference: InferenceHandler) -> None:
         self.api = api
@@ -145,8 +144,9 @@ class Dispatcher:
             if route is not None:
                 await self.inference(scope, receive, send, route)
                 return
-            if path.startswith(_ALIASES):
-                scope = {**scope, "path": "/engines" + path, "raw_path": ("/engines" + path).encode()}
+            target = alias_target(path)
+            if target is not None:
+                scope = {**scope, "path": target, "raw_path": target.encode()}
         await self.api(scope, receive, send)
 
 

@@ -6,7 +6,7 @@ the error comes from a handler, from routing (404, 405 with `Allow`), from valid
 middleware (Host, API key, body limit). DMR's own routes (`/models`, `/engines/ps`, `_configure`, ...)
 answer as DMR's handlers do, with net/http's http.Error: the message and a newline as plain text, which
 DMR's CLI prints as it is (pkg/inference/models/http_handler.go, scheduling/http_handler.go); the
-middleware's refusals, which DMR does not make, stay JSON there.
+middleware's refusals, which DMR does not make, stay JSON there. Which API a path is: server/routes.py.
 
 Failures that are not a ModelRunnerError are answered in the same shape, never as a bare text 500: a full
 disk is a 507 "no space left on device"; anything else a 500 whose traceback goes to the daemon log only.
@@ -14,9 +14,7 @@ disk is a 507 "no space left on device"; anything else a 500 whose traceback goe
 
 from __future__ import annotations
 
-import functools
 import logging
-import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,10 +28,13 @@ from modelrunner.compat.context_overflow import OPENAI_CODE, ContextOverflow
 from modelrunner.errors import ModelRunnerError, StorageFull, is_no_space
 from modelrunner.eventlog import event
 from modelrunner.server.proxy import App, Message, Receive, Scope, Send
+from modelrunner.server.routes import ANTHROPIC, DMR, OLLAMA, api_family
+
+# the families are the route table's (server/routes.py): callers that shape errors find them here too
+from modelrunner.server.routes import OPENAI as OPENAI
+from modelrunner.server.routes import RESPONSES as RESPONSES
 
 log = logging.getLogger(__name__)
-
-OPENAI, OLLAMA, ANTHROPIC, RESPONSES, DMR = "openai", "ollama", "anthropic", "responses", "dmr"
 
 _TYPES = {
     400: "invalid_request_error",
@@ -49,28 +50,6 @@ _TYPES = {
     503: "service_unavailable",
     507: "insufficient_storage",
 }
-_ANTHROPIC = re.compile(
-    r"(?:/anthropic|/engines(?:/[^/]+)?)?/v1/messages(?:/count_tokens)?|/anthropic/v1/models(?:/.*)?"
-)
-_RESPONSES = re.compile(r"(?:/engines(?:/[^/]+)?(?:/v1)?|/v1)?/responses(?:/.*)?")
-_OPENAI = re.compile(
-    r"(?:/engines(?:/[^/]+)?)?/(?:v1/(?:chat/completions|completions|embeddings|rerank|score|images/"
-    r"generations|models.*)|rerank|score)"
-)
-
-
-@functools.lru_cache(maxsize=64)  # four patterns for every request; 64 heads' paths at most held
-def api_family(path: str) -> str:
-    """Which API a path belongs to, for its error shape, the access log and the recorder."""
-    if path.startswith("/api/"):
-        return OLLAMA
-    if _ANTHROPIC.fullmatch(path):
-        return ANTHROPIC
-    if _RESPONSES.fullmatch(path):
-        return RESPONSES
-    if _OPENAI.fullmatch(path):
-        return OPENAI
-    return DMR
 
 
 class InternalError(ModelRunnerError):

@@ -52,21 +52,14 @@ from modelrunner.server.handed_over import (
     stalled_answer,
     watch_half_close,
 )
-from modelrunner.server.inference import (
-    MAX_BODY,
-    InferenceHandler,
-    Prepared,
-    Route,
-    error_parts,
-    match_route,
-    rescues_stream,
-)
+from modelrunner.server.inference import MAX_BODY, InferenceHandler, Prepared, error_parts, rescues_stream
 from modelrunner.server.lifecycle import ClientGone, Exchange, Lifecycle
 from modelrunner.server.proxy import (
     engine_died_body,
     request_bytes,
     stream_end_event,
 )
+from modelrunner.server.routes import Route, match_route
 from modelrunner.server.security import SecurityPolicy
 from modelrunner.server.upstream import EngineUnreachable, engine_idle_timeout
 

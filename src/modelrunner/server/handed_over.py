@@ -28,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from modelrunner.server.errors import error_body
 from modelrunner.server.localuser import client_holds_socket
+from modelrunner.server.routes import family_of
 
 HALF_CLOSE_CHECK_SECONDS = 1.0  # how often a half-closed client of a whole answer is looked at again
 REQUEST_STALL_SECONDS = 60.0  # a request whose bytes stop coming for this long is answered 408
@@ -42,13 +43,13 @@ def stalled_answer() -> bytes:
 
 def asks_for_stream(path: str, body: bytes | bytearray) -> bool:
     """Whether a request asked for a streamed answer: its JSON body's `stream`, else its API's default
-    (Ollama's requests stream unless told not to, compat/ollama.py; the other APIs answer whole)."""
+    (server/routes.py: Ollama's requests stream unless told not to; the other APIs answer whole)."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         doc = None
     stream = doc.get("stream") if isinstance(doc, dict) else None
-    return stream if isinstance(stream, bool) else path.startswith("/api/")
+    return stream if isinstance(stream, bool) else family_of(path).streams_by_default
 
 
 class HalfClose:

@@ -1,17 +1,16 @@
 """OpenAI-style inference routes, served as raw ASGI in front of the FastAPI app.
 
 `/engines[/{backend}]/v1/{chat/completions,completions,embeddings,images/generations}`,
-`/engines[/{backend}]/{rerank,score}` and the `/v1/...`, `/rerank`, `/score` aliases: read the body once,
-take only its `model` field (and check what engines would answer wrongly), get a runner through the
-request's lifecycle and relay the bytes. The HTTP front (server/front.py) answers most of these requests
-itself with the same `prepare`; this handler serves those it hands over.
+`/engines[/{backend}]/{rerank,score}` and the `/v1/...`, `/rerank`, `/score` aliases (server/routes.py,
+`match_route`): read the body once, take only its `model` field (and check what engines would answer
+wrongly), get a runner through the request's lifecycle and relay the bytes. The HTTP front
+(server/front.py) answers most of these requests itself with the same `prepare`; this handler serves those
+it hands over.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,39 +35,11 @@ from modelrunner.server.proxy import (
     send_json,
     stream_end_event,
 )
+from modelrunner.server.routes import Route
 from modelrunner.server.security import MAX_BODY, BodyTooLarge
 from modelrunner.server.upstream import READ_ERRORS, EngineCall, EngineUnreachable
 
-_OPERATIONS = (
-    # Anthropic `v1/messages` is served by server/anthropic_api.py (its own error shape)
-    r"v1/(?:chat/completions|completions|embeddings|rerank|score|images/generations)|rerank|score"
-)
-_ROUTE = re.compile(rf"/(?:engines/(?:(?P<backend>[^/]+)/)?)?(?P<op>{_OPERATIONS})")
-_MODES = {
-    "embeddings": Mode.EMBEDDING,
-    "rerank": Mode.RERANKING,
-    "score": Mode.RERANKING,
-    "generations": Mode.IMAGE_GENERATION,
-}
-__all__ = ["MAX_BODY", "InferenceHandler", "Prepared", "Route", "error_parts", "match_route"]
-
-
-@dataclass(frozen=True)
-class Route:
-    backend: str | None
-    upstream_path: str  # starts at /v1/, /rerank or /score, as the engine expects
-    mode: Mode
-
-
-@functools.lru_cache(maxsize=64)  # a few paths, each request; 64 heads' paths at most held
-def match_route(path: str) -> Route | None:
-    match = _ROUTE.fullmatch(path)
-    if match is None:
-        return None
-    backend, op = match.group("backend"), match.group("op")
-    if backend == "v1":  # /engines/v1/rerank: "v1" is the API version, not a backend
-        backend, op = None, "v1/" + op
-    return Route(backend, "/" + op, _MODES.get(op.rsplit("/", 1)[-1], Mode.COMPLETION))
+__all__ = ["MAX_BODY", "InferenceHandler", "Prepared", "error_parts"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 
 from modelrunner.compat import anthropic
 from modelrunner.errors import BadRequest
+from modelrunner.server.routes import BACKEND_V1, ENGINES_V1
 from modelrunner.store.store import ModelStore, StoredModel
 
 ANTHROPIC_VERSION = "anthropic-version"  # sent by every Anthropic SDK, by no OpenAI one
@@ -79,7 +80,7 @@ def build_openai_router(store: ModelStore) -> APIRouter:
             return anthropic_model(store.get(name))
         return openai_model(store.get(name))
 
-    for prefix in ("/engines/v1", "/engines/{backend}/v1"):
+    for prefix in (ENGINES_V1, BACKEND_V1):  # `/v1/models`: the alias
         router.add_api_route(prefix + "/models", list_models, methods=["GET"])
         router.add_api_route(prefix + "/models/{name:path}", get_model, methods=["GET"])
     return router

@@ -43,7 +43,7 @@ from modelrunner.scheduler.memory import env_bytes
 from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.settings import ModelSettings, backend_configuration
 from modelrunner.server.access import Access, RequestHead
-from modelrunner.server.errors import ANTHROPIC, OLLAMA, RESPONSES
+from modelrunner.server.routes import FAMILIES, OLLAMA, RESPONSES, engine_path
 from modelrunner.store.store import ModelStore
 from modelrunner.wire import sse_events, sse_field
 
@@ -56,8 +56,6 @@ RESPONSE_LIMIT = 1024 * 1024
 TAIL_KEPT = 64 * 1024  # the end of an answer longer than RESPONSE_LIMIT, where its token counts are
 MAX_MODELS = 100
 DEFAULT_MAX_BYTES = 64 * 2**20
-# DMR's X-Request-Origin values, set by its Ollama and Anthropic handlers; Responses is ours.
-ORIGINS = {OLLAMA: "ollama/completion", ANTHROPIC: "anthropic/messages", RESPONSES: "openai/responses"}
 
 
 def recording_enabled() -> bool:
@@ -216,11 +214,7 @@ def reassemble(api: str, url: str, content_type: str, raw: bytes) -> tuple[str, 
     if api == RESPONSES:
         finals = [doc["response"] for _, doc, _ in events if isinstance(doc.get("response"), dict)]
         return (_go_marshal(finals[-1]), "") if finals else (text, "")
-    path = url.rsplit("/v1", 1)[-1]
-    kind = assemble.MESSAGES if api == ANTHROPIC else assemble.CHAT
-    if path == "/completions":
-        kind = assemble.COMPLETIONS
-    assembler = assemble.assembler_for(kind)
+    assembler = assemble.assembler_for(engine_path(url) or assemble.CHAT)  # the shape of the path's stream
     try:
         for event, doc, _ in events:
             assembler.add(event, doc)
@@ -344,8 +338,9 @@ class Record:
         self.timestamp = int(time.time())
         self.user_agent = head.user_agent
         self.request_id = head.request_id  # ours: the X-Request-Id of its access and log lines
-        generation = head.api != OLLAMA or head.path in ("/api/chat", "/api/generate")
-        self.origin = ORIGINS.get(head.api, "") if generation else ""
+        family = FAMILIES[head.api]  # DMR's X-Request-Origin, for the family's generations
+        generation = family.origin_paths is None or head.path in family.origin_paths
+        self.origin = family.origin if generation else ""
         self.status_code = 0
         self.content_type = ""
         self.finished = False

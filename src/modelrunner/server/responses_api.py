@@ -19,9 +19,10 @@ from modelrunner.compat import responses as shapes
 from modelrunner.compat.bodies import parse_json_object
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.responses_serving import ResponsesServing
+from modelrunner.server.routes import BACKEND_V1, ENGINES, ENGINES_V1
 from modelrunner.server.serving import respond
 
-PREFIXES = ("/responses", "/engines/responses", "/engines/v1/responses")
+PREFIXES = ("/responses", ENGINES + "/responses", ENGINES_V1 + "/responses")  # `/v1/responses`: the alias
 DROPPED_TOOLS_HEADER = "x-modelrunner-dropped-tools"
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def build_responses_router(ctx: Inference) -> APIRouter:
         router.add_api_route(prefix + "/{response_id}", get_response, methods=["GET"])
         router.add_api_route(prefix + "/{response_id}", delete_response, methods=["DELETE"])
         router.add_api_route(prefix + "/{response_id}/input_items", list_input_items, methods=["GET"])
-    backend_prefix = "/engines/{backend}/v1/responses"
+    backend_prefix = BACKEND_V1 + "/responses"
     router.add_api_route(backend_prefix, create_backend, methods=["POST"])
     for path, endpoint, method in (
         ("/{response_id}", get_response, "GET"),
