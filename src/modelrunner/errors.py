@@ -18,6 +18,17 @@ def quote_input(text: str) -> str:
     return shown if len(shown) <= _QUOTE_LIMIT else shown[: _QUOTE_LIMIT - 3] + "..."
 
 
+def status_line(status: int) -> str:
+    """A status as Go's `resp.Status` writes it ("404 Not Found"), which DMR puts in its error messages (the
+    CLI's and search's); the number alone for a status without a reason phrase."""
+    from http import HTTPStatus  # start-up: every CLI command loads this module, only a failure needs this
+
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
+
+
 class ModelRunnerError(Exception):
     """Base class: a failure with a user-facing message and an HTTP status."""
 

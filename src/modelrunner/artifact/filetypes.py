@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["FileType", "classify_file"]
+from modelrunner.artifact import mediatypes as mt
+
+__all__ = ["FileType", "classify_file", "weight_format"]
 
 
 class FileType(Enum):
@@ -21,6 +23,11 @@ class FileType(Enum):
     CHAT_TEMPLATE = "chat_template"
 
 
+_WEIGHT_FORMATS = {
+    FileType.GGUF: mt.FORMAT_GGUF,
+    FileType.SAFETENSORS: mt.FORMAT_SAFETENSORS,
+    FileType.DDUF: mt.FORMAT_DDUF,
+}
 _LICENSE_WORDS = ("license", "licence", "copying", "notice")
 _CONFIG_SUFFIXES = (".md", ".txt", ".json", ".vocab")
 
@@ -41,6 +48,11 @@ def classify_file(path: str) -> FileType:
     if lower.endswith(_CONFIG_SUFFIXES) or lower == "tokenizer.model":
         return FileType.CONFIG
     return FileType.UNKNOWN
+
+
+def weight_format(kind: FileType) -> str | None:
+    """The model format (a config's `format`) of a weight file's type; None for any other file."""
+    return _WEIGHT_FORMATS.get(kind)
 
 
 def extension(path: str) -> str:

@@ -38,3 +38,6 @@ ANNOTATION_MEDIATYPE_UNTESTED = "org.cncf.model.file.mediatype.untested"
 FORMAT_GGUF = "gguf"
 FORMAT_SAFETENSORS = "safetensors"
 FORMAT_DDUF = "dduf"
+
+# The model format of each of DMR's weight layer types (what `model search` reads off a manifest).
+WEIGHT_FORMATS = {GGUF: FORMAT_GGUF, SAFETENSORS: FORMAT_SAFETENSORS, DDUF: FORMAT_DDUF}

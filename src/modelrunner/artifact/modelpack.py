@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from modelrunner.artifact import gojson
 from modelrunner.artifact import mediatypes as mt
-from modelrunner.artifact.filetypes import FileType, classify_file, extension
+from modelrunner.artifact.filetypes import FileType, classify_file, extension, weight_format
 from modelrunner.errors import InvalidArtifact
 
 if TYPE_CHECKING:
@@ -347,10 +347,9 @@ def infer_format(layers: Iterable[tuple[str, str | None]]) -> str:
     """The format of a ModelPack model whose config names none (partial.inferFormatFromAnnotations):
     that of the first weight-typed layer whose file path is a GGUF, safetensors or DDUF file.
     `layers`: (media type, file path) pairs in manifest order."""
-    names = {FileType.GGUF: "gguf", FileType.SAFETENSORS: "safetensors", FileType.DDUF: "dduf"}
     for media_type, filepath in layers:
         if media_type.startswith(WEIGHT_PREFIX) and filepath:
-            found = names.get(classify_file(filepath))
+            found = weight_format(classify_file(filepath))
             if found:
                 return found
     return ""

@@ -73,16 +73,6 @@ def takes(parser: Any, rule: DmrArgs) -> None:
     parser.set_defaults(dmr_args=rule)
 
 
-def status_line(status: int) -> str:
-    """Go's `resp.Status` ("404 Not Found"), which DMR's client puts in its errors."""
-    from http import HTTPStatus
-
-    try:
-        return f"{status} {HTTPStatus(status).phrase}"
-    except ValueError:
-        return str(status)
-
-
 def client(quiet: bool = False) -> Client:
     """The daemon's client (started first when none runs); `quiet` for output that machines read."""
     from modelrunner.client import connect

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from modelrunner.cli.common import DmrArgs, client, takes
 
+# Handlers import what they use when they run (start-up: see cli/__init__.py); errors is loaded already.
+from modelrunner.errors import DaemonError, status_line
+
 if TYPE_CHECKING:
     from modelrunner.client import Client
 
@@ -156,9 +159,6 @@ def render_transfer(
 def _answered_in_dmr_words(events: Iterator[Event], verb: str, model: str) -> Iterator[Event]:
     """desktop.go Pull and Push: an answer other than 200 is `pulling X failed with status 404 Not Found:
     BODY` (`pushing` for a push); the verb's handleClientError message goes before it."""
-    from modelrunner.cli.common import status_line
-    from modelrunner.errors import DaemonError
-
     try:
         yield from events
     except DaemonError as exc:
@@ -176,8 +176,6 @@ def pull_events(daemon: Client, model: str) -> Iterator[Event]:
 def pull_model(daemon: Client, model: str, as_json: bool = False) -> int:
     """pull.go pullModel, for `pull` and `run`'s automatic pull: the progress, then the success message;
     any failure after handleClientError's "Failed to pull model: ", exit code 1."""
-    from modelrunner.errors import DaemonError
-
     try:
         return render_transfer(pull_events(daemon, model), as_json, "pull", PULL_FAILURE)
     except DaemonError as exc:

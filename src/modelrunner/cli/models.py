@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from modelrunner.cli.common import DmrArgs, UsageError, client, display, short_id, status_line, takes
+from modelrunner.cli.common import DmrArgs, UsageError, client, display, short_id, takes
+
+# Handlers import what they use when they run (start-up: see cli/__init__.py); errors is loaded already.
+from modelrunner.errors import DaemonError, InvalidReference, status_line
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -63,8 +66,6 @@ def _package_locally(daemon: Client, request: dict[str, Any], extends: bool) -> 
     in its own): with our SOURCE_DATE_EPOCH and time zone, not the daemon's. None when it refuses to read
     the files because we are not its user (403), so that they are uploaded instead: read with our rights,
     not the daemon's."""
-    from modelrunner.errors import DaemonError
-
     environment = {name: os.environ[name] for name in BUILD_VARIABLES if name in os.environ}
     try:
         return str(daemon.package({**request, "environment": environment})["id"])
@@ -295,8 +296,6 @@ def _verified_column(raw: dict[str, Any]) -> str:
 def _inspected(name: str, fetch: Callable[[], T]) -> T:
     """A model as DMR's client inspects it (desktop.go listRawWithQuery), its failures in its words: a 404
     is `NAME: model not found`, another status `failed to list models: 500 Internal Server Error`."""
-    from modelrunner.errors import DaemonError
-
     try:
         return fetch()
     except DaemonError as exc:
@@ -366,7 +365,6 @@ def _check_tag(target: str) -> None:
     """tag.go: the target must parse as a tag (reference.NewTag) before the daemon is asked."""
     import json
 
-    from modelrunner.errors import InvalidReference
     from modelrunner.reference import parse_reference
 
     try:
@@ -378,8 +376,6 @@ def _check_tag(target: str) -> None:
 
 
 def cmd_tag(args: argparse.Namespace) -> None:
-    from modelrunner.errors import DaemonError
-
     _check_tag(args.target)
     try:
         client().tag_model(args.source, args.target)
@@ -395,8 +391,6 @@ def cmd_tag(args: argparse.Namespace) -> None:
 def cmd_rm(args: argparse.Namespace) -> None:
     """DMR's rm.go and desktop.go Remove: the models in turn, each one's `Untagged:` and `Deleted:` lines as
     the daemon answers them; the first failure ends it (`no such model: NAME` for a 404)."""
-    from modelrunner.errors import DaemonError
-
     daemon = client()
     for name in args.models:
         try:
@@ -494,8 +488,6 @@ def confirm_removing_every_model(force: bool) -> bool:
 def cmd_purge(args: argparse.Namespace) -> None:
     """purge.go: asks unless --force (only `y` or `Y` goes on), unloads every model, purges, and prints
     nothing more; its failures in handleClientError's words."""
-    from modelrunner.errors import DaemonError
-
     if not confirm_removing_every_model(args.force):
         return
     daemon = client()

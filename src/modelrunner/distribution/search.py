@@ -10,8 +10,9 @@ that fails leaves "unknown" (and no size), as DMR does.
 from __future__ import annotations
 
 import errno
+import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,15 @@ from urllib.parse import urlencode
 
 import httpx
 
+from modelrunner.artifact import mediatypes as mt
+from modelrunner.artifact.filetypes import classify_file, weight_format
 from modelrunner.artifact.gojson import go_quote
+from modelrunner.artifact.manifest import Manifest, parse_manifest
+from modelrunner.distribution.huggingface import hub_endpoint
+from modelrunner.distribution.registry import RegistryClient
+from modelrunner.engines.registry import EngineRegistry, default_registry
+from modelrunner.errors import status_line
+from modelrunner.reference import parse_reference
 
 DOCKER_HUB = "Docker Hub"
 HUGGING_FACE = "HuggingFace"
@@ -33,7 +42,6 @@ SOURCES = {
     "hf": (HUGGING_FACE,),
 }
 UNKNOWN = "unknown"
-_BACKEND_ORDER = ("llama.cpp", "vllm", "diffusers")
 _RESOLVE_CONCURRENCY = 4
 _TIMEOUT = 30.0  # DMR's http.Client timeout
 _HF_SKIPPED_TAGS = {"gguf", "transformers", "pytorch", "safetensors", "license:apache-2.0"}
@@ -113,8 +121,6 @@ def _get(http: httpx.Client, url: str, site: str) -> Any:
     if response.status_code == 429:
         raise SearchError(f"rate limited by {site}, please try again later")
     if response.status_code != 200:
-        from modelrunner.cli.common import status_line
-
         raise SearchError(f"unexpected status from {site}: {status_line(response.status_code)}")
     try:
         return response.json()
@@ -157,8 +163,6 @@ def _search_docker_hub(http: httpx.Client, query: str, limit: int) -> list[Searc
 
 
 def _search_hugging_face(http: httpx.Client, query: str, limit: int) -> list[SearchResult]:
-    from modelrunner.distribution.huggingface import hub_endpoint
-
     limit = min(limit if limit > 0 else 32, 1000)
     params = {"apps": "vllm,llama.cpp", "direction": "-1", "limit": str(limit), "sort": "downloads"}
     if query:
@@ -212,42 +216,50 @@ def _resolve_all(
     return results
 
 
-def _join_backends(found: list[str]) -> str:
-    unique = [backend for backend in _BACKEND_ORDER if backend in found]
-    return ", ".join(unique) if unique else UNKNOWN
+@functools.cache
+def _engines() -> EngineRegistry:
+    return EngineRegistry.of(default_registry())
+
+
+def _backends(formats: Iterable[str]) -> str:
+    """The engines that run models of these formats, as the registry picks one for a format asked of no
+    backend in particular (safetensors: vLLM, as DMR's search says), in the registry's order."""
+    engines = _engines()
+    chosen = {engines.resolve(None, model_format).name for model_format in formats}
+    names = [name for name in engines if name in chosen]
+    return ", ".join(names) if names else UNKNOWN
 
 
 def _registry_backend(result: SearchResult) -> tuple[str, int]:
     """The backend the model's weight layers need, and the layers' total size, from its manifest."""
-    from modelrunner.artifact import mediatypes as mt
-    from modelrunner.artifact.manifest import parse_manifest
-    from modelrunner.distribution.registry import RegistryClient
-    from modelrunner.reference import parse_reference
-
     ref = parse_reference(result.name)
     with RegistryClient(ref.registry) as client:
         data, _ = client.get_manifest(ref.repository, ref.digest or ref.tag or "latest")
-    manifest = parse_manifest(data)
-    kinds = {mt.GGUF: "llama.cpp", mt.SAFETENSORS: "vllm", mt.DDUF: "diffusers"}
-    backends = [kinds[layer.media_type] for layer in manifest.layers if layer.media_type in kinds]
-    return _join_backends(backends), sum(layer.size for layer in manifest.layers)
+    return _manifest_backend(parse_manifest(data))
+
+
+def _manifest_backend(manifest: Manifest) -> tuple[str, int]:
+    formats = [
+        mt.WEIGHT_FORMATS[layer.media_type]
+        for layer in manifest.layers
+        if layer.media_type in mt.WEIGHT_FORMATS
+    ]
+    return _backends(formats), sum(layer.size for layer in manifest.layers)
 
 
 def _hugging_face_backend(http: httpx.Client, repo: str) -> tuple[str, int]:
     """The backends the repository's weight files need, and those files' total size (its `main` tree)."""
-    from modelrunner.artifact.filetypes import FileType, classify_file
-    from modelrunner.distribution.huggingface import hub_endpoint
-
     response = http.get(f"{hub_endpoint()}/api/models/{repo}/tree/main", params={"recursive": "true"})
     response.raise_for_status()
-    kinds = {FileType.GGUF: "llama.cpp", FileType.SAFETENSORS: "vllm", FileType.DDUF: "diffusers"}
-    backends, size = [], 0
+    formats, size = [], 0
     for entry in response.json():
-        kind = kinds.get(classify_file(str(entry.get("path", "")))) if entry.get("type") == "file" else None
-        if kind is not None:
-            backends.append(kind)
+        found = (
+            weight_format(classify_file(str(entry.get("path", "")))) if entry.get("type") == "file" else None
+        )
+        if found is not None:
+            formats.append(found)
             size += int((entry.get("lfs") or {}).get("size") or entry.get("size") or 0)
-    return _join_backends(backends), size
+    return _backends(formats), size
 
 
 def _truncate(text: str, width: int) -> str:
