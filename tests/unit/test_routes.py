@@ -3,11 +3,17 @@ reach, DMR's `/engines[/{backend}]` prefix and root aliases."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+from fastapi.routing import APIRoute
 
 from modelrunner.engines.base import Mode
 from modelrunner.server import routes
+from modelrunner.server.app import build_daemon
 from modelrunner.server.routes import ANTHROPIC, DMR, OLLAMA, OPENAI, RESPONSES, Route
+from modelrunner.store.store import ModelStore
 
 
 @pytest.mark.parametrize(
@@ -135,3 +141,36 @@ def test_families_say_their_stream_default_and_recorded_origin() -> None:
 def test_every_relayed_operation_is_openais() -> None:
     relayed = [op for op in routes.OPERATIONS.values() if op.mode is not None]
     assert relayed and all(op.family == OPENAI and op.engine_path for op in relayed)
+
+
+ROUTER_FAMILIES = {
+    "modelrunner.server.openai_api": OPENAI,
+    "modelrunner.server.anthropic_api": ANTHROPIC,
+    "modelrunner.server.responses_api": RESPONSES,
+    "modelrunner.server.ollama_api": OLLAMA,
+    "modelrunner.server.ollama_create": OLLAMA,
+}
+
+
+def _concrete(path: str) -> str:
+    """A path a request could have, for a route's pattern."""
+    path = path.replace("{backend}", "llama.cpp")
+    return re.sub(r"\{[^}:]+(:path)?\}", lambda m: "ai/m" if m.group(1) else "x1", path)
+
+
+def test_every_route_the_daemon_registers_is_its_routers_family(tmp_path: Path) -> None:
+    """The routers register their paths from the table's prefixes: each path's family, as errors, access
+    lines and the recorder see it, is its router's (DMR's for every other router)."""
+    daemon = build_daemon(ModelStore(tmp_path / "models"), engines={})
+    api = daemon.asgi.app.app.api  # LifecycleMiddleware -> SecurityMiddleware -> Dispatcher
+    seen: set[str] = set()
+    for included in api.routes:
+        router = getattr(included, "original_router", None)
+        for route in router.routes if router is not None else [included]:
+            if not isinstance(route, APIRoute):
+                continue
+            module = route.endpoint.__module__
+            path = _concrete(route.path)  # an APIRouter's prefix is in its routes' paths
+            assert routes.api_family(path) == ROUTER_FAMILIES.get(module, DMR), (module, route.path)
+            seen.add(module)
+    assert set(ROUTER_FAMILIES) <= seen and len(seen) > len(ROUTER_FAMILIES)

@@ -14,8 +14,9 @@ written (server/lifecycle.py), from the same timing.
 
 Streams, first body bytes and token counts are read from the request recorder's copy of the answer
 (server/recorder.py); with `MODEL_RUNNER_RECORD_REQUESTS=0` only counts, durations and first bytes are kept.
-Label values are bounded: `api` is one of five families, `model` the model's name as the store knows it
-(a request is only timed once the store found its model), at most MAX_MODEL_LABELS of them, then "other".
+Label values are bounded: `api` is one of the route table's families (server/routes.py, FAMILIES), `model`
+the model's name as the store knows it (a request is only timed once the store found its model), at most
+MAX_MODEL_LABELS of them, then "other".
 """
 
 from __future__ import annotations
