@@ -151,11 +151,13 @@ def resolve(path: str) -> Resolved:
     return Resolved(DMR, None, None)
 
 
+@functools.lru_cache(maxsize=64)  # as `resolve`, without its call: the front asks for every request head
 def match_route(path: str) -> Route | None:
     """The relayed inference route of a path, if it is one."""
     return resolve(path).route
 
 
+@functools.lru_cache(maxsize=64)  # as `resolve`, without its call: the lifecycle asks for every request
 def api_family(path: str) -> str:
     """Which API a path belongs to, for its error shape, the access log, the metrics and the recorder."""
     return resolve(path).family
