@@ -66,7 +66,8 @@ def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _descriptor(raw: Any, what: str) -> Descriptor:
+def parse_descriptor(raw: Any, what: str) -> Descriptor:
+    """One untrusted descriptor (a manifest's config or layer, `what` in messages); raises InvalidArtifact."""
     if not isinstance(raw, dict):
         raise InvalidArtifact(f"manifest {what} is not an object")
     media_type = raw.get("mediaType")
@@ -135,7 +136,7 @@ def parse_manifest(data: bytes) -> Manifest:
     media_type = doc.get("mediaType", mt.OCI_MANIFEST)
     if not isinstance(media_type, str) or media_type not in mt.MANIFEST_TYPES:
         raise InvalidArtifact(f"unsupported manifest media type: {str(media_type)[:100]}")
-    config = _descriptor(doc.get("config"), "config")
+    config = parse_descriptor(doc.get("config"), "config")
     if config.media_type not in mt.SUPPORTED_CONFIG_TYPES:
         raise UnsupportedMediaType(
             f"config type {config.media_type[:100]} is not supported by this version of modelrunner; "
@@ -146,7 +147,7 @@ def parse_manifest(data: bytes) -> Manifest:
         raise InvalidArtifact("manifest has no layers")
     if len(raw_layers) > MAX_LAYERS:
         raise InvalidArtifact("manifest has too many layers")
-    layers = tuple(_descriptor(raw, f"layer {i}") for i, raw in enumerate(raw_layers))
+    layers = tuple(parse_descriptor(raw, f"layer {i}") for i, raw in enumerate(raw_layers))
     check_paths_distinct([layer.filepath for layer in layers if layer.filepath])
     artifact_type = doc.get("artifactType")
     return Manifest(

@@ -45,11 +45,6 @@ def reported_offset(response: httpx.Response) -> int | None:
     return int(match.group(2)) + 1 if match else None
 
 
-def _with_digest(location: str, digest: str) -> str:
-    """`&digest=` appended by hand: httpx `params=` would replace the upload URL's `_state` query."""
-    return location + ("&" if "?" in location else "?") + f"digest={digest}"
-
-
 class RegistryPush:
     def __init__(
         self,
@@ -169,11 +164,7 @@ class RegistryPush:
                 new_offset = reported if reported is not None else offset + length
                 self.reporter.advance(blob.digest, new_offset - offset)
                 offset = new_offset
-        response = self.client.request(
-            "PUT", _with_digest(location, blob.digest), self.scopes, headers={"Content-Length": "0"}
-        )
-        response.close()
-        raise_for_status(response, f"upload of blob {blob.digest[:19]}")
+        self.client.finish_upload(location, blob.digest, self.scopes)
 
     def _upload_status(self, location: str, offset: int) -> tuple[str, int]:
         """After an interrupted PATCH: ask the registry how much of the upload it kept."""

@@ -526,6 +526,17 @@ class RegistryClient:
         raise_for_status(response, f"{self.registry}/{repository}")
         return self._location(response)
 
+    def finish_upload(
+        self, location: str, digest: str, scopes: Sequence[str], content: bytes | None = None
+    ) -> None:
+        """The PUT that closes an upload, with its last bytes (or none), naming the blob's digest."""
+        # `&digest=` appended by hand: httpx `params=` would replace the upload URL's `_state` query
+        url = location + ("&" if "?" in location else "?") + f"digest={digest}"
+        headers = {"Content-Type": "application/octet-stream"} if content else {"Content-Length": "0"}
+        response = self.request("PUT", url, scopes, headers=headers, content=content or None)
+        response.close()
+        raise_for_status(response, f"upload of blob {digest[:19]}")
+
     def http_location(self, response: httpx.Response, current: str) -> str:
         """The upload URL for the next request: the response's Location, else the current one."""
         return self._location(response) if response.headers.get("location") else current

@@ -20,9 +20,8 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from modelrunner.artifact import mediatypes as mt
-from modelrunner.artifact.manifest import Descriptor, _descriptor, sha256_digest
-from modelrunner.distribution.push import _with_digest
-from modelrunner.distribution.registry import RegistryClient, push_scope, raise_for_status, read_capped
+from modelrunner.artifact.manifest import Descriptor, parse_descriptor, sha256_digest
+from modelrunner.distribution.registry import RegistryClient, push_scope, read_capped
 from modelrunner.errors import InvalidArtifact, InvalidReference, ModelNotFound
 from modelrunner.reference import Reference, parse_reference
 from modelrunner.signing import keys, referrers
@@ -121,7 +120,7 @@ def referrer_manifests(
 
 def layers_of(document: dict[str, Any]) -> list[Descriptor]:
     try:
-        return [_descriptor(raw, f"signature {i}") for i, raw in enumerate(document["layers"])]
+        return [parse_descriptor(raw, f"signature {i}") for i, raw in enumerate(document["layers"])]
     except InvalidArtifact as exc:
         raise InvalidSignature(f"the signature manifest is malformed: {exc.message}") from None
 
@@ -220,16 +219,7 @@ def _upload_blob(client: RegistryClient, repository: str, data: bytes) -> Descri
     digest = sha256_digest(data)
     scopes = [push_scope(repository)]
     if not client.blob_exists(repository, digest, scopes):
-        location = client.start_upload(repository)
-        response = client.request(
-            "PUT",
-            _with_digest(location, digest),
-            scopes,
-            headers={"Content-Type": "application/octet-stream"},
-            content=data,
-        )
-        response.close()
-        raise_for_status(response, f"upload of blob {digest[:19]}")
+        client.finish_upload(client.start_upload(repository), digest, scopes, data)
     return Descriptor(OCI_IMAGE_CONFIG, digest, len(data))
 
 
