@@ -63,6 +63,8 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+from modelrunner.artifact.model_config import ModelConfig
+from modelrunner.engines import llamacpp_capabilities
 from modelrunner.engines.base import (
     Engine,
     EngineStatus,
@@ -70,6 +72,7 @@ from modelrunner.engines.base import (
     LaunchSpec,
     Mode,
     ModelForEngine,
+    Needs,
     ProgressCallback,
     RunnerSettings,
 )
@@ -93,6 +96,7 @@ class FakeEngine(Engine):
         self.assembles_unstreamed = self.completions_json_schema = name == "llama.cpp"
         self.ignores_forced_tool_choice = name == "llama.cpp"
         self.schema_grammar = name in ("llama.cpp", "vllm")
+        self.takes_draft_model = name == "llama.cpp"
         self.env = env or {}
         self.memory = memory
 
@@ -111,6 +115,15 @@ class FakeEngine(Engine):
                 raise BadRequest(f"runtime flag {flag} is not allowed")
             if "/" in flag:
                 raise BadRequest("runtime flag values must not be paths")
+
+    def check_request(self, name: str, config: ModelConfig, bundle: Path, needs: Needs) -> None:
+        if self.name == "llama.cpp":  # what llama-server can do with the bundle's projector and template
+            llamacpp_capabilities.check_request(name, config, bundle, needs)
+
+    def capabilities(self, config: ModelConfig, bundle: Path) -> list[str]:
+        if self.name == "llama.cpp":
+            return llamacpp_capabilities.capabilities(config, bundle)
+        return super().capabilities(config, bundle)
 
     def launch_spec(
         self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path

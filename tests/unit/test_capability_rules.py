@@ -1,5 +1,6 @@
-"""The one rule every API's requests pass before an engine is asked (server/capabilities.py): an image needs
-a multimodal projector in the llama.cpp bundle, tools a chat template that renders them."""
+"""What a request needs (server/capabilities.py), read the same for every API, and the engine's check every
+API's requests pass before the engine is asked (`Engine.check_request`): on llama.cpp an image needs a
+multimodal projector in the bundle, tools a chat template that renders them; other engines take both."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ import pytest
 
 from modelrunner.artifact.model_config import ModelConfig
 from modelrunner.engines import llamacpp
+from modelrunner.engines.base import Engine
+from modelrunner.engines.llamacpp import LlamaCppEngine
+from modelrunner.engines.registry import default_registry
 from modelrunner.errors import BadRequest
-from modelrunner.server.capabilities import NOTHING, Needs, check, needs_of
+from modelrunner.server.capabilities import NOTHING, Needs, needs_of
+
+check = LlamaCppEngine().check_request
 
 PNG = "data:image/png;base64,iVBORw0KGgo="
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -72,27 +78,42 @@ def _config(gguf_template: str | None = None) -> ModelConfig:
 
 def test_an_image_needs_a_projector(tmp_path: Path) -> None:
     with pytest.raises(BadRequest) as refused:
-        check("m", llamacpp.NAME, _config(), _bundle(tmp_path), Needs(images=True))
+        check("m", _config(), _bundle(tmp_path), Needs(images=True))
     assert refused.value.status_code == 400
     assert refused.value.message.startswith("m does not support vision")
-    check("m", llamacpp.NAME, _config(), _bundle(tmp_path / "vision", mmproj=True), Needs(images=True))
+    check("m", _config(), _bundle(tmp_path / "vision", mmproj=True), Needs(images=True))
 
 
 def test_tools_need_a_template_that_renders_them(tmp_path: Path) -> None:
     gemma = (Path(llamacpp.__file__).parents[1] / "templates" / "gemma3.jinja").read_text()
     with pytest.raises(BadRequest) as refused:  # the shipped template, in the bundle
-        check("m", llamacpp.NAME, _config(), _bundle(tmp_path, template=gemma), Needs(tools=True))
+        check("m", _config(), _bundle(tmp_path, template=gemma), Needs(tools=True))
     assert refused.value.message.startswith("m does not support tools")
     with pytest.raises(BadRequest):  # the GGUF's own
-        check("m", llamacpp.NAME, _config(gemma), _bundle(tmp_path / "gguf"), Needs(tools=True))
+        check("m", _config(gemma), _bundle(tmp_path / "gguf"), Needs(tools=True))
     # the bundle's template replaces the GGUF's, as --chat-template-file does
     renders = "{% for tool in tools %}{{ tool | tojson }}{% endfor %}"
-    check("m", llamacpp.NAME, _config(gemma), _bundle(tmp_path / "file", template=renders), Needs(tools=True))
+    check("m", _config(gemma), _bundle(tmp_path / "file", template=renders), Needs(tools=True))
     # no template at all: llama-server's default, not judged here
-    check("m", llamacpp.NAME, _config(), _bundle(tmp_path / "none"), Needs(tools=True))
+    check("m", _config(), _bundle(tmp_path / "none"), Needs(tools=True))
 
 
-def test_other_engines_and_plain_requests_pass(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "engine", [e for e in default_registry() if not isinstance(e, LlamaCppEngine)], ids=lambda e: e.name
+)
+def test_other_engines_take_images_and_tools(tmp_path: Path, engine: Engine) -> None:
     bundle = _bundle(tmp_path, template="{{ messages }}")
-    check("m", "vllm", _config(), bundle, Needs(images=True, tools=True))
-    check("m", llamacpp.NAME, _config(), bundle, NOTHING)
+    engine.check_request("m", _config(), bundle, Needs(images=True, tools=True))
+    assert engine.capabilities(_config(), bundle) == ["tools"]
+
+
+def test_plain_requests_pass(tmp_path: Path) -> None:
+    check("m", _config(), _bundle(tmp_path, template="{{ messages }}"), NOTHING)
+
+
+def test_shown_capabilities_follow_the_request_check(tmp_path: Path) -> None:
+    shown = LlamaCppEngine().capabilities
+    assert shown(_config(), _bundle(tmp_path / "plain", template="{{ messages }}")) == []
+    vision = _bundle(tmp_path / "vision", mmproj=True, template="{{ tools }}<think>")
+    assert shown(_config(), vision) == ["tools", "vision", "thinking"]
+    assert shown(_config(), _bundle(tmp_path / "none")) == ["tools"]

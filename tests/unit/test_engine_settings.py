@@ -7,21 +7,26 @@ from __future__ import annotations
 import ast
 import json
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 import modelrunner.server.admin_api
-from modelrunner.engines.base import Mode
+import modelrunner.server.capabilities
+import modelrunner.server.ollama_serving
+from modelrunner.engines.base import Engine, Mode
 from modelrunner.engines.llamacpp import LlamaCppEngine
 from modelrunner.engines.llamacpp_settings import LlamaCppSettings
 from modelrunner.engines.registry import configuration_types, default_registry
 from modelrunner.engines.settings import EngineSettings
 from modelrunner.engines.vllm import VllmEngine
 from modelrunner.engines.vllm_settings import VllmSettings
-from modelrunner.errors import BadRequest
+from modelrunner.errors import BadRequest, ModelNotFound
 from modelrunner.scheduler.settings import ModelSettings, SettingsStore, backend_configuration
 from modelrunner.server.admin_api import ConfigureRequest, settings_from_request
+from modelrunner.store.store import ModelStore
 
 ID = "sha256:" + "d" * 64
 DRAFT = "sha256:" + "e" * 64
@@ -175,6 +180,39 @@ def test_engines_declare_their_settings_types() -> None:
     assert configuration_types() == (LlamaCppSettings, VllmSettings)
     others = [e for e in default_registry() if e.name not in ("llama.cpp", "vllm")]
     assert others and all(e.settings_type is EngineSettings for e in others)
+
+
+def test_the_configure_request_takes_each_engines_object_by_its_key() -> None:
+    """The objects a configure request may carry are the registry's settings keys; others stay refused."""
+    keys = {kind.key for kind in configuration_types()}
+    assert keys == {"llamacpp", "vllm"} and keys <= set(ConfigureRequest.model_fields)
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        ConfigureRequest.model_validate({"model": "ai/x", "sglang": {"x": 1}})
+
+
+@pytest.mark.parametrize("engine", default_registry(), ids=lambda e: e.name)
+def test_only_an_engine_that_takes_a_draft_model_is_given_one(engine: Engine, tmp_path: Path) -> None:
+    request = ConfigureRequest.model_validate({"model": "ai/x", "speculative": {"draft_model": "absent"}})
+    store = ModelStore(tmp_path)
+    refused = ModelNotFound if engine.takes_draft_model else BadRequest  # the draft is looked up only then
+    with pytest.raises(refused):
+        settings_from_request(request, None, engine, store)
+    assert engine.takes_draft_model is isinstance(engine, LlamaCppEngine)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [modelrunner.server.admin_api, modelrunner.server.capabilities, modelrunner.server.ollama_serving],
+)
+def test_the_routes_name_no_engine_and_no_format(module: ModuleType) -> None:
+    """What an engine can do is asked of the engine (DESIGN: no `engine.name == ...` outside engines/)."""
+    names = {engine.name for engine in default_registry()} | {"gguf", "safetensors", "dduf"}
+    constants = {
+        node.value
+        for node in ast.walk(ast.parse(Path(str(module.__file__)).read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+    assert not names & constants
 
 
 def test_the_admin_routes_know_no_engine_internals() -> None:

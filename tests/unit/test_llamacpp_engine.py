@@ -14,7 +14,7 @@ from modelrunner.artifact.gguf import GGUFInfo, read_gguf
 from modelrunner.engines import build, gpu, llamacpp_memory
 from modelrunner.engines.base import InstallState, Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.llamacpp import LlamaCppEngine, command_line, default_threads
-from modelrunner.engines.llamacpp_flags import validate_runtime_flags
+from modelrunner.engines.llamacpp_flags import RUNTIME_FLAGS
 from modelrunner.engines.llamacpp_settings import LlamaCppSettings
 from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.errors import (
@@ -217,7 +217,7 @@ def test_bad_runtime_flags_are_refused_at_launch_too(tmp_path: Path) -> None:
     ],
 )
 def test_allowed_runtime_flags(flags: list[str]) -> None:
-    validate_runtime_flags(flags)
+    RUNTIME_FLAGS.check(flags)
 
 
 @pytest.mark.parametrize(
@@ -249,7 +249,7 @@ def test_allowed_runtime_flags(flags: list[str]) -> None:
 )
 def test_refused_runtime_flags(flags: list[str], why: str) -> None:
     with pytest.raises(BadRequest, match=why):
-        validate_runtime_flags(flags)
+        RUNTIME_FLAGS.check(flags)
 
 
 # -- memory estimate --------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from modelrunner.engines import build, llamacpp_smoke
-from modelrunner.engines.llamacpp import INSTALL_INFO, LlamaCppEngine
+from modelrunner.engines.install import INSTALL_INFO
+from modelrunner.engines.llamacpp import LlamaCppEngine
 from modelrunner.errors import EngineInstallError
 
 # argv: --version | --model M --host SOCKET ...; compiled.json beside it holds the "compiler flags".

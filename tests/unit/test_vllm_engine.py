@@ -11,7 +11,7 @@ from modelrunner.engines import vllm
 from modelrunner.engines.base import InstallState, Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.gpu import Accelerator
 from modelrunner.engines.registry import EngineRegistry, default_registry
-from modelrunner.engines.vllm_flags import validate_runtime_flags
+from modelrunner.engines.vllm_flags import RUNTIME_FLAGS
 from modelrunner.engines.vllm_settings import VllmSettings
 from modelrunner.errors import BadRequest, EngineNotInstalled
 from tests.engine_settings import runner_settings
@@ -134,11 +134,11 @@ def test_wrong_format_and_mode_are_refused(tmp_path: Path) -> None:
 )
 def test_flags_off_the_allow_list_or_with_paths_are_refused(flags: list[str]) -> None:
     with pytest.raises(BadRequest):
-        validate_runtime_flags(flags)
+        RUNTIME_FLAGS.check(flags)
 
 
 def test_allowed_flags_pass() -> None:
-    validate_runtime_flags(
+    RUNTIME_FLAGS.check(
         ["-tp", "1", "--max-model-len=128", "--seed", "-1", "--enforce-eager", "--dtype=half"]
     )
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from modelrunner.artifact.model_config import ModelConfig
+from modelrunner.engines.runtime_flags import FlagRules, no_flags
 from modelrunner.engines.settings import EngineSettings, S, settings_of
 
 
@@ -95,6 +97,21 @@ ProgressCallback = Callable[[str], None]
 
 
 @dataclass(frozen=True)
+class Needs:
+    """What a request needs of its model beyond text (server/capabilities.py reads it from the body)."""
+
+    images: bool = False
+    tools: bool = False
+
+    def __bool__(self) -> bool:
+        """Whether there is anything to check (most requests: no, and their model's files are not read)."""
+        return self.images or self.tools
+
+
+NOTHING = Needs()
+
+
+@dataclass(frozen=True)
 class SavedSlot:
     """One engine slot's prompt cache, saved to a file in the runner's save folder (warm resume)."""
 
@@ -116,6 +133,8 @@ class Engine(ABC):
     # Its own settings (the object of the configure request named by `settings_type.key`), read and
     # written by that type: nothing above the engines knows its keys.
     settings_type: ClassVar[type[EngineSettings]] = EngineSettings
+    # The flags of its command line that `model configure` may set; None: it takes none.
+    flag_rules: ClassVar[FlagRules | None] = None
 
     # A non-streamed generation is asked for as a stream and assembled by the daemon (compat/assemble.py):
     # an engine that stops generating for a client that left only while it streams (llama-server) needs
@@ -127,6 +146,8 @@ class Engine(ABC):
     # A forced tool_choice ("required", a named tool) is accepted but not applied: the daemon forces the call
     # with a grammar of its own (compat/tool_choice.py)
     ignores_forced_tool_choice: bool = False
+    # Speculative decoding with a draft model of its own formats (`model configure --speculative-...`)
+    takes_draft_model: bool = False
 
     @abstractmethod
     def status(self) -> EngineStatus: ...
@@ -137,9 +158,12 @@ class Engine(ABC):
     @abstractmethod
     def uninstall(self) -> None: ...
 
-    @abstractmethod
     def validate_runtime_flags(self, flags: list[str]) -> None:
         """Raise BadRequest for a flag outside the allow-list or a value that is a path."""
+        if self.flag_rules is None:
+            no_flags(self.name, flags)
+        else:
+            self.flag_rules.check(flags)
 
     @abstractmethod
     def launch_spec(
@@ -152,6 +176,20 @@ class Engine(ABC):
 
     def disk_usage(self) -> int:
         return 0
+
+    # -- what a model served by this engine can do -------------------------------------------------
+
+    def check_request(self, name: str, config: ModelConfig, bundle: Path, needs: Needs) -> None:
+        """BadRequest, in Ollama's words ("<name> does not support vision|tools"), when a request that
+        `needs` images or tools asks what this engine cannot do with the model (`bundle`: its store folder).
+        Every API checks here before the engine is asked; by default everything is accepted."""
+        return None
+
+    def capabilities(self, config: ModelConfig, bundle: Path) -> list[str]:
+        """What the model allows beyond completion, as Ollama's `/api/show` lists it (`tools`, `vision`,
+        `thinking`), decided as `check_request` decides. By default: tools (the engine takes them with
+        every model)."""
+        return ["tools"]
 
     def cluster_status(self, settings: Sequence[RunnerSettings]) -> list[dict[str, object]]:
         """What this engine's runners use beyond this machine as configured in `settings` (e.g. a Ray

@@ -15,13 +15,12 @@ import logging
 import math
 import os
 import shutil
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from modelrunner import config
 from modelrunner.artifact.gguf import GGUFInfo, find_gguf_shards, read_gguf
-from modelrunner.engines import build, llamacpp_memory, llamacpp_slots, rpc_workers
+from modelrunner.artifact.model_config import ModelConfig
+from modelrunner.engines import build, llamacpp_capabilities, llamacpp_memory, llamacpp_slots, rpc_workers
 from modelrunner.engines.base import (
     Engine,
     EngineStatus,
@@ -29,13 +28,14 @@ from modelrunner.engines.base import (
     LaunchSpec,
     Mode,
     ModelForEngine,
+    Needs,
     ProgressCallback,
     RunnerSettings,
     SavedSlot,
     SlotError,
 )
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
-from modelrunner.engines.install import InstallTracker, folder_size, remove_install, staged_folder
+from modelrunner.engines.install import INSTALL_INFO, HomeInstall, staged_folder
 from modelrunner.engines.llamacpp_binary import (
     EXECUTABLE,
     RPC_EXECUTABLE,
@@ -43,14 +43,14 @@ from modelrunner.engines.llamacpp_binary import (
     find_server,
     server_version,
 )
-from modelrunner.engines.llamacpp_flags import llama_args_from_env, validate_runtime_flags
+from modelrunner.engines.llamacpp_capabilities import projector_file, template_file
+from modelrunner.engines.llamacpp_flags import RUNTIME_FLAGS, llama_args_from_env
 from modelrunner.engines.llamacpp_settings import NAME as NAME  # defined with its settings
 from modelrunner.engines.llamacpp_settings import LlamaCppSettings
 from modelrunner.errors import BadRequest, EngineInstallError, EngineNotInstalled, ModelRunnerError
 from modelrunner.eventlog import event
 from modelrunner.fileio import link_or_copy
 
-INSTALL_INFO = "install.json"
 log = logging.getLogger(__name__)
 _VERSION_ALIASES = {None, "", "latest", build.VERSION, str(build.LLAMA_CPP_BUILD)}
 
@@ -79,18 +79,6 @@ def model_ggufs(bundle: Path) -> list[Path]:
     if not candidates:
         raise ModelRunnerError("the model's bundle has no GGUF file: remove the model and pull it again")
     return find_gguf_shards(candidates[0])
-
-
-def projector_file(bundle: Path) -> Path | None:
-    """The multimodal projector (`--mmproj`): without one llama-server takes no image."""
-    mmproj = bundle / "model" / "model.mmproj"
-    return mmproj if mmproj.is_file() else None
-
-
-def template_file(bundle: Path) -> Path | None:
-    """The bundle's chat template (`--chat-template-file`), which replaces the GGUF's own."""
-    template = bundle / "model" / "template.jinja"
-    return template if template.is_file() else None
 
 
 def _declares_pooling(bundle: Path) -> bool:
@@ -140,7 +128,7 @@ def command_line(
         raise BadRequest(f"llama.cpp cannot serve {mode.value} requests; use a diffusers model for images")
     if model.format not in LlamaCppEngine.formats:
         raise BadRequest(f"llama.cpp needs a GGUF model, and {model.reference} is {model.format}")
-    validate_runtime_flags(settings.runtime_flags)
+    RUNTIME_FLAGS.check(settings.runtime_flags)
     argv = [str(server), *base_args(), "--model", str(model_ggufs(model.bundle)[0]), "--host", str(socket)]
     # Answers name the model as it was asked for, not by the bundle's file path.
     argv += ["--alias", model.reference]
@@ -185,20 +173,20 @@ class LlamaCppEngine(Engine):
     formats = frozenset({"gguf"})
     modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
     settings_type = LlamaCppSettings
+    flag_rules = RUNTIME_FLAGS
     assembles_unstreamed = True  # llama-server stops generating for a client that left only in a stream
     schema_grammar = True
     completions_json_schema = True  # its completions route ignores response_format
     ignores_forced_tool_choice = True  # b11434 builds the grammar of a forced choice and does not apply it
+    takes_draft_model = True  # --model-draft
 
     def __init__(self, install_root: Path | None = None) -> None:
-        self._install_root = install_root  # None: <runner home>/engines/llama.cpp, read when needed
-        self._lock = threading.Lock()
-        self._tracker = InstallTracker()
+        self.home = HomeInstall(NAME, install_root)
         self._gguf_info: dict[tuple[str, ...], GGUFInfo] = {}
 
     @property
     def install_root(self) -> Path:
-        return self._install_root or config.runner_home() / "engines" / NAME
+        return self.home.root
 
     # -- install state -------------------------------------------------------------------------------
 
@@ -223,12 +211,12 @@ class LlamaCppEngine(Engine):
         return found.path
 
     def status(self) -> EngineStatus:
-        installing = self._tracker.status_now()
+        installing = self.home.tracker.status_now()
         if installing:
             return installing
         found = self.find()
         if found is None:
-            return self._tracker.failed_or(
+            return self.home.tracker.failed_or(
                 EngineStatus(InstallState.NOT_INSTALLED, detail="no llama-server found")
             )
         try:
@@ -258,7 +246,7 @@ class LlamaCppEngine(Engine):
 
     def install(self, progress: ProgressCallback, gpu: str = "auto", force: bool = False) -> EngineStatus:
         spec = build.BuildSpec(resolve_gpu(gpu))
-        with self._lock, self._tracker.running(f"installing llama.cpp {build.VERSION}"):
+        with self.home.installing(f"installing llama.cpp {build.VERSION}"):
             self._install(spec, progress, force)
         return self.status()
 
@@ -312,11 +300,7 @@ class LlamaCppEngine(Engine):
 
     def _place(self, cached: Path, spec: build.BuildSpec) -> None:
         """Copy (or hard-link) the cached build into `<install root>/<version>/`, replacing any older one."""
-        from filelock import FileLock
-
-        root = self.install_root
-        root.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(root.parent / f".{NAME}.lock")), staged_folder(root / build.VERSION) as staging:
+        with self.home.locked() as root, staged_folder(root / build.VERSION) as staging:
             (staging / "bin").mkdir()
             link_or_copy(cached, staging / "bin" / EXECUTABLE)
             link_or_copy(cached.parent / RPC_EXECUTABLE, staging / "bin" / RPC_EXECUTABLE)
@@ -334,16 +318,20 @@ class LlamaCppEngine(Engine):
             (staging / INSTALL_INFO).write_text(json.dumps(info) + "\n")
 
     def uninstall(self) -> None:
-        with self._lock:
-            remove_install(self.install_root, self.install_root.parent / f".{NAME}.lock")
+        self.home.remove()
 
     def disk_usage(self) -> int:
-        return folder_size(self.install_root)
+        return self.home.disk_usage()
+
+    # -- what a model can do -------------------------------------------------------------------------
+
+    def check_request(self, name: str, config: ModelConfig, bundle: Path, needs: Needs) -> None:
+        llamacpp_capabilities.check_request(name, config, bundle, needs)
+
+    def capabilities(self, config: ModelConfig, bundle: Path) -> list[str]:
+        return llamacpp_capabilities.capabilities(config, bundle)
 
     # -- runners -------------------------------------------------------------------------------------
-
-    def validate_runtime_flags(self, flags: list[str]) -> None:
-        validate_runtime_flags(flags)
 
     def launch_spec(
         self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path

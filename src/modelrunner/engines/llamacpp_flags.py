@@ -3,18 +3,16 @@
 The allow-list is DMR's (`LlamaCppAllowedFlags`): flags that tune threads, context, batching, sampling,
 devices, caches, templates and the server, never one that takes a file path. Stricter than DMR: the flags
 that change the engine's own access rules (`--api-key`, `--api-prefix`, `--props`) are refused with the
-reason, as are those that would let a request read files or lock clients out. Values are checked too: any
-token with `/` or `\\` is refused (no paths), and an inline `--flag=-x` value must be a negative number, so
-a second flag cannot be smuggled in as a value.
+reason, as are those that would let a request read files or lock clients out. Values are checked as
+every engine's are (engines/runtime_flags.py).
 """
 
 from __future__ import annotations
 
-import re
 import shlex
-from collections.abc import Iterable
 
-from modelrunner.errors import BadRequest, ModelRunnerError
+from modelrunner.engines.runtime_flags import FlagRules
+from modelrunner.errors import ModelRunnerError
 
 ALLOWED_FLAGS = frozenset(
     {
@@ -94,38 +92,7 @@ RESERVED_IN_LLAMA_ARGS = frozenset(
     {"-m", "--model", "--host", "--embedding", "--embeddings", "-mm", "--mmproj"}
 )
 
-_NEGATIVE_NUMBER = re.compile(r"-(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
-
-
-def _flag_name(token: str) -> str | None:
-    """`--threads=4` -> `--threads`; None for a value (negative numbers included: `--seed -1`)."""
-    if not token.startswith("-") or _NEGATIVE_NUMBER.fullmatch(token):
-        return None
-    return token.split("=", 1)[0]
-
-
-def validate_runtime_flags(flags: Iterable[str]) -> None:
-    """Raise BadRequest for a flag off the allow-list, a path-like value, or a non-numeric `--flag=-x`."""
-    for token in flags:
-        if "/" in token or "\\" in token:
-            raise BadRequest(f"runtime flag {token!r} is not allowed: values may not contain '/' or '\\'")
-        if "\0" in token:
-            raise BadRequest("runtime flags may not contain NUL characters")
-        name = _flag_name(token)
-        if name is None:
-            continue
-        if name in REFUSED_FLAGS:
-            raise BadRequest(f"runtime flag {name!r} is not allowed: {REFUSED_FLAGS[name]}")
-        if name not in ALLOWED_FLAGS:
-            raise BadRequest(
-                f"runtime flag {name!r} is not allowed for llama.cpp; "
-                "see the allowed flags in the documentation of `model configure`"
-            )
-        _, sep, inline = token.partition("=")
-        if sep and inline.startswith("-") and not _NEGATIVE_NUMBER.fullmatch(inline):
-            raise BadRequest(
-                f"runtime flag {token!r} is not allowed: a value starting with '-' must be a number"
-            )
+RUNTIME_FLAGS = FlagRules("llama.cpp", ALLOWED_FLAGS, REFUSED_FLAGS)
 
 
 def llama_args_from_env(raw: str) -> list[str]:

@@ -22,23 +22,17 @@ unknown name from the Hugging Face Hub).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import platform
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from modelrunner import config
 from modelrunner.engines.base import (
     Engine,
     EngineStatus,
-    InstallState,
     LaunchSpec,
     Mode,
     ModelForEngine,
@@ -46,23 +40,14 @@ from modelrunner.engines.base import (
     RunnerSettings,
 )
 from modelrunner.engines.gpu import GPU_KINDS
-from modelrunner.engines.install import (
-    InstallTracker,
-    cached_or_made,
-    engine_cache_root,
-    folder_size,
-    remove_install,
-    staged_folder,
-)
+from modelrunner.engines.install import CachedEnv, LinkedInstall, env_key, pip_progress, run_step
 from modelrunner.engines.vllm import kv_bytes, model_dir
-from modelrunner.errors import BadRequest, EngineInstallError, EngineUnsupported, ModelRunnerError
+from modelrunner.errors import BadRequest, EngineUnsupported, ModelRunnerError
 
 NAME = "mlx"
 FORMAT = "mlx"  # the engine format of a model MLX wrote (engines/registry.py engine_format)
 VERSION = "0.32.4"  # MLX's release (DMR's status shows MLX's version); also the install folder's name
 MLX_LM_VERSION = "0.32.2"
-ENV_INFO = "modelrunner-env.json"  # written last into a cached environment: its presence means complete
-INSTALL_INFO = "install.json"
 LAUNCHER_FILE = "launch_mlx_lm.py"
 # Measured: the server holds ~90 MB resident with the tiny test model after a 50-token chat (python, MLX,
 # transformers' tokenizer); a real model's tokenizer, prefill activations and MLX's cache of freed buffers
@@ -147,74 +132,26 @@ def is_mlx_model(model_config: Mapping[str, Any]) -> bool:
     return isinstance(metadata, Mapping) and metadata.get("format") == "mlx"
 
 
-def env_key() -> str:
-    identity = {
-        "requirements": requirements(),
-        "python": f"{sys.implementation.name}-{sys.version_info[0]}.{sys.version_info[1]}",
-        "machine": platform.machine(),
-    }
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{VERSION}-{digest}"
-
-
-def cache_root() -> Path:
-    return engine_cache_root(NAME)
-
-
-def cached_env() -> Path | None:
-    """The complete cached environment, or None."""
-    env = cache_root() / env_key()
-    return env if (env / ENV_INFO).is_file() and (env / "bin" / "python").exists() else None
+def environment() -> CachedEnv:
+    """The machine's cached environment (key: the pins, Python, architecture)."""
+    return CachedEnv(NAME, env_key(VERSION, {"requirements": requirements()}), "the MLX environment")
 
 
 def ensure_env(progress: ProgressCallback) -> Path:
     """The cached environment, made first (under the machine-wide lock) when the cache has none."""
-    waiting = "Waiting for another install of the MLX environment on this machine to finish"
-    return cached_or_made(cache_root(), env_key(), waiting, progress, cached_env, lambda: _made_env(progress))
+    return environment().ensure(progress, lambda env: _create_env(env, progress))
 
 
-def _made_env(progress: ProgressCallback) -> Path:
-    started = time.monotonic()
-    final = cache_root() / env_key()
-    with staged_folder(final) as staging:  # the server runs as `python -c`: the folder may be renamed
-        _create_env(staging, progress)
-    progress(f"Created the MLX environment in {time.monotonic() - started:.0f} s")
-    return final
-
-
-def _create_env(env: Path, progress: ProgressCallback) -> None:
+def _create_env(env: Path, progress: ProgressCallback) -> dict[str, Any]:
     progress(f"Creating the MLX environment ({', '.join(requirements())}; about 370 MB)")
-    _step([sys.executable, "-m", "venv", str(env)], "creating the virtual environment", env)
+    run_step([sys.executable, "-m", "venv", str(env)], "creating the virtual environment", env)
     python = str(env / "bin" / "python")
     progress(f"pip: installing {', '.join(requirements())}")
-    _step([python, "-m", "pip", "install", "--no-input", *requirements()], "installing mlx-lm", env)
+    argv = [python, "-m", "pip", "install", "--no-input", *requirements()]
+    run_step(argv, "installing mlx-lm", env, on_line=pip_progress(progress))
     progress("Checking that the environment imports MLX and mlx_lm's server")
-    found = json.loads(_step([python, "-c", _PROBE], "checking the environment", env).splitlines()[-1])
-    info = {"mlx": found["mlx"], "mlx_lm": found["mlx_lm"], "requirements": requirements()}
-    (env / ENV_INFO).write_text(json.dumps(info, indent=2) + "\n")
-
-
-def _step(argv: list[str], what: str, hide: Path) -> str:
-    """One install step's output; EngineInstallError with its last lines (the folder hidden) when it fails.
-    (vllm.py and diffusers.py each stream theirs with a private `_run`; no shared one exists yet.)"""
-    pip_quiet = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_PROGRESS_BAR": "off"}
-    try:
-        done = subprocess.run(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            env={**os.environ, **pip_quiet},
-        )
-    except OSError as exc:
-        raise EngineInstallError(f"{what} could not start: {exc.strerror}") from None
-    lines = [line.replace(str(hide), "<env>") for line in done.stdout.splitlines()]
-    if done.returncode != 0:
-        tail = [line for line in lines if "is ignored: it is neither a file nor a directory" not in line]
-        raise EngineInstallError(f"{what} failed (exit {done.returncode}):\n" + "\n".join(tail[-20:]))
-    return "\n".join(lines)
+    found = json.loads(run_step([python, "-c", _PROBE], "checking the environment", env).splitlines()[-1])
+    return {"mlx": found["mlx"], "mlx_lm": found["mlx_lm"], "requirements": requirements()}
 
 
 def max_tokens(model: ModelForEngine, settings: RunnerSettings) -> int | None:
@@ -233,54 +170,38 @@ class MlxEngine(Engine):
     # mlx_lm stops a generation whose client left only while it streams (a write fails); an unstreamed answer
     # is written whole at the end, so the daemon asks for a stream and assembles it (compat/assemble.py)
     assembles_unstreamed = True
+    # no runtime flags (`flag_rules` None): DMR's MLX backend passes none either (mlx_config.go GetArgs)
 
     def __init__(self, install_root: Path | None = None) -> None:
-        self._install_root = install_root  # None: <runner home>/engines/mlx, read when needed
-        self._lock = threading.Lock()
-        self._tracker = InstallTracker()
+        self.home = LinkedInstall(NAME, VERSION, install_root)
 
     @property
     def install_root(self) -> Path:
-        return self._install_root or config.runner_home() / "engines" / NAME
+        return self.home.root
 
     @property
     def install_dir(self) -> Path:
-        return self.install_root / VERSION
+        return self.home.folder
 
     @property
     def python(self) -> Path:
-        return self.install_dir / "venv" / "bin" / "python"
+        return self.home.python
 
     # -- install state -------------------------------------------------------------------------------
 
     def _install_problem(self) -> str | None:
         """Why the runner home's install cannot run a server, or None when it can."""
-        if not (self.install_dir / INSTALL_INFO).is_file():
-            return "not installed"
-        if not self.python.exists():
-            return "its environment is gone from the cache; run: model reinstall-runner --backend mlx"
+        return self.home.problem(lambda _: self._launcher() == LAUNCHER)
+
+    def _launcher(self) -> str | None:
         try:
-            launcher = (self.install_dir / LAUNCHER_FILE).read_text()
+            return (self.install_dir / LAUNCHER_FILE).read_text()
         except OSError:
-            launcher = None
-        if launcher != LAUNCHER:
-            return "installed by another modelrunner version; run: model reinstall-runner --backend mlx"
-        return None
+            return None
 
     def status(self) -> EngineStatus:
-        installing = self._tracker.status_now()
-        if installing:
-            return installing
-        problem = self._install_problem()
-        if problem is None:
-            return EngineStatus(InstallState.RUNNING, version=VERSION)
-        if problem != "not installed":
-            return EngineStatus(InstallState.ERROR, detail=problem)
-        reason = unsupported_reason()
-        if reason:
-            return EngineStatus(InstallState.NOT_INSTALLED, detail=reason)
-        not_installed = EngineStatus(InstallState.NOT_INSTALLED, detail="no MLX environment installed")
-        return self._tracker.failed_or(not_installed)
+        nothing = "no MLX environment installed"
+        return self.home.status(self._install_problem(), VERSION, nothing, unsupported_reason)
 
     def prepare_install(self, gpu: str = "auto", version: str | None = None) -> None:
         if gpu not in GPU_KINDS:
@@ -295,42 +216,27 @@ class MlxEngine(Engine):
 
     def install(self, progress: ProgressCallback, gpu: str = "auto", force: bool = False) -> EngineStatus:
         self.prepare_install(gpu)
-        with self._lock, self._tracker.running(f"installing mlx {VERSION}"):
+        with self.home.installing(f"installing mlx {VERSION}"):
             if not force and self._install_problem() is None:
                 progress(f"mlx {VERSION} is already installed")
             else:
-                env = cached_env()
+                env = environment().found()
                 if env is not None:
                     progress(f"Using the cached MLX environment ({env.name})")
-                self._place(env or ensure_env(progress))
+                env = env or ensure_env(progress)
+                info = {"version": VERSION, "mlx_lm": MLX_LM_VERSION, "env": env.name}
+                self.home.place(env, info, lambda install: (install / LAUNCHER_FILE).write_text(LAUNCHER))
                 progress(f"Installed mlx {VERSION} (mlx-lm {MLX_LM_VERSION})")
         return self.status()
 
-    def _place(self, env: Path) -> None:
-        """`<install root>/<version>/`: a link to the cached environment, the launcher, install.json."""
-        from filelock import FileLock
-
-        root = self.install_root
-        root.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(root.parent / f".{NAME}.lock")), staged_folder(self.install_dir) as staging:
-            (staging / "venv").symlink_to(env, target_is_directory=True)
-            (staging / LAUNCHER_FILE).write_text(LAUNCHER)
-            info = {"version": VERSION, "mlx_lm": MLX_LM_VERSION, "env": env.name}
-            (staging / INSTALL_INFO).write_text(json.dumps(info) + "\n")
-
     def uninstall(self) -> None:
         """Removes the runner home's install; the machine's cached environment stays for other homes."""
-        with self._lock:
-            remove_install(self.install_root, self.install_root.parent / f".{NAME}.lock")
+        self.home.remove()
 
     def disk_usage(self) -> int:
-        return folder_size(self.install_root)  # not the shared environment the install links to
+        return self.home.disk_usage()
 
     # -- runners -------------------------------------------------------------------------------------
-
-    def validate_runtime_flags(self, flags: list[str]) -> None:
-        if flags:  # DMR's MLX backend passes none either (mlx_config.go GetArgs)
-            raise BadRequest("the mlx engine takes no runtime flags")
 
     def launch_spec(
         self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path

@@ -21,19 +21,15 @@ import platform
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelrunner import config
 from modelrunner.engines import ray_cluster
 from modelrunner.engines.base import (
     Engine,
     EngineStatus,
-    InstallState,
     LaunchSpec,
     Mode,
     ModelForEngine,
@@ -42,25 +38,26 @@ from modelrunner.engines.base import (
 )
 from modelrunner.engines.gpu import cuda_device_count, detect_accelerator
 from modelrunner.engines.install import (
-    InstallTracker,
+    INSTALL_INFO,
+    NOT_INSTALLED,
+    HomeInstall,
     cache_lock,
     cached_or_made,
     engine_cache_root,
     folder_size,
-    remove_install,
+    pip_progress,
+    run_step,
 )
-from modelrunner.engines.vllm_flags import validate_runtime_flags
+from modelrunner.engines.vllm_flags import RUNTIME_FLAGS
 from modelrunner.engines.vllm_settings import NAME as NAME  # defined with its settings
 from modelrunner.engines.vllm_settings import VllmSettings
 from modelrunner.errors import (
     BadRequest,
-    EngineInstallError,
     EngineNotInstalled,
     EngineUnsupported,
     ModelRunnerError,
 )
 
-INSTALL_INFO = "install.json"
 GIB = 1024**3
 # The CPU build's three processes (API server, engine core, worker) measured 2.58 GiB RSS with the tiny test
 # model and 1 GiB of KV space (bench/RESULTS.md): ~1.6 GiB of their own, rounded up for larger models.
@@ -168,41 +165,10 @@ def cached_venv(flavour: Flavour) -> Path | None:
 _WAITING = "Waiting for another install of vllm on this machine to finish"
 
 
-def _run(argv: list[str], what: str, on_line: Callable[[str], None] | None = None) -> None:
-    """Run an installer step; on failure the error carries its last lines, with the cache path hidden."""
-    tail: deque[str] = deque(maxlen=20)
-    hide = str(cache_root())
-    try:
-        process = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            env={**os.environ, "PIP_PROGRESS_BAR": "off", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-        )
-    except OSError as exc:
-        raise EngineInstallError(f"{what} could not start ({exc.strerror})") from None
-    assert process.stdout is not None
-    for raw in process.stdout:
-        line = raw.rstrip().replace(hide, "<cache>")
-        if line.startswith("WARNING: Location"):
-            continue  # pip's note on each missing local index folder: noise
-        tail.append(line)
-        if on_line is not None:
-            on_line(line)
-    if process.wait() != 0:
-        raise EngineInstallError(f"{what} failed (exit {process.returncode}):\n" + "\n".join(tail))
-
-
-def _pip_progress(progress: ProgressCallback) -> Callable[[str], None]:
-    def on_line(line: str) -> None:
-        text = line.strip()
-        if text.startswith(("Collecting", "Downloading", "Installing collected", "Successfully installed")):
-            progress("pip: " + (text if len(text) < 200 else text[:197] + "..."))
-
-    return on_line
+def _run(argv: list[str], what: str, progress: ProgressCallback | None = None) -> None:
+    """An installer step, with the cache's path hidden; pip's main lines become progress."""
+    on_line = pip_progress(progress) if progress is not None else None
+    run_step(argv, what, cache_root(), "<cache>", on_line)
 
 
 def build_venv(flavour: Flavour, progress: ProgressCallback) -> Path:
@@ -231,7 +197,7 @@ def _made_venv(flavour: Flavour, progress: ProgressCallback) -> Path:
     for step in flavour.steps:
         progress(f"Installing {' '.join(step)} (pip)")
         argv = [python, "-m", "pip", "install", *step]
-        _run(argv, f"pip install {' '.join(step)}", _pip_progress(progress))
+        _run(argv, f"pip install {' '.join(step)}", progress)
     if flavour.remove:
         progress(f"Removing {', '.join(flavour.remove)} (they break vllm on CPU)")
         _run([python, "-m", "pip", "uninstall", "-y", *flavour.remove], "pip uninstall")
@@ -432,7 +398,7 @@ def command_line(
         raise BadRequest(f"vllm cannot serve {mode.value} requests")
     if model.format not in VllmEngine.formats:
         raise BadRequest(f"vllm needs a safetensors model, and {model.reference} is {model.format}")
-    validate_runtime_flags(settings.runtime_flags)
+    RUNTIME_FLAGS.check(settings.runtime_flags)
     layout = layout or layout_of(gpu, settings)
     folder = model_dir(model.bundle)
     argv = [str(venv / "bin" / "vllm"), "serve", str(folder), "--uds", str(socket)]
@@ -462,24 +428,28 @@ def command_line(
     return [*argv, "--served-model-name", model.reference, model.id]
 
 
+def _unsupported_here() -> str | None:
+    """Why vLLM cannot run on this machine's accelerator (or its CPU), or None."""
+    return unsupported_reason("cuda" if detect_accelerator().kind == "cuda" else "cpu")
+
+
 class VllmEngine(Engine):
     name = NAME
     formats = frozenset({"safetensors"})
     modes = frozenset({Mode.COMPLETION, Mode.EMBEDDING, Mode.RERANKING})
     settings_type = VllmSettings
+    flag_rules = RUNTIME_FLAGS
     assembles_unstreamed = False  # vLLM aborts a generation whose client closed, streamed or not
     # its own grammar for schemas, and for required and named tool choices (with the arguments' schema only
     # as started by AGENT_FLAGS: --tool-strict-level parameter)
     schema_grammar = True
 
     def __init__(self, install_root: Path | None = None) -> None:
-        self._install_root = install_root  # None: <runner home>/engines/vllm, read when needed
-        self._lock = threading.Lock()
-        self._tracker = InstallTracker()
+        self.home = HomeInstall(NAME, install_root)
 
     @property
     def install_root(self) -> Path:
-        return self._install_root or config.runner_home() / "engines" / NAME
+        return self.home.root
 
     # -- install state -------------------------------------------------------------------------------
 
@@ -501,17 +471,11 @@ class VllmEngine(Engine):
         return None
 
     def status(self) -> EngineStatus:
-        installing = self._tracker.status_now()
-        if installing:
-            return installing
         found = self.installed()
-        if found is None:
-            reason = unsupported_reason("cuda" if detect_accelerator().kind == "cuda" else "cpu")
-            if reason:
-                return EngineStatus(InstallState.NOT_INSTALLED, detail=reason)
-            not_installed = EngineStatus(InstallState.NOT_INSTALLED, detail="no vllm environment installed")
-            return self._tracker.failed_or(not_installed)
-        return EngineStatus(InstallState.RUNNING, version=str(found[1].get("version", "")))
+        problem, version = (
+            (NOT_INSTALLED, None) if found is None else (None, str(found[1].get("version", "")))
+        )
+        return self.home.status(problem, version, "no vllm environment installed", _unsupported_here)
 
     def prepare_install(self, gpu: str = "auto", version: str | None = None) -> None:
         flavour = resolve_flavour(gpu)
@@ -522,7 +486,7 @@ class VllmEngine(Engine):
 
     def install(self, progress: ProgressCallback, gpu: str = "auto", force: bool = False) -> EngineStatus:
         flavour = resolve_flavour(gpu)
-        with self._lock, self._tracker.running(f"installing vllm {flavour.version}"):
+        with self.home.installing(f"installing vllm {flavour.version}"):
             self._install(flavour, progress, force)
         return self.status()
 
@@ -549,11 +513,7 @@ class VllmEngine(Engine):
 
     def _record(self, venv: Path, flavour: Flavour) -> None:
         """This runner home's install: a record naming the cache venv, written atomically."""
-        from filelock import FileLock
-
-        root = self.install_root
-        root.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(root.parent / f".{NAME}.lock")):
+        with self.home.locked() as root:
             for old in root.iterdir():
                 if old.is_dir() and old.name != flavour.version:
                     shutil.rmtree(old)
@@ -567,8 +527,7 @@ class VllmEngine(Engine):
     def uninstall(self) -> None:
         """Forget this runner home's install; the machine's cached environment stays for other homes
         (`reinstall-runner` makes it anew)."""
-        with self._lock:
-            remove_install(self.install_root, self.install_root.parent / f".{NAME}.lock")
+        self.home.remove()
 
     def disk_usage(self) -> int:
         found = self.installed()
@@ -581,9 +540,6 @@ class VllmEngine(Engine):
         if found is None:
             raise EngineNotInstalled(f"vllm is not installed; {self.install_hint}")
         return found[0], str(found[1].get("gpu", "cpu"))
-
-    def validate_runtime_flags(self, flags: list[str]) -> None:
-        validate_runtime_flags(flags)
 
     def launch_spec(
         self, model: ModelForEngine, mode: Mode, settings: RunnerSettings, socket: Path

@@ -2,16 +2,13 @@
 
 Parallelism, context and batching, data types and quantization, performance toggles, tokenizer mode and a
 few others; never a flag that takes a file path, and not `--trust-remote-code` (DMR dropped it: it runs
-code shipped with a model). Values are checked as for llama.cpp: no `/` or `\\` anywhere (no paths), and an
-inline `--flag=-x` value must be a negative number.
+code shipped with a model). Values are checked as every engine's are
+(engines/runtime_flags.py).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
-
-from modelrunner.errors import BadRequest
+from modelrunner.engines.runtime_flags import FlagRules
 
 ALLOWED_FLAGS = frozenset(
     {
@@ -46,27 +43,4 @@ REFUSED_FLAGS = {
     "--trust-remote-code": "it runs code shipped with the model",
 }
 
-_NUMBER = re.compile(r"-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
-
-
-def validate_runtime_flags(flags: Iterable[str]) -> None:
-    """Raise BadRequest for a flag off the allow-list, a path-like value, or a non-numeric `--flag=-x`."""
-    for token in flags:
-        if "/" in token or "\\" in token:
-            raise BadRequest(f"runtime flag {token!r} is not allowed: values may not contain '/' or '\\'")
-        if "\0" in token:
-            raise BadRequest("runtime flags may not contain NUL characters")
-        if not token.startswith("-") or _NUMBER.fullmatch(token):
-            continue  # a value, negative numbers included
-        name, sep, inline = token.partition("=")
-        if name in REFUSED_FLAGS:
-            raise BadRequest(f"runtime flag {name!r} is not allowed: {REFUSED_FLAGS[name]}")
-        if name not in ALLOWED_FLAGS:
-            raise BadRequest(
-                f"runtime flag {name!r} is not allowed for vllm; "
-                "see the allowed flags in the documentation of `model configure`"
-            )
-        if sep and inline.startswith("-") and not _NUMBER.fullmatch(inline):
-            raise BadRequest(
-                f"runtime flag {token!r} is not allowed: a value starting with '-' must be a number"
-            )
+RUNTIME_FLAGS = FlagRules("vllm", ALLOWED_FLAGS, REFUSED_FLAGS)

@@ -17,11 +17,11 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from modelrunner.compat.bodies import json_body
 from modelrunner.engines.base import Engine, InstallState, Mode
-from modelrunner.engines.registry import EngineRegistry
+from modelrunner.engines.registry import EngineRegistry, configuration_types, engine_format
 from modelrunner.engines.settings import is_number
 from modelrunner.errors import BadRequest, ModelNotFound, PermissionDenied
 from modelrunner.eventlog import event
@@ -36,8 +36,9 @@ from modelrunner.store.store import ModelStore, StoredModel
 log = logging.getLogger(__name__)
 
 
-class ConfigureRequest(BaseModel):
-    """DMR's ConfigureRequest (hyphenated keys as DMR's CLI sends them)."""
+class ConfigureBody(BaseModel):
+    """DMR's ConfigureRequest (hyphenated keys as DMR's CLI sends them), less the engines' own objects
+    (`ConfigureRequest` adds them)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     model: str = Field(min_length=1)
@@ -46,9 +47,15 @@ class ConfigureRequest(BaseModel):
     runtime_flags: list[str] | None = Field(default=None, alias="runtime-flags", max_length=200)
     raw_runtime_flags: str | None = Field(default=None, alias="raw-runtime-flags", max_length=10_000)
     keep_alive: str | int | float | None = None
-    vllm: dict[str, Any] | None = None
-    llamacpp: dict[str, Any] | None = None
     speculative: dict[str, Any] | None = None
+
+
+# The request with each engine's object (`llamacpp`, `vllm`) by its settings type's key: read by that type
+# (scheduler/settings.py); any other key is refused (a misspelt one is not silently dropped).
+_ENGINE_OBJECTS: dict[str, Any] = {
+    kind.key: (dict[str, Any] | None, None) for kind in configuration_types() if kind.key is not None
+}
+ConfigureRequest = create_model("ConfigureRequest", __base__=ConfigureBody, **_ENGINE_OBJECTS)
 
 
 def split_raw_flags(raw: str) -> list[str]:
@@ -59,7 +66,7 @@ def split_raw_flags(raw: str) -> list[str]:
         raise BadRequest(f"invalid raw-runtime-flags: {exc}") from None
 
 
-def requested_flags(body: ConfigureRequest) -> list[str] | None:
+def requested_flags(body: ConfigureBody) -> list[str] | None:
     """The runtime flags of a request as DMR reads them: the list when it is not empty, else the raw
     string; None when the request sets no flags at all (the engine's defaults)."""
     if body.runtime_flags:
@@ -79,7 +86,7 @@ def configured_keep_alive(value: object) -> float:
 
 
 def settings_from_request(
-    body: ConfigureRequest, flags: list[str] | None, engine: Engine, store: ModelStore
+    body: ConfigureBody, flags: list[str] | None, engine: Engine, store: ModelStore
 ) -> ModelSettings:
     """The request's settings as the model's whole configuration: what it leaves out is the default (DMR's
     ConfigureRunner builds a new BackendConfiguration from each request; nothing is merged)."""
@@ -122,14 +129,17 @@ def speculative_settings(
         return
     if not isinstance(draft, str):
         raise BadRequest("draft_model must be a model name")
-    if engine.name != "llama.cpp":
-        raise BadRequest("speculative decoding with a draft model is supported for llama.cpp (GGUF) models")
+    if not engine.takes_draft_model:
+        raise BadRequest(f"the {engine.name} engine takes no draft model for speculative decoding")
     try:
         model = store.get(draft)
     except ModelNotFound:
         raise ModelNotFound(f"draft model {draft[:200]} not found; pull or package it first") from None
-    if model.config.format != "gguf":
-        raise BadRequest(f"the draft model must be a GGUF model, and {draft[:200]} is {model.config.format}")
+    if engine_format(model.config) not in engine.formats:  # the model's own engine runs its draft
+        kinds = " or ".join(sorted(kind.upper() for kind in engine.formats))
+        raise BadRequest(
+            f"the draft model must be a {kinds} model, and {draft[:200]} is {model.config.format}"
+        )
     tokens = spec.get("num_tokens")
     if tokens is not None and not (is_number(tokens, int) and 1 <= tokens <= 128):
         raise BadRequest("num_tokens must be a number of tokens from 1 to 128")
@@ -178,7 +188,7 @@ def build_admin_router(
     async def unload(body: UnloadRequest = Depends(json_body(UnloadRequest))) -> dict[str, int]:
         return await serving.unload(body)
 
-    async def configure(body: ConfigureRequest, backend: str | None) -> PlainTextResponse:
+    async def configure(body: ConfigureBody, backend: str | None) -> PlainTextResponse:
         try:
             model: StoredModel | None = store.get(body.model)
         except ModelNotFound:
@@ -211,13 +221,13 @@ def build_admin_router(
 
     @router.post("/engines/_configure", status_code=202)
     async def configure_default(
-        body: ConfigureRequest = Depends(json_body(ConfigureRequest)),
+        body: ConfigureBody = Depends(json_body(ConfigureRequest)),
     ) -> PlainTextResponse:
         return await configure(body, None)
 
     @router.post("/engines/{backend}/_configure", status_code=202)
     async def configure_backend(
-        backend: str, body: ConfigureRequest = Depends(json_body(ConfigureRequest))
+        backend: str, body: ConfigureBody = Depends(json_body(ConfigureRequest))
     ) -> PlainTextResponse:
         return await configure(body, backend)
 

@@ -408,7 +408,7 @@ class Inference:
         try:
             engine = self.engine_for(model, backend)
             if needs:
-                capabilities.check(name, engine.name, model.config, self.store.bundle_of(model), needs)
+                engine.check_request(name, model.config, self.store.bundle_of(model), needs)
             exchange.model = exchange.model or name
             runner = self.scheduler.reuse(engine.name, model.id, mode, keep_alive)
             if runner is None and not self.scheduler.has_runner(engine.name, model.id, mode):

@@ -27,7 +27,7 @@ from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import NEVER, parse_keep_alive
 from modelrunner.scheduler.settings import ModelSettings
-from modelrunner.server import capabilities, embed_truncation, keepalive
+from modelrunner.server import embed_truncation, keepalive
 from modelrunner.server.distribution_api import wait_started
 from modelrunner.server.engine_request import call_engine
 from modelrunner.server.lifecycle import Inference
@@ -105,16 +105,14 @@ class OllamaServing:
         return {"models": list(out.values())}
 
     def show(self, body: shapes.PullRequest) -> Document:
-        """Ollama's answer, its capabilities with what the model's template and projector allow (`tools`,
-        `vision`, `thinking`), as the request rule decides (server/capabilities.py): what `model launch`
+        """Ollama's answer, its capabilities with what the model allows (`tools`, `vision`, `thinking`) as
+        its engine says (`Engine.capabilities`, decided as its request check decides): what `model launch`
         asks before starting a coding agent, and clients before they send tools or images."""
         model = self.lookup(body.model_name())
         persona = self.personas.of(body.model_name(), model)
         shown = shapes.show_response(model, persona.system, persona.parameters)
-        if model.config.format == "gguf":  # only llama.cpp's templates and projectors are judged
-            shown["capabilities"] += capabilities.shown(model.config, self.ctx.store.bundle_of(model))
-        else:
-            shown["capabilities"].append("tools")
+        engine = self.ctx.engine_for(model)
+        shown["capabilities"] += engine.capabilities(model.config, self.ctx.store.bundle_of(model))
         return shown
 
     async def delete(self, body: shapes.PullRequest) -> None:
