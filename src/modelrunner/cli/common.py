@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from modelrunner.display import display_name
+
 if TYPE_CHECKING:
     from modelrunner.client import Client
 
@@ -75,14 +77,12 @@ def takes(parser: Any, rule: DmrArgs) -> None:
 
 def client(quiet: bool = False) -> Client:
     """The daemon's client (started first when none runs); `quiet` for output that machines read."""
-    from modelrunner.client import connect
+    from modelrunner.client import connect  # start-up: the client loads only for a verb that calls the daemon
 
     return connect(quiet=quiet)
 
 
 def display(tag: str) -> str:
-    from modelrunner.display import display_name
-
     return display_name(tag)
 
 

@@ -19,6 +19,7 @@ from modelrunner.distribution.pull import RegistryPull
 from modelrunner.distribution.registry import RegistryClient
 from modelrunner.errors import ModelRunnerError
 from modelrunner.reference import Reference
+from modelrunner.signing import keyless
 from modelrunner.signing.policy import Rule, UntrustedModel, load_rules, policy_path, rule_for
 from modelrunner.signing.record import record_verification
 from modelrunner.signing.registry import Verified, read_signatures, verify_signatures
@@ -66,8 +67,6 @@ def verify_for_rule(client: RegistryClient, reference: Reference, digest: str, r
         except ModelRunnerError:
             if not rule.identities:
                 raise
-    from modelrunner.signing import keyless
-
     identities = [keyless.Identity(identity, issuer) for identity, issuer in rule.identities]
     bundles = keyless.read_bundles(client, reference.repository, digest)
     return keyless.verify_bundles(
