@@ -14,12 +14,13 @@ from modelrunner.compat.bodies import json_body
 from modelrunner.distribution.jobs import TransferManager
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.ollama_serving import OllamaServing
+from modelrunner.server.routes import OLLAMA_PREFIX
 from modelrunner.server.serving import respond
 
 
 def build_ollama_router(ctx: Inference, transfers: TransferManager) -> APIRouter:
     serving = OllamaServing(ctx, transfers)
-    router = APIRouter(prefix="/api")
+    router = APIRouter(prefix=OLLAMA_PREFIX)
 
     @router.get("/version")
     def version() -> dict[str, str]:

@@ -39,6 +39,7 @@ from modelrunner.errors import BadRequest
 from modelrunner.fileio import link_or_copy
 from modelrunner.server.body_stream import consume_in_thread
 from modelrunner.server.ollama_persona import NONE, Persona, Personas
+from modelrunner.server.routes import OLLAMA_PREFIX
 from modelrunner.store.sink import AdoptingStoreSink
 from modelrunner.store.store import ModelStore, full_tag
 
@@ -183,7 +184,7 @@ def create_model(store: ModelStore, body: CreateRequest, raw: dict[str, Any]) ->
 
 
 def build_ollama_create_router(store: ModelStore) -> APIRouter:
-    router = APIRouter(prefix="/api")  # errors in Ollama's shape: server/errors.py shapes them by path
+    router = APIRouter(prefix=OLLAMA_PREFIX)  # errors in Ollama's shape: the route table says its family
 
     @router.head("/blobs/{digest}")
     def blob_exists(digest: str) -> Response:

@@ -83,7 +83,8 @@ ANTHROPIC_OPERATIONS = {
     "/v1/messages/count_tokens": OPERATIONS["/v1/messages/count_tokens"],
     "/v1/models": Operation(ANTHROPIC, subpaths=True),
 }
-OLLAMA_ROOT = "/api/"  # all of Ollama's API, under one root
+OLLAMA_PREFIX = "/api"  # all of Ollama's API, below one root
+OLLAMA_ROOT = OLLAMA_PREFIX + "/"
 
 # Route prefixes the routers register (FastAPI path patterns).
 ENGINES = "/engines"
