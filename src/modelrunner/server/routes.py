@@ -54,6 +54,9 @@ class Operation:
     subpaths: bool = False  # the paths below it are the family's too (`/v1/responses/{id}`)
 
 
+COUNT_TOKENS = assemble.MESSAGES + "/count_tokens"  # Anthropic's token count (llama-server's own)
+
+
 def _relayed(path: str, mode: Mode = Mode.COMPLETION) -> tuple[str, Operation]:
     return path, Operation(OPENAI, mode, path)
 
@@ -71,7 +74,7 @@ OPERATIONS = dict(
         _relayed("/v1/images/generations", Mode.IMAGE_GENERATION),
         ("/v1/models", Operation(OPENAI, subpaths=True)),
         (assemble.MESSAGES, Operation(ANTHROPIC, engine_path=assemble.MESSAGES)),
-        ("/v1/messages/count_tokens", Operation(ANTHROPIC, engine_path="/v1/messages/count_tokens")),
+        (COUNT_TOKENS, Operation(ANTHROPIC, engine_path=COUNT_TOKENS)),
         ("/v1/responses", Operation(RESPONSES, engine_path=assemble.CHAT, subpaths=True)),
         ("/responses", Operation(RESPONSES, engine_path=assemble.CHAT, subpaths=True)),
     ]
@@ -80,7 +83,7 @@ OPERATIONS = dict(
 ANTHROPIC_ROOT = "/anthropic"
 ANTHROPIC_OPERATIONS = {
     assemble.MESSAGES: OPERATIONS[assemble.MESSAGES],
-    "/v1/messages/count_tokens": OPERATIONS["/v1/messages/count_tokens"],
+    COUNT_TOKENS: OPERATIONS[COUNT_TOKENS],
     "/v1/models": Operation(ANTHROPIC, subpaths=True),
 }
 OLLAMA_PREFIX = "/api"  # all of Ollama's API, below one root
