@@ -15,7 +15,9 @@ from modelrunner.compat.assemble import CHAT, MESSAGES
 from modelrunner.engines.base import Mode
 from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.errors import BadRequest
+from modelrunner.scheduler.conversations import Abandoned
 from modelrunner.server import engine_request
+from modelrunner.server.lifecycle import Lifecycle
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.177.a3f; cc_entrypoint=cli; cch=1b2c3;"
 
@@ -26,7 +28,9 @@ class FakeInference:
     def __init__(self, engine: str, reference: str = "ai/smollm2") -> None:
         self.engines = EngineRegistry.of(default_registry())
         self.runner = SimpleNamespace(
-            key=SimpleNamespace(engine=engine), model=SimpleNamespace(reference=reference)
+            key=SimpleNamespace(engine=engine),
+            model=SimpleNamespace(reference=reference),
+            abandoned=Abandoned(),
         )
         self.acquired: list[dict[str, Any]] = []
 
@@ -40,7 +44,11 @@ class FakeInference:
 def prepare(
     inference: FakeInference, path: str, doc: dict[str, Any], **kw: Any
 ) -> engine_request.EngineRequest:
-    return asyncio.run(engine_request.prepare(inference, doc["model"], path, doc, **kw))  # type: ignore[arg-type]
+    async def in_an_exchange() -> engine_request.EngineRequest:
+        Lifecycle(None).begin("POST", path, [])  # type: ignore[arg-type]  # no scheduler is asked
+        return await engine_request.prepare(inference, doc["model"], path, doc, **kw)  # type: ignore[arg-type]
+
+    return asyncio.run(in_an_exchange())
 
 
 def test_engines_say_whether_an_unstreamed_generation_is_assembled() -> None:

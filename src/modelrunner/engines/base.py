@@ -220,6 +220,11 @@ class Engine(ABC):
         """Send a restored slot its saved prompt: how many of its tokens the engine took from the cache."""
         raise SlotError(f"{self.name} cannot restore a prompt cache")
 
+    async def working_slots(self, socket: Path, timeout: float) -> int | None:
+        """How many requests the engine works on now, where it chooses a request's slot itself and can say
+        (a retry of an abandoned request waits for it: scheduler/conversations.py); None: it cannot."""
+        return None
+
     # -- helpers with defaults (added for install routes and the scheduler) --------------------------
 
     @property

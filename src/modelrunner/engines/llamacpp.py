@@ -366,6 +366,9 @@ class LlamaCppEngine(Engine):
     def with_slot_folder(self, spec: LaunchSpec, folder: Path) -> LaunchSpec:
         return dataclasses.replace(spec, argv=[*spec.argv, llamacpp_slots.SLOT_SAVE_FLAG, str(folder)])
 
+    async def working_slots(self, socket: Path, timeout: float) -> int | None:
+        return await llamacpp_slots.working_slots(socket, timeout)
+
     async def save_slots(self, socket: Path, folder: Path, timeout: float) -> list[SavedSlot]:
         return await llamacpp_slots.save_slots(socket, folder, timeout)
 

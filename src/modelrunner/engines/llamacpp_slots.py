@@ -56,6 +56,17 @@ async def held_slots(socket: Path, timeout: float) -> list[int]:
     ]
 
 
+async def working_slots(socket: Path, timeout: float) -> int | None:
+    """How many slots work on a request now; None when the engine does not say in time."""
+    try:
+        slots = await _call(socket, "GET", "/slots", timeout)
+    except (SlotError, OSError):
+        return None
+    if not isinstance(slots, list):
+        return None
+    return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+
+
 async def save_slots(socket: Path, folder: Path, timeout: float) -> list[SavedSlot]:
     saved = []
     for slot in await held_slots(socket, timeout):

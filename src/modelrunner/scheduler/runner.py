@@ -32,6 +32,7 @@ from modelrunner.engines.base import LaunchSpec, Mode, ModelForEngine
 from modelrunner.errors import ModelRunnerError
 from modelrunner.eventlog import DEFAULT_BACKUPS, event, log_max_bytes
 from modelrunner.scheduler import rundir
+from modelrunner.scheduler.conversations import Abandoned
 from modelrunner.scheduler.settings import ModelSettings
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,7 @@ class Runner:
         self.state = RunnerState.LOADING
         self.in_use = 0
         self.last_used = time.time()
+        self.abandoned = Abandoned()  # conversations whose client left while the engine worked on them
         self.process: asyncio.subprocess.Process | None = None
         self.load_task: asyncio.Task[None] | None = None
         self.exit_task: asyncio.Task[None] | None = None  # owned here: watches the engine until it is gone

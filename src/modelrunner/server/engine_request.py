@@ -5,25 +5,32 @@ and the HTTP front through it) and the translated ones (Ollama, Anthropic, Respo
 need the model lacks), gets the runner, and turns the request into the engine's body: the billing line
 dropped, the model named as the runner knows it, embeddings shortened by the daemon, the schema's grammar,
 declared tools and tool choice as the engine takes them, a non-streamed generation asked for as a stream to
-assemble. A rule added here applies to every API family. What differs between the families is what they
-bring: a parsed body (the OpenAI routes keep its bytes, sent again only if changed) or one they built, and
-how they send it (the front's byte relay, or an `EngineCall`).
+assemble; a retry of a request its client left waits for the engine to finish that one's batch
+(scheduler/conversations.py). A rule added here applies to every API family. What differs between the
+families is what they bring: a parsed body (the OpenAI routes keep its bytes, sent again only if changed)
+or one they built, and how they send it (the front's byte relay, or an `EngineCall`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from modelrunner import eventlog
 from modelrunner.compat import anthropic_chat, assemble, billing, structured, tool_choice, tool_rescue
 from modelrunner.compat.embeddings import Shortening
-from modelrunner.engines.base import Mode
+from modelrunner.engines.base import Engine, Mode
+from modelrunner.scheduler.conversations import DRAIN_BOUND, POLL_SECONDS, Conversation
 from modelrunner.scheduler.runner import Runner
 from modelrunner.server import capabilities, keepalive, lifecycle
 from modelrunner.server.lifecycle import Exchange, Inference
 from modelrunner.server.upstream import EngineCall
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +104,54 @@ async def prepare(
     assembling = None
     if engine.assembles_unstreamed and assemble.streamable(path, doc):
         assembling, doc, changed = path, assemble.streamed_request(path, doc), True
+    if not preload and mode is Mode.COMPLETION:
+        await _after_abandoned(engine, runner, doc)
     return EngineRequest(runner, path, doc, changed, load_seconds, assembling, shortening, constraint, tools)
+
+
+async def _after_abandoned(engine: Engine, runner: Runner, doc: dict[str, Any]) -> None:
+    """A request that continues a conversation whose client left while the engine worked on it waits until
+    the engine has let it go (at most DRAIN_BOUND), so that the engine puts it where its prefix is cached;
+    this request, if its client leaves while the engine works on it, is remembered so (the module says
+    why)."""
+    exchange = lifecycle.current()
+    abandoned = runner.abandoned
+
+    def ended() -> None:  # at the exchange's end, or as its client leaves
+        if exchange.client_gone and not exchange.complete:
+            conversation = Conversation.of(doc)
+            if conversation is not None:
+                abandoned.add(conversation)
+
+    if abandoned:
+        conversation = Conversation.of(doc)
+        if conversation is not None and abandoned.continued_by(conversation):
+            await _wait_for_engine(engine, runner, exchange)
+    exchange.opened(ended)
+
+
+async def _wait_for_engine(engine: Engine, runner: Runner, exchange: Exchange) -> None:
+    abandoned = runner.abandoned
+    started = time.monotonic()
+    working: int | None = None
+    abandoned.waiting += 1
+    try:
+        async with exchange.waiting():
+            while time.monotonic() - started < DRAIN_BOUND:
+                working = await engine.working_slots(runner.spec.socket, POLL_SECONDS)
+                if working is None or working <= runner.in_use - abandoned.waiting:
+                    abandoned.drained()
+                    break
+                await asyncio.sleep(POLL_SECONDS)
+    finally:
+        abandoned.waiting -= 1
+    eventlog.event(
+        log,
+        "waited_for_abandoned",
+        model=runner.model.reference,
+        seconds=round(time.monotonic() - started, 2),
+        engine_working=working,
+    )
 
 
 def _changed(doc: dict[str, Any], out: dict[str, Any], changed: bool = False) -> tuple[dict[str, Any], bool]:

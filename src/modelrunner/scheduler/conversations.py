@@ -1,0 +1,98 @@
+"""A retry finds its cache: conversations whose client left while the engine worked on them.
+
+An agent whose client gave up on a long prefill (Claude Code after 10 minutes, OpenCode after 300 s of
+silence) sends the same request again at once. The daemon cancels the first at once, but the engine finishes
+the batch it is computing (seconds on a CPU) before its slot is free, and an engine that chooses slots itself
+(llama-server: the idle slot whose prompt is most similar, else the least recently used) then puts the retry
+on another slot, where its prefill starts from zero while the first slot holds the tokens done so far. So the
+scheduler remembers, per runner, the conversations abandoned while the engine worked on them, and a request
+that continues or repeats one of them waits (briefly: `DRAIN_BOUND`) until the engine says it works on no
+more requests than the daemon has live; then the engine's own choice finds the slot with its prefix. Only
+then: everything else goes at once.
+
+A conversation is a head (the fields before the message list in the prompt: system, instructions, tools)
+and its messages, each a digest of its JSON without cache marks (`cache_control` moves from message to
+message between an agent's turns). It is computed only for the requests this concerns: one abandoned, and
+those sent while one is remembered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+HEAD_FIELDS = ("system", "instructions", "tools")  # what comes before the messages in the prompt
+LIST_FIELDS = ("messages", "input", "prompt")  # the conversation: chat and Messages, Responses, completions
+CACHE_MARK = "cache_control"
+# Seconds a retry waits for the engine to finish the abandoned request's batch: the engine checks for a
+# cancel between batches (2,048 tokens took 70 s on a busy 2-core CPU), and a retry elsewhere prefills
+# everything again, so it waits long; only an engine that never lets go ends the wait.
+DRAIN_BOUND = 120.0
+# How often the engine is asked meanwhile: no more than every 2.5 s, as llama-server b11434 looks for a closed
+# client connection only when a stream's wait for results times out (1 s) and every answer to GET /slots
+# wakes that wait: polled every 0.2 s, the abandoned prefill was never cancelled (measured).
+POLL_SECONDS = 2.5
+
+
+def _unmarked(value: Any) -> Any:
+    """`value` without Anthropic's cache marks, which say nothing of the prompt's tokens."""
+    if isinstance(value, dict):
+        return {k: _unmarked(v) for k, v in value.items() if k != CACHE_MARK}
+    if isinstance(value, list):
+        return [_unmarked(v) for v in value]
+    return value
+
+
+def _digest(value: Any) -> bytes:
+    raw = json.dumps(_unmarked(value), separators=(",", ":"), ensure_ascii=False).encode()
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    head: bytes
+    parts: tuple[bytes, ...]  # each message's digest, in order
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> Conversation | None:
+        """The conversation of an engine request's body; None when it has none."""
+        listed = next((doc[name] for name in LIST_FIELDS if name in doc), None)
+        if listed is None:
+            return None
+        items = listed if isinstance(listed, list) else [listed]  # a string prompt is one part
+        head = _digest({name: doc[name] for name in HEAD_FIELDS if name in doc})
+        return cls(head, tuple(_digest(item) for item in items))
+
+    def continues(self, earlier: Conversation) -> bool:
+        """This conversation repeats `earlier` or extends it (a retry, or its next turn)."""
+        return (
+            self.head == earlier.head
+            and len(self.parts) >= len(earlier.parts)
+            and self.parts[: len(earlier.parts)] == earlier.parts
+        )
+
+
+@dataclass(slots=True)
+class Abandoned:
+    """One runner's conversations abandoned while its engine worked on them, each kept DRAIN_BOUND."""
+
+    entries: list[tuple[Conversation, float]] = field(default_factory=list)
+    waiting: int = 0  # requests waiting for the engine to let them go: held runners, not engine work
+
+    def add(self, conversation: Conversation) -> None:
+        self.entries.append((conversation, time.monotonic()))
+
+    def continued_by(self, conversation: Conversation) -> bool:
+        recent = time.monotonic() - DRAIN_BOUND
+        self.entries = [(c, at) for c, at in self.entries if at > recent]
+        return any(conversation.continues(c) for c, _ in self.entries)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def drained(self) -> None:
+        """The engine works on no abandoned request any more."""
+        self.entries.clear()
