@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from modelrunner.compat import ollama as shapes
+from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
 from modelrunner.server import ollama_serving
 from modelrunner.server.lifecycle import Inference
@@ -23,7 +24,8 @@ from tests.serving import EngineCalls, FakeCall, FakeScheduler, collect
 def serving(
     store: ModelStore, scheduler: FakeScheduler | None = None, transfers: Any = None
 ) -> OllamaServing:
-    ctx = Inference(store, scheduler or FakeScheduler(), {}, None)  # type: ignore[arg-type]
+    engines = EngineRegistry.of(default_registry())  # /api/show asks the model's engine
+    ctx = Inference(store, scheduler or FakeScheduler(), engines, None)  # type: ignore[arg-type]
     return OllamaServing(ctx, transfers)
 
 
