@@ -23,6 +23,7 @@ import pytest
 
 from modelrunner.engines import rpc_workers
 from tests.daemon import Daemon, error_message, free_port
+from tests.waiting import wait_until
 
 PROMPT = "The capital of France is"
 GREEDY = {"model": "gemma3:270m", "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
@@ -30,7 +31,7 @@ results: dict[str, Any] = {}
 
 
 class Worker:
-    """One `model worker` on a free loopback port (the CLI execs ggml-rpc-server, so this is its pid)."""
+    """One `model worker` on a free loopback port (ggml-rpc-server runs as its child)."""
 
     def __init__(self, env: dict[str, str], log: Path, mem_mib: int | None = None) -> None:
         self.port = free_port()
@@ -53,16 +54,23 @@ class Worker:
             raise RuntimeError("the worker did not listen:\n" + self.log.read_text())
         return self
 
-    def rss(self) -> int:
+    def child(self) -> int:
+        """ggml-rpc-server's pid: `model worker` runs it as its child."""
         assert self.process is not None
-        return int(Path(f"/proc/{self.process.pid}/statm").read_text().split()[1]) * os.sysconf(
-            "SC_PAGE_SIZE"
-        )
+        pid = self.process.pid
+        [worker] = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return int(worker)
+
+    def rss(self) -> int:
+        return rss(self.child())
 
     def kill(self) -> None:
+        """A `kill -9` of the command: its worker ends with it (and frees its port) before this returns."""
         if self.process is not None and self.process.poll() is None:
+            worker = self.child()
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(10)
+            wait_until(lambda: not Path(f"/proc/{worker}").exists(), "the worker to end", timeout=10)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

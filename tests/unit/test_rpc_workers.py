@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import socket
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from modelrunner.errors import BadRequest, EngineInstallError, EngineNotInstalle
 from modelrunner.scheduler.settings import ModelSettings, SettingsStore
 from tests.engine_settings import runner_settings
 from tests.models import write_tiny_gguf
+from tests.waiting import wait_until
 
 SOCKET = Path("/run/mr/inference-runner-1.sock")
 ID = "sha256:" + "b" * 64
@@ -239,35 +243,92 @@ def test_source_extraction_without_tarfile_filters(tmp_path: Path, monkeypatch: 
     assert not (tmp_path / "o3" / "pkg").exists()
 
 
-def test_model_worker_warns_beyond_loopback_and_caps_memory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import resource
-
-    from modelrunner.cli import main
-
+def stand_in_worker(tmp_path: Path, script: str) -> dict[str, str]:
+    """The environment of a `model worker` whose ggml-rpc-server (beside LLAMA_SERVER_PATH) is a shell
+    script: it writes its arguments and its data limit (KiB) to `ran`, then runs `script`."""
     server = tmp_path / "bin" / "llama-server"
     server.parent.mkdir()
     server.write_text("")
-    (server.parent / "ggml-rpc-server").write_text("")
-    monkeypatch.setenv("LLAMA_SERVER_PATH", str(server))
-    started: list[list[str]] = []
-    limits: list[tuple[int, int]] = []
-    monkeypatch.setattr(os, "execv", lambda path, argv: started.append(argv))
-    monkeypatch.setattr(resource, "setrlimit", lambda kind, value: limits.append(value))
-    with pytest.raises(SystemExit) as done:
-        main(["worker", "--host", "10.0.0.2", "--port", "50053", "--mem", "512", "--threads", "2"])
-    assert done.value.code == 0
-    assert started == [[str(server.parent / "ggml-rpc-server"), "--host", "10.0.0.2", "--port", "50053",
-                        "--threads", "2"]]  # fmt: skip
-    assert limits == [(rpc_workers.data_limit(512, 2),) * 2]
-    err = capsys.readouterr().err
-    assert "WARNING" in err and "no authentication" in err and "--rpc 10.0.0.2:50053" in err
-    started.clear()
-    with pytest.raises(SystemExit):
-        main(["worker"])
-    assert started[0][1:5] == ["--host", "127.0.0.1", "--port", str(rpc_workers.DEFAULT_PORT)]
-    assert "WARNING" not in capsys.readouterr().err
-    with pytest.raises(SystemExit) as refused:
-        main(["worker", "--port", "0"])
-    assert refused.value.code == 1  # a usage error: the bare message and exit 1, as DMR (cobra)
+    worker = server.parent / "ggml-rpc-server"
+    worker.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/ran\nulimit -d >> {tmp_path}/ran\n{script}\n')
+    worker.chmod(0o755)
+    return {**os.environ, "LLAMA_SERVER_PATH": str(server)}
+
+
+def model_worker(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "modelrunner", "worker", *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_model_worker_warns_beyond_loopback_and_caps_the_worker_s_memory(tmp_path: Path) -> None:
+    env = stand_in_worker(tmp_path, "exit 0")
+    done = model_worker(env, "--host", "10.0.0.2", "--port", "50053", "--mem", "512", "--threads", "2")
+    assert done.returncode == 0, done.stderr
+    argv, data_limit = (tmp_path / "ran").read_text().splitlines()
+    assert argv == "--host 10.0.0.2 --port 50053 --threads 2"
+    assert int(data_limit) * 1024 == rpc_workers.data_limit(512, 2)  # the worker's limit, not the CLI's
+    assert (
+        "WARNING" in done.stderr
+        and "no authentication" in done.stderr
+        and "--rpc 10.0.0.2:50053" in done.stderr
+    )
+    done = model_worker(env)
+    assert (tmp_path / "ran").read_text().split()[:4] == [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(rpc_workers.DEFAULT_PORT),
+    ]
+    assert "WARNING" not in done.stderr
+    refused = model_worker(env, "--port", "0")
+    assert refused.returncode == 1  # a usage error: the bare message and exit 1, as DMR (cobra)
+
+
+@pytest.mark.parametrize(
+    ("signum", "words"),
+    [
+        (
+            signal.SIGILL,
+            "built for instructions this CPU cannot run; run: model reinstall-runner --backend llama.cpp",
+        ),
+        (signal.SIGKILL, "killed (SIGKILL), most often by the kernel's out-of-memory killer"),
+        (signal.SIGSEGV, "crashed (SIGSEGV)"),
+    ],
+)
+def test_a_worker_that_dies_by_a_signal_is_said_in_words(tmp_path: Path, signum: int, words: str) -> None:
+    done = model_worker(stand_in_worker(tmp_path, f"kill -{signal.Signals(signum).name[3:]} $$"))
+    assert done.returncode == 128 + signum
+    assert done.stderr.splitlines()[-1].startswith("Error: the RPC worker stopped: ")
+    assert words in done.stderr
+
+
+def test_a_worker_stopped_by_its_user_ends_quietly(tmp_path: Path) -> None:
+    assert stopped_by(signal.SIGTERM, tmp_path) == 128 + signal.SIGTERM  # passed on, nothing to explain
+
+
+def test_a_killed_command_takes_its_worker_along(tmp_path: Path) -> None:
+    assert stopped_by(signal.SIGKILL, tmp_path) == -signal.SIGKILL  # the worker ends with it (pdeathsig)
+
+
+def stopped_by(stop: int, tmp_path: Path) -> int:
+    """Start `model worker` with a worker that waits, send `stop` to the command: its exit status, once
+    the worker has ended too."""
+    pid_file = tmp_path / "pid"
+    env = stand_in_worker(tmp_path, f"echo $$ > {pid_file}\nexec sleep 60")
+    command = subprocess.Popen(
+        [sys.executable, "-m", "modelrunner", "worker"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    wait_until(lambda: pid_file.is_file() and pid_file.read_text().strip(), "the worker to start")
+    worker = int(pid_file.read_text())
+    command.send_signal(stop)
+    _, err = command.communicate(timeout=30)
+    assert "Error" not in err
+    wait_until(lambda: gone(worker), "the worker to end")
+    return command.returncode
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # ended, unreaped
+    except OSError:
+        return True

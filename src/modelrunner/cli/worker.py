@@ -1,8 +1,10 @@
 """`model worker`: run llama.cpp's RPC worker on this machine, for a model runner elsewhere to use.
 
 Like `model serve`, this runs a local process rather than calling the daemon: the worker is llama.cpp's own
-`ggml-rpc-server` (installed with the llama.cpp engine), which replaces this process (Ctrl-C stops it).
-On the machine that loads the model: `model configure --rpc THIS_HOST:PORT MODEL`.
+`ggml-rpc-server` (installed with the llama.cpp engine), run as this command's child until it ends (Ctrl-C
+stops both; a `kill -9` of this command ends the worker too), so that a worker that dies by a signal is
+said in words (engines/exit_reason.py: SIGILL, a build this CPU cannot run; SIGKILL, most often the
+out-of-memory killer). On the machine that loads the model: `model configure --rpc THIS_HOST:PORT MODEL`.
 """
 
 from __future__ import annotations
@@ -41,18 +43,51 @@ def cmd_worker(args: argparse.Namespace) -> None:
             "a private network).",
             file=sys.stderr,
         )
+    limit = None
     if args.mem is not None:
-        import resource
-
-        threads = args.threads or os.cpu_count() or 1
-        limit = rpc_workers.data_limit(args.mem, threads)
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))  # inherited by the worker
+        limit = rpc_workers.data_limit(args.mem, args.threads or os.cpu_count() or 1)
     where = f"{args.host}:{args.port}"
     cap = f", at most {args.mem} MiB of model buffers" if args.mem is not None else ""
     print(f"Starting the llama.cpp RPC worker on {where}{cap}; stop it with Ctrl-C", file=sys.stderr)
     print(f"Use it from the model runner's machine: model configure --rpc {where} MODEL", file=sys.stderr)
     sys.stderr.flush()
-    os.execv(argv[0], argv)
+    sys.exit(run_worker(argv, limit))
+
+
+def run_worker(argv: list[str], data_limit: int | None) -> int:
+    """Run the worker until it ends: its exit status (128 + the signal that ended it); a signal this command
+    did not pass on is said in words first."""
+    import resource
+    import signal
+    import subprocess
+
+    from modelrunner.child_process import end_with_parent
+    from modelrunner.engines import exit_reason
+    from modelrunner.engines.llamacpp import NAME
+
+    ends_with_us = end_with_parent(os.getpid())
+
+    def before_exec() -> None:
+        ends_with_us()
+        if data_limit is not None:  # the worker's model buffers, not this command's
+            resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
+
+    worker = subprocess.Popen(argv, preexec_fn=before_exec)
+    passed_on: list[int] = []
+
+    def pass_on(signum: int, _frame: object) -> None:
+        passed_on.append(signum)
+        worker.send_signal(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, pass_on)
+    code = worker.wait()
+    if code >= 0:
+        return code
+    if not passed_on:
+        words = exit_reason.describe_exit(code, engine=NAME)
+        print(f"Error: the RPC worker stopped: {words}", file=sys.stderr)
+    return 128 - code
 
 
 def add_commands(commands: Any) -> None:

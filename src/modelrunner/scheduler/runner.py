@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import ctypes
 import enum
 import json
 import logging
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from modelrunner import http1
+from modelrunner.child_process import end_with_parent
 from modelrunner.engines import exit_reason
 from modelrunner.engines.base import LaunchSpec, Mode, ModelForEngine
 from modelrunner.errors import ModelRunnerError
@@ -155,23 +155,6 @@ def rotate_if_large(path: Path) -> None:
             handler = RotatingFileHandler(path, backupCount=DEFAULT_BACKUPS, delay=True)
             handler.doRollover()
             handler.close()
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def end_with_parent(parent: int) -> Callable[[], None]:
-    """What a child runs before it becomes the engine: SIGTERM to it when the daemon dies, so that a
-    `kill -9` of the daemon does not leave the engine (and its memory) behind until the next start. libc is
-    found here, before the fork: the child only calls it."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def arm() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the daemon died before the signal was armed
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
 
 
 class Runner:
