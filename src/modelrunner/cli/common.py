@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from modelrunner.display import display_name
-
 if TYPE_CHECKING:
     from modelrunner.client import Client
 
@@ -83,6 +81,8 @@ def client(quiet: bool = False) -> Client:
 
 
 def display(tag: str) -> str:
+    from modelrunner.display import display_name  # start-up: config (pathlib, ipaddress) loads only when used
+
     return display_name(tag)
 
 
