@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import pytest
 
 from modelrunner.scheduler import conversations
-from modelrunner.scheduler.conversations import Abandoned, Conversation
+from modelrunner.scheduler.conversations import Abandoned, Conversation, Turns, interactive
 
 SYSTEM = {"role": "system", "content": "You are a coding agent. " * 20}
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
@@ -84,3 +85,39 @@ def test_drained_forgets_them() -> None:
     abandoned.add(chat(user("x")))
     abandoned.drained()
     assert not abandoned.continued_by(chat(user("x")))
+
+
+def test_a_side_request_waits_for_the_interactive_turns_in_flight() -> None:
+    async def run() -> list[str]:
+        turns, order = Turns(bound=10), []
+        turns.begin()
+
+        async def side() -> None:
+            await turns.side_turn()
+            order.append("side")
+
+        waiting = asyncio.create_task(side())
+        await asyncio.sleep(0.05)
+        order.append("main ends")
+        turns.end()
+        await waiting
+        return order
+
+    assert asyncio.run(run()) == ["main ends", "side"]
+
+
+def test_a_side_request_waits_at_most_the_bound_and_not_at_all_when_it_is_0() -> None:
+    async def waited(bound: float) -> float:
+        turns = Turns(bound)
+        turns.begin()  # an interactive turn that does not end
+        return await turns.side_turn()
+
+    assert 0.1 <= asyncio.run(waited(0.1)) < 5
+    assert asyncio.run(waited(0)) == 0.0
+    assert asyncio.run(Turns(10).side_turn()) == 0.0  # none in flight
+
+
+def test_a_request_that_declares_tools_is_interactive() -> None:
+    assert interactive({"messages": [], "tools": TOOLS})
+    assert not interactive({"messages": [], "tools": []})
+    assert not interactive({"messages": [user("Write a title")]})

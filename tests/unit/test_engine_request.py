@@ -15,7 +15,7 @@ from modelrunner.compat.assemble import CHAT, MESSAGES
 from modelrunner.engines.base import Mode
 from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.errors import BadRequest
-from modelrunner.scheduler.conversations import Abandoned
+from modelrunner.scheduler.conversations import Abandoned, Turns
 from modelrunner.server import engine_request
 from modelrunner.server.lifecycle import Lifecycle
 
@@ -31,6 +31,7 @@ class FakeInference:
             key=SimpleNamespace(engine=engine),
             model=SimpleNamespace(reference=reference),
             abandoned=Abandoned(),
+            turns=Turns(0),
         )
         self.acquired: list[dict[str, Any]] = []
 

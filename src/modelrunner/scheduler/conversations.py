@@ -1,5 +1,6 @@
-"""A retry finds its cache: conversations whose client left while the engine worked on them.
+"""An agent's conversations on one runner: a retry finds its cache, and the interactive turn goes first.
 
+**A retry finds its cache.**
 An agent whose client gave up on a long prefill (Claude Code after 10 minutes, OpenCode after 300 s of
 silence) sends the same request again at once. The daemon cancels the first at once, but the engine finishes
 the batch it is computing (seconds on a CPU) before its slot is free, and an engine that chooses slots itself
@@ -10,6 +11,13 @@ that continues or repeats one of them waits (briefly: `DRAIN_BOUND`) until the e
 more requests than the daemon has live; then the engine's own choice finds the slot with its prefix. Only
 then: everything else goes at once.
 
+**The interactive turn first.** Coding agents send side requests (a title, a summary) at the moment of the
+main turn, and on a CPU they share its cores: the main turn's first token came later by the side request's
+whole prefill. A request that declares tools is an agent's interactive turn (Claude Code, Codex and OpenCode
+declare them on every main turn, none on their titles and summaries); any other completion request waits
+while the runner has interactive turns in flight, at most `MODEL_RUNNER_SIDE_WAIT` seconds (default 30; 0:
+no waiting), so it never waits long, and never for another side request.
+
 A conversation is a head (the fields before the message list in the prompt: system, instructions, tools)
 and its messages, each a digest of its JSON without cache marks (`cache_control` moves from message to
 message between an agent's turns). It is computed only for the requests this concerns: one abandoned, and
@@ -18,11 +26,15 @@ those sent while one is remembered.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from modelrunner.config import env_seconds
 
 HEAD_FIELDS = ("system", "instructions", "tools")  # what comes before the messages in the prompt
 LIST_FIELDS = ("messages", "input", "prompt")  # the conversation: chat and Messages, Responses, completions
@@ -96,3 +108,43 @@ class Abandoned:
     def drained(self) -> None:
         """The engine works on no abandoned request any more."""
         self.entries.clear()
+
+
+SIDE_WAIT = 30.0  # MODEL_RUNNER_SIDE_WAIT's default
+
+
+def side_wait_from_env() -> float:
+    return env_seconds("MODEL_RUNNER_SIDE_WAIT", SIDE_WAIT)
+
+
+def interactive(doc: dict[str, Any]) -> bool:
+    """An agent's main turn: it declares tools."""
+    return bool(doc.get("tools"))
+
+
+class Turns:
+    """One runner's interactive requests in flight, which side requests wait for (at most `bound`)."""
+
+    def __init__(self, bound: float) -> None:
+        self.bound = bound
+        self.interactive = 0
+        self._none = asyncio.Event()
+        self._none.set()
+
+    def begin(self) -> None:
+        self.interactive += 1
+        self._none.clear()
+
+    def end(self) -> None:
+        self.interactive -= 1
+        if self.interactive == 0:
+            self._none.set()
+
+    async def side_turn(self) -> float:
+        """Wait until no interactive request is in flight, or `bound` has passed: the seconds waited."""
+        if not self.interactive or self.bound <= 0:
+            return 0.0
+        started = time.monotonic()
+        with contextlib.suppress(TimeoutError):  # it goes after all
+            await asyncio.wait_for(self._none.wait(), self.bound)
+        return time.monotonic() - started

@@ -32,7 +32,7 @@ from modelrunner.engines.base import LaunchSpec, Mode, ModelForEngine
 from modelrunner.errors import ModelRunnerError
 from modelrunner.eventlog import DEFAULT_BACKUPS, event, log_max_bytes
 from modelrunner.scheduler import rundir
-from modelrunner.scheduler.conversations import Abandoned
+from modelrunner.scheduler.conversations import Abandoned, Turns, side_wait_from_env
 from modelrunner.scheduler.settings import ModelSettings
 
 log = logging.getLogger(__name__)
@@ -180,6 +180,9 @@ class Runner:
         self.in_use = 0
         self.last_used = time.time()
         self.abandoned = Abandoned()  # conversations whose client left while the engine worked on them
+        self.turns = Turns(
+            side_wait_from_env()
+        )  # interactive requests in flight, which side requests wait for
         self.process: asyncio.subprocess.Process | None = None
         self.load_task: asyncio.Task[None] | None = None
         self.exit_task: asyncio.Task[None] | None = None  # owned here: watches the engine until it is gone

@@ -5,10 +5,11 @@ and the HTTP front through it) and the translated ones (Ollama, Anthropic, Respo
 need the model lacks), gets the runner, and turns the request into the engine's body: the billing line
 dropped, the model named as the runner knows it, embeddings shortened by the daemon, the schema's grammar,
 declared tools and tool choice as the engine takes them, a non-streamed generation asked for as a stream to
-assemble; a retry of a request its client left waits for the engine to finish that one's batch
-(scheduler/conversations.py). A rule added here applies to every API family. What differs between the
-families is what they bring: a parsed body (the OpenAI routes keep its bytes, sent again only if changed)
-or one they built, and how they send it (the front's byte relay, or an `EngineCall`).
+assemble; a retry of a request its client left waits for the engine to finish that one's batch, a side
+request for the agent's interactive turns (scheduler/conversations.py). A rule added here applies to every
+API family. What differs between the families is what they bring: a parsed body (the OpenAI routes keep
+its bytes, sent again only if changed) or one they built, and how they send it (the front's byte relay, or
+an `EngineCall`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from modelrunner import eventlog
 from modelrunner.compat import anthropic_chat, assemble, billing, structured, tool_choice, tool_rescue
 from modelrunner.compat.embeddings import Shortening
 from modelrunner.engines.base import Engine, Mode
-from modelrunner.scheduler.conversations import DRAIN_BOUND, POLL_SECONDS, Conversation
+from modelrunner.scheduler.conversations import DRAIN_BOUND, POLL_SECONDS, Conversation, interactive
 from modelrunner.scheduler.runner import Runner
 from modelrunner.server import capabilities, keepalive, lifecycle
 from modelrunner.server.lifecycle import Exchange, Inference
@@ -106,6 +107,7 @@ async def prepare(
         assembling, doc, changed = path, assemble.streamed_request(path, doc), True
     if not preload and mode is Mode.COMPLETION:
         await _after_abandoned(engine, runner, doc)
+        await _interactive_first(runner, doc)
     return EngineRequest(runner, path, doc, changed, load_seconds, assembling, shortening, constraint, tools)
 
 
@@ -128,6 +130,21 @@ async def _after_abandoned(engine: Engine, runner: Runner, doc: dict[str, Any]) 
         if conversation is not None and abandoned.continued_by(conversation):
             await _wait_for_engine(engine, runner, exchange)
     exchange.opened(ended)
+
+
+async def _interactive_first(runner: Runner, doc: dict[str, Any]) -> None:
+    """An interactive turn is counted while it runs; a side request waits for those (scheduler/
+    conversations.py says which are which, and how long at most)."""
+    exchange = lifecycle.current()
+    turns = runner.turns
+    if interactive(doc):
+        exchange.opened(turns.end)  # at the exchange's end, or as its client leaves
+        turns.begin()
+        return
+    async with exchange.waiting():
+        waited = await turns.side_turn()
+    if waited:
+        eventlog.event(log, "side_request_waited", model=runner.model.reference, seconds=round(waited, 2))
 
 
 async def _wait_for_engine(engine: Engine, runner: Runner, exchange: Exchange) -> None:
