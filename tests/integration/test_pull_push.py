@@ -272,7 +272,7 @@ def test_ctrl_c_cancels_and_leaves_a_resumable_partial(
     _, stderr = cli.communicate(timeout=60)
     assert cli.returncode == 130
     assert "cancelled" in stderr and "resume" in stderr
-    # the daemon sees its last client leave (jobs.TransferJob.detach) before the held blob goes on: else
+    # the daemon sees its last client leave (transfers.TransferJob.detach) before the held blob goes on: else
     # the cancelled job may still ask for the rest once, and its bytes would count with the new pull's
     deadline = time.monotonic() + 60
     while "went away: cancelling" not in daemon.log.read_text():

@@ -21,7 +21,6 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import PlainTextResponse
 
 from modelrunner import __version__, config
-from modelrunner.distribution.jobs import TransferManager
 from modelrunner.engines.base import Engine
 from modelrunner.engines.registry import EngineRegistry, default_registry
 from modelrunner.scheduler import rundir
@@ -50,6 +49,7 @@ from modelrunner.server.responses_api import build_responses_router
 from modelrunner.server.routes import alias_target, match_route
 from modelrunner.server.security import SecurityMiddleware, SecurityPolicy
 from modelrunner.server.signing_api import build_signing_router
+from modelrunner.server.transfers import TransferManager
 from modelrunner.store.store import ModelStore
 
 

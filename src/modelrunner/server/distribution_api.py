@@ -15,8 +15,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.compat.bodies import json_body, parse_json_object, validated
-from modelrunner.distribution.jobs import TransferJob, TransferManager
 from modelrunner.distribution.progress import encode_line
+from modelrunner.server.transfers import TransferJob, TransferManager
 from modelrunner.store.store import ModelStore
 
 

@@ -11,11 +11,11 @@ from fastapi import APIRouter, Depends, Response
 
 from modelrunner.compat import ollama as shapes
 from modelrunner.compat.bodies import json_body
-from modelrunner.distribution.jobs import TransferManager
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.ollama_serving import OllamaServing
 from modelrunner.server.routes import OLLAMA_PREFIX
 from modelrunner.server.serving import respond
+from modelrunner.server.transfers import TransferManager
 
 
 def build_ollama_router(ctx: Inference, transfers: TransferManager) -> APIRouter:

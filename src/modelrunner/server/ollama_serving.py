@@ -22,7 +22,6 @@ import anyio.to_thread
 
 from modelrunner.compat import embeddings
 from modelrunner.compat import ollama as shapes
-from modelrunner.distribution.jobs import TransferJob, TransferManager
 from modelrunner.engines.base import Mode
 from modelrunner.errors import BadRequest, ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import NEVER, parse_keep_alive
@@ -33,6 +32,7 @@ from modelrunner.server.engine_request import call_engine
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.ollama_persona import Personas
 from modelrunner.server.serving import Document, LineStream
+from modelrunner.server.transfers import TransferJob, TransferManager
 from modelrunner.server.upstream import EngineCall, InputTooLong
 from modelrunner.store.store import StoredModel
 

@@ -1,4 +1,5 @@
-"""Pulls and pushes as background jobs of the daemon, watched by any number of HTTP clients.
+"""Pulls and pushes as background jobs of the daemon, watched by any number of HTTP clients, the trust
+policy applied to each pull (signing/enforce.py: which is why this sits above distribution/ and signing/).
 
 Two clients pulling the same reference share one job (one download). Transfers run in threads; at most
 `MAX_CONCURRENT_PULLS` transfer at once (DMR: 2), but the manifest is fetched before waiting for a slot, so
@@ -13,11 +14,13 @@ import threading
 from collections.abc import Callable
 
 from modelrunner.distribution.errors import TransferCancelled
+from modelrunner.distribution.huggingface import HuggingFacePull
 from modelrunner.distribution.progress import Event, ProgressReporter, event
-from modelrunner.distribution.pull import RegistryPull
+from modelrunner.distribution.pull import RegistryPull, model_size_text
 from modelrunner.distribution.push import RegistryPush
 from modelrunner.errors import ModelRunnerError
 from modelrunner.reference import Reference, parse_reference
+from modelrunner.signing.enforce import check_pull, check_unsigned_source, record_pull
 from modelrunner.store.store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -140,9 +143,6 @@ class TransferManager:
     def _pull(self, job: TransferJob, reference: Reference, bearer_token: str | None) -> None:
         reporter = ProgressReporter(job.emit, "pull")
         if reference.is_huggingface:
-            from modelrunner.distribution.huggingface import HuggingFacePull
-            from modelrunner.signing.enforce import check_unsigned_source
-
             check_unsigned_source(reference, reporter)
 
             hf = HuggingFacePull(self.store, reference, reporter, job.cancelled, bearer_token)
@@ -157,14 +157,10 @@ class TransferManager:
         pull = RegistryPull(self.store, reference, reporter, job.cancelled, bearer_token)
         try:
             pull.resolve()
-            from modelrunner.signing.enforce import check_pull, record_pull
-
             verified = check_pull(pull, reporter)  # the trust policy, before any blob is stored
             job.mark_resolved()
             if pull.cached():
                 record_pull(pull, verified)
-                from modelrunner.distribution.pull import model_size_text
-
                 assert pull.manifest is not None
                 reporter.success(f"Using cached model: {model_size_text(pull.manifest)}")
                 return
