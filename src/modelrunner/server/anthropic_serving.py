@@ -22,8 +22,9 @@ from modelrunner.errors import ModelNotFound, ModelRunnerError
 from modelrunner.scheduler.durations import parse_keep_alive
 from modelrunner.server import keepalive
 from modelrunner.server.engine_request import call_engine
-from modelrunner.server.errors import ANTHROPIC, exception_payload
+from modelrunner.server.errors import exception_payload
 from modelrunner.server.lifecycle import Inference
+from modelrunner.server.routes import ANTHROPIC
 from modelrunner.server.serving import Document, EventStream, RawAnswer
 from modelrunner.server.upstream import READ_ERRORS, EngineCall
 from modelrunner.wire import SSEDecoder

@@ -34,10 +34,10 @@ from modelrunner.scheduler.runner import Runner
 from modelrunner.scheduler.scheduler import Busy, Scheduler
 from modelrunner.server import capabilities
 from modelrunner.server.access import Access, RequestHead
-from modelrunner.server.errors import api_family
 from modelrunner.server.proxy import App, Message, Receive, Scope, Send
 from modelrunner.server.recorder import Record, Recorder
 from modelrunner.server.request_metrics import RequestMetrics
+from modelrunner.server.routes import api_family
 from modelrunner.store.store import ModelStore, StoredModel
 
 if TYPE_CHECKING:

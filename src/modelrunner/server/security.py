@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from starlette.exceptions import HTTPException
 
 from modelrunner.server import lifecycle
-from modelrunner.server.errors import DMR, api_family, error_payload
+from modelrunner.server.errors import error_payload
 from modelrunner.server.handed_over import ABSOLUTE_FORM
 from modelrunner.server.proxy import App, Message, Receive, Scope, Send, json_bytes, send_json
+from modelrunner.server.routes import DMR, api_family
 
 MAX_BODY = 10 * 1024 * 1024
 UNBOUNDED_BODY_PATHS = ("/models/load", "/api/blobs/")  # model archives and files, streamed to disk
