@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from modelrunner.chunking import MAX_CHUNK_LINE, chunk_size
+from modelrunner.wire import EVENT_END, TAIL, tail_after
 
 MAX_HEAD = 64 * 1024  # a response head (status line and headers) longer than this is refused
 MAX_HEADERS = 200
@@ -81,10 +82,11 @@ class ResponseReader:
     the last read beyond the end. An invalid answer sets `invalid` (why) and `valid`: the bytes of that read
     that may be passed on (its head, and the whole chunks before the invalid bytes; the spans returned
     are theirs), the framing being left as it was there, so `at_boundary` and `tail` describe what was
-    passed on. Chunked bodies also keep `tail`, the last two data bytes (to know whether an SSE event was
-    cut), and `at_boundary`: whether what was read so far ends between chunks."""
+    passed on. Chunked bodies also keep `tail`, the last data bytes (wire.tail_after: whether an SSE event
+    was cut is wire.ends_event's to say), and `at_boundary`: whether what was read so far ends between
+    chunks."""
 
-    def __init__(self, *, no_body: bool = False, tail: bytes = b"\n\n") -> None:
+    def __init__(self, *, no_body: bool = False, tail: bytes = EVENT_END) -> None:
         self.no_body = no_body  # the answer to a HEAD request
         self.head: Head | None = None
         self.body_start = 0
@@ -223,7 +225,7 @@ class ResponseReader:
             if left > 0:
                 stop = min(pos + left, end)
                 spans.append((pos, stop))
-                self.tail = data[stop - 2 : stop] if stop - pos >= 2 else (self.tail + data[pos:stop])[-2:]
+                self.tail = tail_after(self.tail, data[max(pos, stop - TAIL) : stop])
             pos += self._skip
             _check_crlf(data, pos, boundary)
             if pos >= end:
@@ -269,7 +271,7 @@ class ResponseReader:
             stop = pos + size
             if stop + 2 <= end:  # the whole chunk is in this read: the common case, inline
                 spans.append((pos, stop))
-                self.tail = data[stop - 2 : stop] if size >= 2 else (self.tail + data[pos:stop])[-2:]
+                self.tail = tail_after(self.tail, data[max(pos, stop - TAIL) : stop])
                 pos = stop + 2
                 if data[stop] != 13 or data[stop + 1] != 10:
                     raise _Invalid("no CRLF after a chunk's data", boundary)
@@ -277,7 +279,7 @@ class ResponseReader:
                 continue
             stop = min(stop, end)
             spans.append((pos, stop))
-            self.tail = data[stop - 2 : stop] if stop - pos >= 2 else (self.tail + data[pos:stop])[-2:]
+            self.tail = tail_after(self.tail, data[max(pos, stop - TAIL) : stop])
             pos += size + 2
             _check_crlf(data, pos, boundary)
             if pos <= end:

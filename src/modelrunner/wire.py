@@ -27,12 +27,38 @@ def sse_event(name: str | None, data: bytes) -> bytes:
     """One event as it goes on the wire: its name (if any), each line of `data` as a `data:` line, the
     blank line that ends it."""
     head = b"event: %s\n" % name.encode() if name is not None else b""
-    return head + b"data: " + data.replace(b"\n", b"\ndata: ") + b"\n\n"
+    return head + b"data: " + data.replace(b"\n", b"\ndata: ") + EVENT_END
 
 
-# The blank line that ends an event, as SSEDecoder reads lines: `data.endswith(EVENT_ENDS)` says whether
-# bytes end with a whole event.
-EVENT_ENDS = (b"\n\n", b"\n\r\n")
+# -- where an event ends: the one rule of every part that pings, cuts or rewrites a stream ---------------
+# (the C relay keeps a stream's TAIL in C: tests/unit/test_native_relay.py holds it to ResponseReader's)
+
+EVENT_END = b"\n\n"  # the blank line after an event, as the daemon (and every engine) writes it
+EVENT_ENDS = (b"\n\n", b"\n\r\n")  # as SSEDecoder reads lines: a line empty but for its CR
+TAIL = 2  # the last bytes of a stream a relay keeps to know whether it ended an event
+
+
+def ends_event(data: bytes) -> bool:
+    """Whether bytes (a whole chunk, or a stream's last TAIL bytes) end where an event ended. Two bytes see
+    LF LF only: a stream whose events end with CRLF is taken as cut there, which costs a blank line (which
+    readers skip) or a ping held back, never an event broken in two."""
+    return data.endswith(EVENT_ENDS)
+
+
+def last_event_end(data: bytes) -> int:
+    """Where the last event that ends in `data` ends (after its blank line); 0 where none does."""
+    return max((at + len(end) for end in EVENT_ENDS if (at := data.rfind(end)) >= 0), default=0)
+
+
+def tail_after(tail: bytes, data: bytes) -> bytes:
+    """A stream's last TAIL bytes once `data` followed those ending with `tail` (EVENT_END before any)."""
+    return data[-TAIL:] if len(data) >= TAIL else (tail + data)[-TAIL:]
+
+
+def event_closed(tail: bytes) -> bytes:
+    """What goes before an event the daemon adds to a stream whose last bytes are `tail`: nothing where an
+    event ended, else the blank line that ends the event it cut."""
+    return b"" if ends_event(tail) else EVENT_END
 
 
 class SSEDecoder:

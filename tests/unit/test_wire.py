@@ -9,13 +9,18 @@ import sys
 import pytest
 
 from modelrunner.wire import (
+    EVENT_END,
     EVENT_ENDS,
     SSEDecoder,
     document_message,
+    ends_event,
     error_message,
+    event_closed,
+    last_event_end,
     sse_event,
     sse_events,
     sse_field,
+    tail_after,
 )
 
 STREAM = (
@@ -43,6 +48,31 @@ def test_an_event_written_is_the_event_read() -> None:
     assert sse_event("ping", b"{}") == b"event: ping\ndata: {}\n\n"
     assert written.endswith(EVENT_ENDS) and b"data: x\r\n\r\n".endswith(EVENT_ENDS)
     assert not b"data: x\n".endswith(EVENT_ENDS)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 1000])
+def test_a_streams_tail_says_where_the_decoder_is_between_events(size: int) -> None:
+    """The one event-end rule: whatever the reads, the last TAIL bytes of a stream end an event (and an
+    event the daemon adds needs no blank line before it) exactly where the decoder holds nothing, for LF
+    streams of events (a comment line is no event); a CRLF stream is never said to end an event where it
+    does not."""
+    lf = STREAM.replace(b"\r\n", b"\n").removeprefix(b": ping\n\n")
+    for stream, exact in ((lf, True), (STREAM, False)):
+        decoder, tail = SSEDecoder(), EVENT_END
+        for at in range(0, len(stream), size):
+            piece = stream[at : at + size]
+            decoder.feed(piece)
+            tail = tail_after(tail, piece)
+            assert ends_event(tail) <= decoder.between_events
+            assert not exact or ends_event(tail) == decoder.between_events
+            assert event_closed(tail) == (b"" if ends_event(tail) else EVENT_END)
+        assert ends_event(tail)
+
+
+def test_the_last_event_end_of_a_buffer() -> None:
+    assert last_event_end(b"data: a\n\ndata: b\r\n\r\ndata: c") == len(b"data: a\n\ndata: b\r\n\r\n")
+    assert last_event_end(b"data: a\n") == 0
+    assert ends_event(b"data: x\r\n\r\n") and not ends_event(b"data: x\r\n")
 
 
 def test_the_decoder_says_when_it_holds_nothing_of_an_event() -> None:

@@ -30,7 +30,7 @@ import json
 from typing import Any
 
 from modelrunner.compat.anthropic import event
-from modelrunner.wire import EVENT_ENDS, SSEDecoder, sse_event
+from modelrunner.wire import SSEDecoder, ends_event, last_event_end, sse_event
 
 _MARK = b'"thinking"'
 _HELD_MAX = 64  # chunks kept since the last event end before they are cut to the unfinished event
@@ -111,19 +111,14 @@ class SignedStream:
         self.tail = b""  # their last bytes, for a mark split between chunks
         self.passing = False  # the rest of an event begun before the parsing goes out as it comes
 
-    @property
-    def at_boundary(self) -> bool:
-        """What went out ends with a whole event (parsed events always go out whole)."""
-        return self.decoder is not None or not self.held
-
     def feed(self, chunk: bytes) -> bytes:
-        if self.decoder is None and not self.held and _MARK not in chunk and chunk.endswith(EVENT_ENDS):
+        if self.decoder is None and not self.held and _MARK not in chunk and ends_event(chunk):
             return chunk  # the common case: whole events, no thinking
         if self.decoder is not None:
             return self._parsed(chunk)
         if _MARK in chunk or (self.held and _MARK in self.tail + chunk[: len(_MARK) - 1]):
             return self._start(chunk)
-        if chunk.endswith(EVENT_ENDS) or (self.held and (self.tail + chunk).endswith(EVENT_ENDS)):
+        if ends_event(chunk) or (self.held and ends_event(self.tail + chunk)):
             if self.held:
                 self.held, self.tail = [], b""
         elif chunk:
@@ -138,8 +133,7 @@ class SignedStream:
         self.tail = (self.tail + chunk)[-len(_MARK) :]
         if len(self.held) >= _HELD_MAX:  # a stream whose reads never end an event: keep only its last one
             joined = b"".join(self.held)
-            ends = [at + len(end) for end in EVENT_ENDS if (at := joined.rfind(end)) >= 0]
-            self.held = [joined[max(ends) :]] if ends else [joined]
+            self.held = [joined[last_event_end(joined) :]]
 
     def _start(self, chunk: bytes) -> bytes:
         """Parse from the event that holds the mark. Of an event already begun (`held`), what was passed

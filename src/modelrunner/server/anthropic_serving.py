@@ -27,7 +27,7 @@ from modelrunner.server.lifecycle import Inference
 from modelrunner.server.routes import ANTHROPIC
 from modelrunner.server.serving import Document, EventStream, RawAnswer
 from modelrunner.server.upstream import READ_ERRORS, EngineCall
-from modelrunner.wire import SSEDecoder
+from modelrunner.wire import EVENT_END, SSEDecoder, event_closed, tail_after
 
 _MESSAGE_START = b"event: message_start"
 
@@ -121,6 +121,7 @@ async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]
     signed = thinking_signature.SignedStream()
     sign = signed.feed
     opening: bytes | None = b""  # the first bytes, until it is clear how the stream opens
+    tail = EVENT_END  # the last bytes sent, to end a half-sent event before the error's
     try:
         async for chunk in call.chunks():
             if opening is not None:
@@ -132,6 +133,7 @@ async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]
                     yield await start.event()
             out = sign(chunk)
             if out:
+                tail = tail_after(tail, out)
                 yield out
         if opening:  # a stream shorter than the event name
             yield opening
@@ -139,9 +141,7 @@ async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]
         if out:
             yield out
     except READ_ERRORS as exc:
-        event = shapes.error_body(500, call.exchange.failure(exc))
-        boundary = b"" if signed.at_boundary else b"\n\n"  # end a half-sent event first
-        yield boundary + shapes.event(event)
+        yield event_closed(tail) + shapes.event(shapes.error_body(500, call.exchange.failure(exc)))
     finally:
         await call.close()
 

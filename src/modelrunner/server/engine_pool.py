@@ -26,6 +26,7 @@ from modelrunner.server.keepalive import LAST_CHUNK, chunk
 from modelrunner.server.native_relay import End, NativeRelay, Result, native_relay
 from modelrunner.server.proxy import client_headers, retry_full_backlog, stream_end_event
 from modelrunner.server.recorder import TAIL_KEPT
+from modelrunner.wire import EVENT_END, tail_after
 
 if TYPE_CHECKING:
     from modelrunner.server.lifecycle import Exchange
@@ -207,7 +208,7 @@ class Relayed:
     held: bytearray | None = None  # the data of a refusal, held until whole (Upstream._reword)
     silent: bool = False  # a stream's head came without data: the front comments until its first bytes
     reframed: bool = False  # a body not chunked by the engine, after an early head: written as chunks
-    tail: bytes = b"\n\n"  # a reframed body's last two bytes, to know whether an SSE event was cut
+    tail: bytes = EVENT_END  # a reframed body's last bytes, to know whether an SSE event was cut
 
 
 class Upstream(asyncio.Protocol):
@@ -368,7 +369,7 @@ class Upstream(asyncio.Protocol):
         """Body bytes of a reframed answer as the client's chunk, and its last chunk once it is complete."""
         request = self.request
         if body:
-            request.tail = (request.tail + body)[-2:]
+            request.tail = tail_after(request.tail, body)
         return (chunk(body) if body else b"") + (LAST_CHUNK if request.reader.complete else b"")
 
     def _end_reframed(self) -> None:

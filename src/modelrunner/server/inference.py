@@ -38,6 +38,7 @@ from modelrunner.server.proxy import (
 from modelrunner.server.routes import Route
 from modelrunner.server.security import MAX_BODY, BodyTooLarge
 from modelrunner.server.upstream import READ_ERRORS, EngineCall, EngineUnreachable
+from modelrunner.wire import EVENT_END, tail_after
 
 __all__ = ["MAX_BODY", "InferenceHandler", "Prepared", "error_parts"]
 
@@ -162,7 +163,7 @@ class InferenceHandler:
         exchange = lifecycle.current()
         call = prepared.call(exchange)
         started = streaming = False
-        tail = b"\n\n"  # the last two bytes sent, to know whether an SSE event was cut
+        tail = EVENT_END  # the last bytes sent, to know whether an SSE event was cut
         try:
             await call.send(route.upstream_path, prepared.body, headers)
             if prepared.whole or call.status >= 400:  # a refusal is read whole: `answer` rewords it
@@ -178,7 +179,7 @@ class InferenceHandler:
                 chunks = keepalive.pinged(chunks, keepalive.SSE_COMMENT, keepalive.interval())
             async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                tail = chunk[-2:] if len(chunk) >= 2 else tail[-1:] + chunk
+                tail = tail_after(tail, chunk)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (ModelRunnerError, *READ_ERRORS) as exc:
             if exchange.client_gone:
@@ -224,8 +225,8 @@ async def rescued_events(call: EngineCall) -> AsyncIterator[bytes]:
     """A chat stream's events written anew from its chunks, as llama-server writes them (compact JSON),
     after EngineCall.events made its calls written as text calls."""
     async for doc in call.events():
-        yield b"data: " + json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-    yield b"data: [DONE]\n\n"
+        yield b"data: " + json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode() + EVENT_END
+    yield b"data: [DONE]" + EVENT_END
 
 
 async def read_body(receive: Receive) -> bytes:

@@ -38,7 +38,7 @@ from modelrunner.config import env_seconds
 from modelrunner.errors import ModelRunnerError
 from modelrunner.server import lifecycle
 from modelrunner.server.proxy import EVENT_STREAM_HEADERS, Message, Send, stream_end_event
-from modelrunner.wire import error_message
+from modelrunner.wire import EVENT_END, ends_event, error_message, tail_after
 
 T = TypeVar("T")
 
@@ -46,8 +46,11 @@ ENV = "MODEL_RUNNER_STREAM_KEEPALIVE"
 DEFAULT_INTERVAL = 10.0
 ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 SSE_COMMENT = b": keep-alive\n\n"
-SSE_BOUNDARY = b"\n\n"  # where an event ends
-NDJSON_BOUNDARY = b"\n"  # where an Ollama line ends
+
+
+def line_ended(tail: bytes) -> bool:
+    """Where an Ollama stream may take a ping: after a whole NDJSON line."""
+    return tail.endswith(b"\n")
 
 
 def interval() -> float:
@@ -102,7 +105,7 @@ async def waiting(
     every: float,
     failed: Callable[[ModelRunnerError], bytes],
     close: Callable[[T], Coroutine[Any, Any, None]],
-    boundary: bytes = SSE_BOUNDARY,
+    ended: Callable[[bytes], bool] = ends_event,
 ) -> AsyncIterator[bytes]:
     """A stream whose head goes out before its engine answered: pings while `task` runs, then `answer`'s
     bytes (pinged, the first ping at once: a seam); a start that fails ends the stream with `failed`'s
@@ -119,20 +122,20 @@ async def waiting(
         if not task.done():  # the client left (or the daemon stops) while it waited
             await discard(task, close)
     yield ping
-    async for chunk in pinged(answer(started), ping, every, boundary):
+    async for chunk in pinged(answer(started), ping, every, ended):
         yield chunk
 
 
 async def pinged(
-    chunks: AsyncIterator[bytes], ping: bytes, every: float, boundary: bytes = SSE_BOUNDARY
+    chunks: AsyncIterator[bytes], ping: bytes, every: float, ended: Callable[[bytes], bool] = ends_event
 ) -> AsyncIterator[bytes]:
-    """`chunks` as they come, with `ping` between events (after bytes that end with `boundary`) whenever
-    none came for `every` seconds."""
+    """`chunks` as they come, with `ping` between events (where `ended` says the last bytes end one: an
+    SSE event by default, `line_ended` for NDJSON) whenever none came for `every` seconds."""
     if not every:
         async for chunk in chunks:
             yield chunk
         return
-    tail = boundary  # the last bytes passed on: a ping goes only where an event ended
+    tail = EVENT_END  # the last bytes passed on: a ping goes only where an event ended
     pending: asyncio.Future[bytes] | None = None
     try:
         while True:
@@ -140,7 +143,7 @@ async def pinged(
                 pending = asyncio.ensure_future(anext(chunks))
             done, _ = await asyncio.wait({pending}, timeout=every)
             if not done:
-                if tail.endswith(boundary):
+                if ended(tail):
                     yield ping
                 continue
             next_chunk, pending = pending, None
@@ -149,7 +152,7 @@ async def pinged(
             except StopAsyncIteration:
                 return
             yield chunk
-            tail = (tail + chunk)[-len(boundary) :]
+            tail = tail_after(tail, chunk)
     finally:
         if pending is not None:
             pending.cancel()
@@ -182,8 +185,8 @@ def error_event(body: bytes) -> bytes:
     except (ValueError, UnicodeDecodeError, RecursionError):
         doc = None
     if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
-        return b"data: " + json.dumps(doc).encode() + b"\n\n"
-    return stream_end_event(b"\n\n", error_message(body) or "the engine failed")
+        return b"data: " + json.dumps(doc).encode() + EVENT_END
+    return stream_end_event(EVENT_END, error_message(body) or "the engine failed")
 
 
 class EarlyHead:

@@ -332,10 +332,10 @@ async def _streamed(
     def failed(exc: ModelRunnerError) -> bytes:
         return _line({"error": exc.message})
 
-    boundary = keepalive.NDJSON_BOUNDARY
+    ended = keepalive.line_ended
     if isinstance(begun, asyncio.Task):  # the stream's head goes out now, pings while it waits
-        return LineStream(keepalive.waiting(begun, lines, ping, every, failed, EngineCall.close, boundary))
-    return LineStream(keepalive.pinged(lines(begun), ping, every, boundary))
+        return LineStream(keepalive.waiting(begun, lines, ping, every, failed, EngineCall.close, ended))
+    return LineStream(keepalive.pinged(lines(begun), ping, every, ended))
 
 
 async def _stream(kind: Kind, name: str, call: EngineCall, started: float) -> AsyncIterator[bytes]:

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
 from modelrunner.response_reader import is_event_stream
+from modelrunner.wire import EVENT_END, event_closed
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -40,13 +41,12 @@ def engine_died_body(message: str) -> bytes:
 
 def stream_end_event(tail: bytes, message: str) -> bytes:
     """The event that ends a cut OpenAI stream (chat or completions: the only streams these relays cut): a
-    half-sent event is closed first (`tail` = the stream's last two bytes), then OpenAI's stream error,
-    `{"error": {...}}`, which the OpenAI SDKs raise as an APIError. DMR writes no event there (its proxy
-    only cuts the body), and its `{"type": "error"}` object is a Responses event: an SDK reading chat
-    chunks takes it for a chunk without `choices`."""
-    boundary = b"" if tail == b"\n\n" else b"\n\n"
+    half-sent event is closed first (`tail`: the stream's last bytes, wire.tail_after), then OpenAI's
+    stream error, `{"error": {...}}`, which the OpenAI SDKs raise as an APIError. DMR writes no event
+    there (its proxy only cuts the body), and its `{"type": "error"}` object is a Responses event: an SDK
+    reading chat chunks takes it for a chunk without `choices`."""
     error = {"message": message, "type": "server_error", "code": None, "param": None}
-    return boundary + b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+    return event_closed(tail) + b"data: " + json.dumps({"error": error}).encode() + EVENT_END
 
 
 def request_bytes(
