@@ -14,7 +14,8 @@ from modelrunner.errors import ModelRunnerError
 
 
 class FakeCall:
-    """What server/upstream.EngineCall offers the serving classes: the answer, then `close()`."""
+    """What server/served_call.ServedCall offers the serving classes: the answer, then `close()`; it is
+    its own engine call (`engine`: the bytes, a count beside them)."""
 
     def __init__(
         self,
@@ -33,6 +34,7 @@ class FakeCall:
         self.tools: dict[str, Any] | None = None  # none declared: nothing rescued (compat/tool_rescue.py)
         self.unopened = False  # an assembled message that lacked message_start
         self.closed = False
+        self.engine = self
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         for event in self._events:
@@ -49,7 +51,7 @@ class FakeCall:
     async def chunks(self) -> AsyncIterator[bytes]:
         yield self._raw[1]
 
-    async def beside(self, path: str, doc: dict[str, Any]) -> dict[str, Any] | None:
+    async def beside(self, path: str, body: bytes) -> bytes | None:
         return None  # a request beside the call (a count of tokens) that got no answer
 
     async def close(self) -> None:

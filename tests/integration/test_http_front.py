@@ -80,7 +80,7 @@ def test_plain_requests_go_to_the_front_and_a_handed_over_connection_stays_with_
         assert streamed.status_code == 200 and contents(streamed.text) == ["t0 ", "t1 ", "t2 "]
         assert streamed.headers["cache-control"] == "no-cache" and "date" in streamed.headers
         answered = client.post("/v1/chat/completions", json=body(False))
-        # asked for as a stream and assembled (server/upstream.py): the fake engine's streamed tokens
+        # asked for as a stream and assembled (server/served_call.py): the fake engine's streamed tokens
         assert answered.json()["choices"][0]["message"]["content"] == "t0 t1 t2 "
         assert asgi_inference_calls == []  # both answered by the front, on one connection
         assert client.get("/models").status_code == 200  # not inference: the connection goes to uvicorn
@@ -255,7 +255,7 @@ def released_and_unloaded(running: InProcessDaemon) -> None:
 
 
 # the front relays in Python ("0") or hands the body to the C relay ("1"); a request with an Origin goes
-# to the ASGI stack (server/upstream.py reads the engine there)
+# to the ASGI stack (server/served_call.py reads the engine there)
 RELAYS = [("1", None), ("0", None), ("1", "http://localhost:3000")]
 
 

@@ -167,7 +167,7 @@ def _vllm_metrics(daemon: Daemon) -> Callable[[], dict[str, float]]:
 def test_a_client_that_leaves_aborts_the_generation(daemon: Daemon, stream: bool) -> None:
     """vLLM cancels a request whose connection closes, streamed or not (its handlers are wrapped in
     `with_cancellation`), so the daemon relays its unstreamed answers as they are and only closes the
-    connection when the client leaves (llama.cpp's are assembled from a stream: server/upstream.py)."""
+    connection when the client leaves (llama.cpp's are assembled from a stream: server/served_call.py)."""
     assert chat(daemon, max_tokens=1).status_code == 200  # loaded (the test may run alone), its socket up
     metrics = _vllm_metrics(daemon)
     before = metrics()

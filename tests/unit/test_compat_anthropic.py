@@ -138,16 +138,17 @@ def test_a_system_message_holds_only_text(content: object) -> None:
 
 
 class _RecordedCall:
-    """The body of an engine's answer, as the relay reads it (EngineCall's chunks/close)."""
+    """The body of an engine's answer, as the relay reads it (a ServedCall's, and its engine's chunks)."""
 
     def __init__(self, chunks: list[bytes]) -> None:
         self._chunks = chunks
         self.closed = False
         self.asked: list[tuple[str, dict[str, Any]]] = []  # requests beside it: counts of the prompt
+        self.engine = self  # the call's bytes: these stand-ins are both
 
-    async def beside(self, path: str, doc: dict[str, Any]) -> dict[str, Any] | None:
-        self.asked.append((path, doc))
-        return {"input_tokens": 7}
+    async def beside(self, path: str, body: bytes) -> bytes | None:
+        self.asked.append((path, json.loads(body)))
+        return b'{"input_tokens": 7}'
 
     async def _iterate(self) -> AsyncIterator[bytes]:
         for chunk in self._chunks:

@@ -97,7 +97,7 @@ def test_each_api_gets_its_words() -> None:
 
 
 def test_our_own_words_read_back_the_same() -> None:
-    """A reworded refusal read again (EngineCall.json reads what `answer` wrote) keeps its numbers."""
+    """A reworded refusal read again (ServedCall.json reads what `answer` wrote) keeps its numbers."""
     body = json.dumps(exception_payload(OPENAI, ContextOverflow(700, 512))).encode()
     again = refusal(400, body)
     assert again is not None and (again.tokens, again.limit) == (700, 512)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from modelrunner.server.upstream import InputTooLong, input_too_long
+from modelrunner.server.served_call import InputTooLong, input_too_long
 
 MESSAGE = (
     "input (3000 tokens) is too large to process. increase the physical batch size (current batch size: 512)"

@@ -25,8 +25,9 @@ from modelrunner.server.engine_request import call_engine
 from modelrunner.server.errors import exception_payload
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.routes import ANTHROPIC
+from modelrunner.server.served_call import ServedCall
 from modelrunner.server.serving import Document, EventStream, RawAnswer
-from modelrunner.server.upstream import READ_ERRORS, EngineCall
+from modelrunner.server.upstream import READ_ERRORS
 from modelrunner.wire import EVENT_END, SSEDecoder, event_closed, tail_after
 
 _MESSAGE_START = b"event: message_start"
@@ -64,13 +65,13 @@ class AnthropicServing:
         return RawAnswer(status, body)
 
 
-async def streamed(start: Coroutine[Any, Any, EngineCall], model: str, doc: dict[str, Any]) -> EventStream:
+async def streamed(start: Coroutine[Any, Any, ServedCall], model: str, doc: dict[str, Any]) -> EventStream:
     """The stream of a started engine call (of `doc`), with `event: ping` while it waits
     (server/keepalive.py)."""
     every = keepalive.interval()
-    started = await keepalive.within(start, every, EngineCall.close)
+    started = await keepalive.within(start, every, ServedCall.close)
 
-    def events(call: EngineCall) -> AsyncIterator[bytes]:
+    def events(call: ServedCall) -> AsyncIterator[bytes]:
         if call.path == CHAT:
             return chat_events(call, model)
         opening = Opening(call, model, doc)
@@ -78,7 +79,7 @@ async def streamed(start: Coroutine[Any, Any, EngineCall], model: str, doc: dict
 
     if isinstance(started, asyncio.Task):  # the stream's head goes out now, pings while it waits
         ping = keepalive.ANTHROPIC_PING
-        return EventStream(keepalive.waiting(started, events, ping, every, _error_event, EngineCall.close))
+        return EventStream(keepalive.waiting(started, events, ping, every, _error_event, ServedCall.close))
     return EventStream(keepalive.pinged(events(started), keepalive.ANTHROPIC_PING, every))
 
 
@@ -92,14 +93,16 @@ class Opening:
     then: no event of the stream carries them). The count is the whole prompt, as `input_tokens`: what of
     it the prefix cache served is not known here."""
 
-    def __init__(self, call: EngineCall, model: str, doc: dict[str, Any]) -> None:
+    def __init__(self, call: ServedCall, model: str, doc: dict[str, Any]) -> None:
         self.call, self.model, self.doc = call, model, doc
 
     async def input_tokens(self) -> int:
-        counted = await self.call.beside(
-            billing.COUNT_TOKENS, billing.neutralised(billing.COUNT_TOKENS, self.doc)
-        )
-        tokens = counted.get("input_tokens") if counted is not None else None
+        asked = json.dumps(billing.neutralised(billing.COUNT_TOKENS, self.doc)).encode()
+        counted = await self.call.engine.beside(billing.COUNT_TOKENS, asked)
+        try:
+            tokens = json.loads(counted).get("input_tokens") if counted is not None else None
+        except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):  # not JSON, not an object
+            tokens = None
         return tokens if isinstance(tokens, int) else 0
 
     async def event(self) -> bytes:
@@ -112,7 +115,7 @@ class Opening:
         return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]:
+async def relay_events(call: ServedCall, start: Opening) -> AsyncIterator[bytes]:
     """The engine's event stream, as it comes, with three repairs: a stream that does not open with
     `message_start` gets one (llama-server b11434 skips it when the first tokens are an incomplete UTF-8
     sequence it holds back, and Anthropic's clients cannot build the message without it), its thinking
@@ -123,7 +126,7 @@ async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]
     opening: bytes | None = b""  # the first bytes, until it is clear how the stream opens
     tail = EVENT_END  # the last bytes sent, to end a half-sent event before the error's
     try:
-        async for chunk in call.chunks():
+        async for chunk in call.engine.chunks():
             if opening is not None:
                 opening += chunk
                 if len(opening) < len(_MESSAGE_START):
@@ -146,7 +149,7 @@ async def relay_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]
         await call.close()
 
 
-async def rescued_events(call: EngineCall, start: Opening) -> AsyncIterator[bytes]:
+async def rescued_events(call: ServedCall, start: Opening) -> AsyncIterator[bytes]:
     """The engine's event stream, for a request that declares tools: each event parsed and written anew,
     after calls written as text were made `tool_use` blocks (compat/tool_rescue.py), with the same two
     repairs as `relay_events` (an opening `message_start`, an `error` event for an engine that dies) and
@@ -154,7 +157,7 @@ async def rescued_events(call: EngineCall, start: Opening) -> AsyncIterator[byte
     decoder, rescue, opened = SSEDecoder(), MessageStreamRescue(call.tools or {}), False
     signer = thinking_signature.StreamSigner()
     try:
-        async for chunk in call.chunks():
+        async for chunk in call.engine.chunks():
             for _, payload in decoder.feed(chunk):
                 try:
                     doc = json.loads(payload)
@@ -178,7 +181,7 @@ async def rescued_events(call: EngineCall, start: Opening) -> AsyncIterator[byte
         await call.close()
 
 
-async def chat_events(call: EngineCall, model: str) -> AsyncIterator[bytes]:
+async def chat_events(call: ServedCall, model: str) -> AsyncIterator[bytes]:
     """The events of a message served through chat completions (compat/anthropic_chat.py): the whole
     answer first (its call is rescued from the whole text), then its events; a failure is an `error`."""
     try:

@@ -2,7 +2,7 @@
 
 Ollama (server/routes.go, EmbedHandler) embeds first; when the runner refuses an input as too long, it
 tokenizes the input, keeps as many tokens as fit beside the special tokens the model adds, and embeds
-that. Here the engine is llama-server: its refusal says its limit (upstream.InputTooLong); the inputs are
+that. Here the engine is llama-server: its refusal says its limit (served_call.InputTooLong); the inputs are
 tokenized by its `/tokenize`, with and without the special tokens (BOS, EOS/SEP) it adds, so that the
 kept tokens are sent as token arrays, special tokens in place, exactly what it would have embedded.
 """

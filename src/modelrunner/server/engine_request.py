@@ -9,7 +9,7 @@ assemble; a retry of a request its client left waits for the engine to finish th
 request for the agent's interactive turns (scheduler/conversations.py). A rule added here applies to every
 API family. What differs between the families is what they bring: a parsed body (the OpenAI routes keep
 its bytes, sent again only if changed) or one they built, and how they send it (the front's byte relay, or
-an `EngineCall`).
+a `ServedCall`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from modelrunner.scheduler.conversations import DRAIN_BOUND, POLL_SECONDS, Conve
 from modelrunner.scheduler.runner import Runner
 from modelrunner.server import capabilities, keepalive, lifecycle
 from modelrunner.server.lifecycle import Exchange, Inference
+from modelrunner.server.served_call import ServedCall
 from modelrunner.server.upstream import EngineCall
 
 log = logging.getLogger(__name__)
@@ -52,13 +53,9 @@ class EngineRequest:
         """The bytes to send: those the client `sent` when nothing changed (no second serialisation)."""
         return sent if sent is not None and not self.changed else json.dumps(self.doc).encode()
 
-    def call(self, exchange: Exchange) -> EngineCall:
-        """The engine call that sends this request and treats its answer as prepared (every relay)."""
-        call = EngineCall(exchange, self.runner, self.load_seconds)
-        call.assembling, call.shortening, call.tools = self.assembling, self.shortening, self.tools
-        if self.constraint is not None:
-            call.constrain(self.constraint)
-        return call
+    def call(self, exchange: Exchange) -> ServedCall:
+        """The engine call that sends this request, and the steps that treat its answer as prepared."""
+        return ServedCall(EngineCall(exchange, self.runner, self.load_seconds), self)
 
 
 async def prepare(
@@ -184,7 +181,7 @@ async def call_engine(
     mode: Mode = Mode.COMPLETION,
     keep_alive: float | None = None,
     backend: str | None = None,
-) -> EngineCall:
+) -> ServedCall:
     """POST `body` (prepared as above) to `path` of the model's runner; the answer's head is read and its
     status checked (an error status raises EngineFailed before anything is streamed), its body not yet."""
     request = await prepare(inference, name, path, body, mode, keep_alive, backend)

@@ -37,7 +37,8 @@ from modelrunner.server.proxy import (
 )
 from modelrunner.server.routes import Route
 from modelrunner.server.security import MAX_BODY, BodyTooLarge
-from modelrunner.server.upstream import READ_ERRORS, EngineCall, EngineUnreachable
+from modelrunner.server.served_call import ServedCall
+from modelrunner.server.upstream import READ_ERRORS, EngineUnreachable
 from modelrunner.wire import EVENT_END, tail_after
 
 __all__ = ["MAX_BODY", "InferenceHandler", "Prepared", "error_parts"]
@@ -55,7 +56,7 @@ class Prepared:
     def runner(self) -> Runner:
         return self.request.runner
 
-    def call(self, exchange: Exchange) -> EngineCall:
+    def call(self, exchange: Exchange) -> ServedCall:
         """The engine call that sends this request and treats its answer as prepared (both relays)."""
         return self.request.call(exchange)
 
@@ -166,12 +167,12 @@ class InferenceHandler:
         tail = EVENT_END  # the last bytes sent, to know whether an SSE event was cut
         try:
             await call.send(route.upstream_path, prepared.body, headers)
-            if prepared.whole or call.status >= 400:  # a refusal is read whole: `answer` rewords it
+            if prepared.whole or call.engine.status >= 400:  # a refusal is read whole: `answer` rewords it
                 status, body = await call.answer()
                 await send_json(send, status, body)
                 return
-            out, streaming = client_headers(call.headers)
-            await send({"type": "http.response.start", "status": call.status, "headers": out})
+            out, streaming = client_headers(call.engine.headers)
+            await send({"type": "http.response.start", "status": call.engine.status, "headers": out})
             started = True
             rescued = streaming and prepared.request.tools is not None
             chunks = rescued_events(call) if rescued else call.relayed()
@@ -221,9 +222,9 @@ def rescues_stream(route: Route, body: bytes) -> bool:
     )
 
 
-async def rescued_events(call: EngineCall) -> AsyncIterator[bytes]:
+async def rescued_events(call: ServedCall) -> AsyncIterator[bytes]:
     """A chat stream's events written anew from its chunks, as llama-server writes them (compact JSON),
-    after EngineCall.events made its calls written as text calls."""
+    after ServedCall.events made its calls written as text calls."""
     async for doc in call.events():
         yield b"data: " + json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode() + EVENT_END
     yield b"data: [DONE]" + EVENT_END

@@ -31,9 +31,9 @@ from modelrunner.server.distribution_api import wait_started
 from modelrunner.server.engine_request import call_engine
 from modelrunner.server.lifecycle import Inference
 from modelrunner.server.ollama_persona import Personas
+from modelrunner.server.served_call import InputTooLong, ServedCall
 from modelrunner.server.serving import Document, LineStream
 from modelrunner.server.transfers import TransferJob, TransferManager
-from modelrunner.server.upstream import EngineCall, InputTooLong
 from modelrunner.store.store import StoredModel
 
 OLLAMA_VERSION = "0.1.0"  # what DMR answers
@@ -221,7 +221,7 @@ class OllamaServing:
                 out["thinking"] = thinking
         out |= {"done": True, "done_reason": shapes.done_reason(choice.get("finish_reason"))}
         return out | shapes.final_fields(
-            answer.get("usage"), answer.get("timings"), started, call.load_seconds
+            answer.get("usage"), answer.get("timings"), started, call.engine.load_seconds
         )
 
     # -- embeddings --------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ class OllamaServing:
             [item.get("embedding") or [] for item in data],
             answer.get("usage") or {},
             started,
-            call.load_seconds,
+            call.engine.load_seconds,
         )
 
     # -- transfers ---------------------------------------------------------------------------------
@@ -317,16 +317,16 @@ def _piece(kind: Kind, name: str, text: str, thinking: str, tool_calls: list[Doc
 
 
 async def _streamed(
-    kind: Kind, name: str, start: Coroutine[Any, Any, EngineCall], started: float
+    kind: Kind, name: str, start: Coroutine[Any, Any, ServedCall], started: float
 ) -> LineStream:
     """The stream of a started engine call, with a keep-alive line while the engine is silent (its model
     loading, a prefill: server/keepalive.py): a piece with no text, which Ollama's clients add to the
     answer as nothing (an empty line would fail the `ollama` client's JSON parse)."""
     every = keepalive.interval()
-    begun = await keepalive.within(start, every, EngineCall.close)
+    begun = await keepalive.within(start, every, ServedCall.close)
     ping = _line(_piece(kind, name, "", "", None))
 
-    def lines(call: EngineCall) -> AsyncIterator[bytes]:
+    def lines(call: ServedCall) -> AsyncIterator[bytes]:
         return _stream(kind, name, call, started)
 
     def failed(exc: ModelRunnerError) -> bytes:
@@ -334,11 +334,11 @@ async def _streamed(
 
     ended = keepalive.line_ended
     if isinstance(begun, asyncio.Task):  # the stream's head goes out now, pings while it waits
-        return LineStream(keepalive.waiting(begun, lines, ping, every, failed, EngineCall.close, ended))
+        return LineStream(keepalive.waiting(begun, lines, ping, every, failed, ServedCall.close, ended))
     return LineStream(keepalive.pinged(lines(begun), ping, every, ended))
 
 
-async def _stream(kind: Kind, name: str, call: EngineCall, started: float) -> AsyncIterator[bytes]:
+async def _stream(kind: Kind, name: str, call: ServedCall, started: float) -> AsyncIterator[bytes]:
     """The engine's chat-completion chunks as Ollama's NDJSON lines; an engine that fails mid-stream
     ends it with an `{"error": ...}` line (the status is sent already)."""
 
@@ -365,7 +365,7 @@ async def _stream(kind: Kind, name: str, call: EngineCall, started: float) -> As
                     if calls.calls:
                         yield _line(piece("", "", calls.take()))
         last = piece("", "", None) | {"done": True, "done_reason": shapes.done_reason(finish)}
-        yield _line(last | shapes.final_fields(usage, timings, started, call.load_seconds))
+        yield _line(last | shapes.final_fields(usage, timings, started, call.engine.load_seconds))
     except ModelRunnerError as exc:
         yield _line({"error": exc.message})
     finally:

@@ -18,8 +18,8 @@ from modelrunner.server import keepalive
 from modelrunner.server.engine_request import call_engine
 from modelrunner.server.errors import RESPONSES, exception_payload
 from modelrunner.server.lifecycle import Inference
+from modelrunner.server.served_call import ServedCall
 from modelrunner.server.serving import Document, EventStream
-from modelrunner.server.upstream import EngineCall
 
 
 class ResponsesServing:
@@ -47,7 +47,7 @@ class ResponsesServing:
             backend,
         )
         every = keepalive.interval() if checked.stream else 0.0
-        started = await keepalive.within(start, every, EngineCall.close)
+        started = await keepalive.within(start, every, ServedCall.close)
         response_id, created_at = shapes.new_id("resp"), int(time.time())
 
         def remember(response: Document) -> None:
@@ -55,13 +55,13 @@ class ResponsesServing:
                 conversation = messages + shapes.chat_messages(response["output"])
                 self.store.put(shapes.StoredResponse(response, items, conversation))
 
-        def events(call: EngineCall) -> AsyncIterator[bytes]:
+        def events(call: ServedCall) -> AsyncIterator[bytes]:
             return _stream(call, checked, response_id, created_at, remember)
 
         if isinstance(started, asyncio.Task):  # the stream's head goes out now, comments while it waits
             ping = keepalive.SSE_COMMENT
             return EventStream(
-                keepalive.waiting(started, events, ping, every, _error_event, EngineCall.close)
+                keepalive.waiting(started, events, ping, every, _error_event, ServedCall.close)
             )
         call = started
         if checked.stream:
@@ -127,7 +127,7 @@ def _error_event(exc: ModelRunnerError) -> bytes:
 
 
 async def _stream(
-    call: EngineCall,
+    call: ServedCall,
     checked: shapes.ResponsesRequest,
     response_id: str,
     created_at: int,
