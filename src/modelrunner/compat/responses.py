@@ -39,6 +39,7 @@ from modelrunner.compat.bodies import validated
 from modelrunner.compat.thinking_signature import signature
 from modelrunner.errors import BadRequest
 from modelrunner.scheduler.memory import env_bytes
+from modelrunner.wire import sse_event
 
 MAX_STORED = 1000
 MAX_AGE_SECONDS = 3600.0
@@ -659,7 +660,7 @@ class EventWriter:
     def event(self, kind: str, **fields: Any) -> bytes:
         doc = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(doc)}\n\n".encode()
+        return sse_event(kind, json.dumps(doc).encode())
 
     def _start(self, item: dict[str, Any]) -> list[bytes]:
         events = self.close_item()
