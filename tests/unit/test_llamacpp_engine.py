@@ -60,6 +60,10 @@ def argv(model: ModelForEngine, mode: Mode = Mode.COMPLETION, **settings: object
     return command_line(SERVER, model, mode, runner_settings(LlamaCppSettings, **settings), SOCKET)
 
 
+BATCH = ["--batch-size", "512"]  # a completion runner's (engines/llamacpp.py CANCEL_BATCH)
+BATCH_FLAGS = ("-b", "--batch-size", "-ub", "--ubatch-size")
+
+
 def base() -> list[str]:
     return [str(SERVER), "-ngl", "999", "--metrics", "-t", str(default_threads())]
 
@@ -78,6 +82,8 @@ def test_completion_without_template_uses_jinja(tmp_path: Path) -> None:
         str(SOCKET),
         "--alias",
         "ai/tiny",
+        "--batch-size",
+        "512",
         "--jinja",
         "--no-webui",
     ]
@@ -86,14 +92,14 @@ def test_completion_without_template_uses_jinja(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("mode", "template", "mmproj", "settings", "middle", "tail"),
     [
-        (Mode.COMPLETION, True, False, {}, ["--chat-template-file", "{t}"], ["--jinja"]),
-        (Mode.COMPLETION, False, True, {}, [], ["--mmproj", "{m}"]),
+        (Mode.COMPLETION, True, False, {}, ["--chat-template-file", "{t}", *BATCH], ["--jinja"]),
+        (Mode.COMPLETION, False, True, {}, BATCH, ["--mmproj", "{m}"]),
         (
             Mode.COMPLETION,
             True,
             True,
             {"context_size": 4096},
-            ["--chat-template-file", "{t}"],
+            ["--chat-template-file", "{t}", "--ctx-size", "4096", *BATCH],
             ["--mmproj", "{m}"],
         ),
         (Mode.EMBEDDING, True, False, {}, ["--embeddings", "--pooling", "mean"], ["--jinja"]),
@@ -103,7 +109,7 @@ def test_completion_without_template_uses_jinja(tmp_path: Path) -> None:
             False,
             False,
             {"reasoning_budget": 0, "context_size": -1, "runtime_flags": ("--temp", "0.2", "-np", "2")},
-            ["--reasoning-budget", "0", "--ctx-size", "-1", "--temp", "0.2", "-np", "2"],
+            ["--reasoning-budget", "0", "--ctx-size", "-1", *BATCH, "--temp", "0.2", "-np", "2"],
             ["--jinja"],
         ),
         (
@@ -150,8 +156,14 @@ def test_command_line_table(
 def test_context_size_comes_from_configure_then_the_model(tmp_path: Path) -> None:
     model = make_bundle(tmp_path)
     with_default = ModelForEngine(**{**model.__dict__, "context_size": 2048})
-    assert argv(with_default)[-4:] == ["--ctx-size", "2048", "--jinja", "--no-webui"]
-    assert argv(with_default, context_size=8192)[-4:] == ["--ctx-size", "8192", "--jinja", "--no-webui"]
+    assert argv(with_default)[-6:] == ["--ctx-size", "2048", *BATCH, "--jinja", "--no-webui"]
+    assert argv(with_default, context_size=8192)[-6:] == [
+        "--ctx-size",
+        "8192",
+        *BATCH,
+        "--jinja",
+        "--no-webui",
+    ]
 
 
 def test_first_shard_is_the_model(tmp_path: Path) -> None:
@@ -501,11 +513,7 @@ def test_embedding_runners_embed_inputs_as_long_as_their_context(tmp_path: Path)
         line = command_line(
             SERVER, model, mode, runner_settings(LlamaCppSettings, **settings), SOCKET, trained
         )
-        return [
-            f
-            for i, f in enumerate(line)
-            if f in ("--batch-size", "--ubatch-size") or line[i - 1] in ("--batch-size", "--ubatch-size")
-        ]
+        return [f for i, f in enumerate(line) if f in BATCH_FLAGS or line[i - 1] in BATCH_FLAGS]
 
     assert batch_flags(Mode.EMBEDDING, context_size=2048) == ["--batch-size", "2048", "--ubatch-size", "2048"]
     assert batch_flags(Mode.RERANKING, 8192) == ["--batch-size", "8192", "--ubatch-size", "8192"]
@@ -515,8 +523,10 @@ def test_embedding_runners_embed_inputs_as_long_as_their_context(tmp_path: Path)
         "--ubatch-size",
         "8192",
     ]
-    assert batch_flags(Mode.COMPLETION, 8192, context_size=2048) == []
-    assert batch_flags(Mode.EMBEDDING, 8192, runtime_flags=("-ub", "1024")) == []  # the user's choice
+    # a generation's batch is CANCEL_BATCH: an abandoned prefill stops within a batch
+    assert batch_flags(Mode.COMPLETION, 8192, context_size=2048) == BATCH
+    assert batch_flags(Mode.EMBEDDING, 8192, runtime_flags=("-ub", "1024")) == ["-ub", "1024"]  # theirs alone
+    assert batch_flags(Mode.COMPLETION, 8192, runtime_flags=("-b", "2048")) == ["-b", "2048"]
 
 
 def test_a_context_beyond_the_training_context_gets_rope_scaling() -> None:

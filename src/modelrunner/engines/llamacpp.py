@@ -61,6 +61,12 @@ def default_threads() -> int:
     return n if n <= 4 else max(4, n // 2)
 
 
+# A generation's prompt is decoded in batches of this many tokens (llama-server's default: 2,048). It looks
+# for a cancelled task only between batches: an abandoned prefill went on for 6-12 s on a 2-core CPU, and
+# for 0.5-1.2 s at 512; the micro-batch, what is computed at once, is 512 either way (bench/cancel_latency).
+CANCEL_BATCH = 512
+
+
 def base_args() -> list[str]:
     """DMR's base arguments (all layers on the GPU when there is one, Prometheus metrics), or LLAMA_ARGS."""
     raw = os.environ.get("LLAMA_ARGS")
@@ -152,8 +158,11 @@ def command_line(
     if own.rpc_workers:  # layers spread over llama.cpp RPC workers (engines/rpc_workers.py)
         argv += ["--rpc", ",".join(own.rpc_workers)]
     batch = context if context is not None and context > 0 else trained_context
-    if mode is not Mode.COMPLETION and batch and not any(f in settings.runtime_flags for f in _BATCH_FLAGS):
+    own_batch = any(f in settings.runtime_flags for f in _BATCH_FLAGS)
+    if mode is not Mode.COMPLETION and batch and not own_batch:
         argv += ["--batch-size", str(batch), "--ubatch-size", str(batch)]
+    elif mode is Mode.COMPLETION and not own_batch:
+        argv += ["--batch-size", str(CANCEL_BATCH)]
     argv += list(settings.runtime_flags)
     mmproj = projector_file(model.bundle)
     argv += ["--mmproj", str(mmproj)] if mmproj is not None else ["--jinja"]
