@@ -9,7 +9,7 @@ translation fewer, and the engine's tracks Anthropic's format as clients change.
 error shape everywhere (server/errors.py shapes errors by path): for an unknown model (404
 not_found_error), a malformed body (400 invalid_request_error, `max_tokens` included: Anthropic requires
 it), an engine error status, and an engine that dies mid-stream (an `error` event). A non-streamed request
-is asked for as a stream and assembled (server/upstream.py), so that a client that leaves stops it. And
+is asked for as a stream and assembled (server/served_call.py), so that a client that leaves stops it. And
 `role: "system"` messages inside `messages` (Claude Code 2.1.19x) are moved where every chat template
 takes them before anything else (compat/anthropic.py, `with_system_messages_placed`).
 

@@ -15,7 +15,7 @@ Each request the front answers is an exchange of the request lifecycle (server/l
 ASGI path: its id in the `X-Request-Id` header, its runner released when it ends, its engine connection
 closed when the client leaves, its access line and its record. Answers that must be read whole (a
 non-streamed llama.cpp generation, assembled from the stream asked for; embeddings, whose errors may be
-reworded) go through the engine call of server/upstream.py; all others are relayed byte for byte, by the
+reworded) go through server/served_call.py; all others are relayed byte for byte, by the
 engine side of the front (server/engine_pool.py: kept-alive engine connections, each relaying one answer).
 
 The protocol is built on uvicorn's (it hands connections over to `HttpToolsProtocol`, with the front's
@@ -394,7 +394,7 @@ class FrontProtocol(asyncio.Protocol):
             self._write_json(status, json.dumps(payload).encode(), headers)
 
     async def _whole(self, prepared: Prepared, request: Request, exchange: Exchange) -> None:
-        """An answer read whole from the engine (server/upstream.py), then written with its length."""
+        """An answer read whole from the engine (server/served_call.py), then written with its length."""
         call = prepared.call(exchange)
         try:
             await call.send(request.route.upstream_path, prepared.body, request.headers)
