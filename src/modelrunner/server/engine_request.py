@@ -55,7 +55,8 @@ class EngineRequest:
 
     def call(self, exchange: Exchange) -> ServedCall:
         """The engine call that sends this request, and the steps that treat its answer as prepared."""
-        return ServedCall(EngineCall(exchange, self.runner, self.load_seconds), self)
+        engine = EngineCall(exchange, self.runner, self.load_seconds)
+        return ServedCall(engine, self.path, self.assembling, self.shortening, self.constraint, self.tools)
 
 
 async def prepare(

@@ -19,7 +19,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from modelrunner.compat import assemble, structured, tool_rescue
 from modelrunner.compat.context_overflow import refusal
@@ -36,9 +36,6 @@ from modelrunner.server.upstream import (
     engine_error_message,
 )
 from modelrunner.wire import SSEDecoder
-
-if TYPE_CHECKING:  # engine_request.py makes the served calls
-    from modelrunner.server.engine_request import EngineRequest
 
 # Two searches, not one pattern with `.*` between: that backtracks over a hostile error body (1 MiB: ~10 s)
 _TOO_LARGE = re.compile(r"input \((\d{1,12}) tokens\) is too large to process")
@@ -70,14 +67,22 @@ class ServedCall:
     """One request to a runner (`engine`, its bytes) and the steps of its answer. `close()` it: that
     closes the connection and releases the runner."""
 
-    def __init__(self, engine: EngineCall, request: EngineRequest) -> None:
+    def __init__(
+        self,
+        engine: EngineCall,
+        path: str,
+        assembling: str | None = None,
+        shortening: Shortening | None = None,
+        constraint: structured.Constraint | None = None,
+        tools: tool_rescue.Tools | None = None,
+    ) -> None:
         self.engine = engine
         self.exchange: Exchange = engine.exchange
-        self.path = request.path  # the engine's
-        self.assembling = request.assembling  # the path whose unstreamed answer is assembled
-        self.shortening: Shortening | None = request.shortening  # an embeddings request's `dimensions`
-        self.constraint = request.constraint  # the JSON its answer must be
-        self.tools = request.tools  # declared: calls written as text are rescued
+        self.path = path  # the engine's
+        self.assembling = assembling  # the path whose unstreamed answer is assembled
+        self.shortening = shortening  # an embeddings request's `dimensions`
+        self.constraint = constraint  # the JSON its answer must be
+        self.tools = tools  # declared: calls written as text are rescued
         self.unopened = False  # an assembled message whose stream lacked `message_start`: no input count
         if self.constraint is not None:  # the answer's head says it is checked
             self.exchange.announce(self.constraint.header)
