@@ -8,7 +8,8 @@ import pytest
 
 from modelrunner.compat.context_overflow import ContextOverflow, refusal
 from modelrunner.errors import BadRequest
-from modelrunner.server.errors import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, exception_payload
+from modelrunner.server.errors import exception_payload
+from modelrunner.server.routes import ANTHROPIC, OLLAMA, OPENAI, RESPONSES
 
 LLAMA = {
     "error": {

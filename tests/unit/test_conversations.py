@@ -75,7 +75,7 @@ def test_abandoned_conversations_are_kept_for_the_drain_bound_only(monkeypatch: 
     assert abandoned and abandoned.continued_by(chat(user("long prefill")))
     assert not abandoned.continued_by(chat(user("a title, please"), tools=None))
     later = time.monotonic() + conversations.DRAIN_BOUND + 1
-    monkeypatch.setattr(conversations.time, "monotonic", lambda: later)
+    monkeypatch.setattr("modelrunner.scheduler.conversations.time.monotonic", lambda: later)
     assert not abandoned.continued_by(chat(user("long prefill")))  # long since let go
     assert not abandoned
 

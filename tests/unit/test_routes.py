@@ -162,7 +162,7 @@ def test_every_route_the_daemon_registers_is_its_routers_family(tmp_path: Path) 
     """The routers register their paths from the table's prefixes: each path's family, as errors, access
     lines and the recorder see it, is its router's (DMR's for every other router)."""
     daemon = build_daemon(ModelStore(tmp_path / "models"), engines={})
-    api = daemon.asgi.app.app.api  # LifecycleMiddleware -> SecurityMiddleware -> Dispatcher
+    api = daemon.asgi.app.app.api  # type: ignore[attr-defined]  # LifecycleMiddleware -> Security -> Dispatcher
     seen: set[str] = set()
     for included in api.routes:
         router = getattr(included, "original_router", None)
