@@ -121,3 +121,25 @@ def test_a_request_that_declares_tools_is_interactive() -> None:
     assert interactive({"messages": [], "tools": TOOLS})
     assert not interactive({"messages": [], "tools": []})
     assert not interactive({"messages": [user("Write a title")]})
+
+
+def test_during_an_agent_s_session_a_side_request_lets_the_turn_sent_with_it_go_first() -> None:
+    async def run() -> list[str]:
+        turns, order = Turns(bound=10), []
+        turns.begin()  # the agent's previous turn
+        turns.end()
+
+        async def side() -> None:
+            await turns.side_turn()
+            order.append("side")
+
+        waiting = asyncio.create_task(side())  # the side request arrives first...
+        await asyncio.sleep(0.05)
+        turns.begin()  # ... and the main turn sent with it a moment later
+        order.append("main")
+        await asyncio.sleep(0.5)
+        turns.end()
+        await waiting
+        return order
+
+    assert asyncio.run(run()) == ["main", "side"]
