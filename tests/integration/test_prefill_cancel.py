@@ -216,7 +216,8 @@ def busy_one(
 @pytest.fixture
 def one_slot(fake_daemons: FakeDaemons, tmp_path: Path) -> tuple[InProcessDaemon, Path]:
     log = tmp_path / "events.jsonl"
-    env = {"FAKE_CHUNKS": "40", "FAKE_CHUNK_DELAY": "0.1", "FAKE_EVENTS": str(log)}  # each stream: 4 s
+    # each stream: 12 s, time enough for 16 requests to queue and leave on a loaded machine (4 s was not: CI)
+    env = {"FAKE_CHUNKS": "120", "FAKE_CHUNK_DELAY": "0.1", "FAKE_EVENTS": str(log)}
     return fake_daemons.start(env, models=("one", "two"), max_runners=1), log
 
 
