@@ -73,7 +73,7 @@ def main() -> None:
         try:
             daemon.cli("package", "--gguf", str(smollm2_gguf()), "smol")
             first = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-            daemon.http("POST", "/engines/v1" + CHAT, json=first).raise_for_status()
+            daemon.http("POST", "/engines" + CHAT, json=first).raise_for_status()
             sock = runner_socket(daemon)
             ways = {
                 "daemon": (
