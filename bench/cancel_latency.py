@@ -34,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.llama_servers import Server, agent_messages, servers, smollm2
+from bench.prefill_llama import stamp  # llama.cpp's log times
 
 CONTEXT, TRAINED, TOKENS = 16384, 8192, 12000
 LOG = ["--log-timestamps", "-lv", "4"]
@@ -45,14 +46,6 @@ CONFIGS: dict[str, list[str]] = {
     "b1024-ub1024": [*LOG, "-b", "1024", "-ub", "1024"],
     "b2048-ub2048": [*LOG, "-ub", "2048"],
 }
-STAMP = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) ")  # llama.cpp's log: minutes.seconds.ms.us since start
-
-
-def stamp(line: str) -> float:
-    found = STAMP.match(line)
-    assert found is not None, line
-    minutes, seconds, ms, us = (int(part) for part in found.groups())
-    return minutes * 60 + seconds + ms / 1e3 + us / 1e6
 
 
 class LogTail:
