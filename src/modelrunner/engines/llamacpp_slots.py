@@ -44,27 +44,27 @@ async def _call(socket: Path, method: str, path: str, timeout: float, body: Any 
     return decoded
 
 
-async def held_slots(socket: Path, timeout: float) -> list[int]:
-    """Slots that hold a prompt and are not working on one now."""
+async def _slots(socket: Path, timeout: float) -> list[dict[str, Any]]:
+    """GET /slots: each slot's state."""
     slots = await _call(socket, "GET", "/slots", timeout)
     if not isinstance(slots, list):
         raise SlotError("GET /slots: not a list of slots")
-    return [
-        int(s["id"])
-        for s in slots
-        if isinstance(s, dict) and s.get("id_task") is not None and not s.get("is_processing")
-    ]
+    return [s for s in slots if isinstance(s, dict)]
+
+
+async def held_slots(socket: Path, timeout: float) -> list[int]:
+    """Slots that hold a prompt and are not working on one now."""
+    slots = await _slots(socket, timeout)
+    return [int(s["id"]) for s in slots if s.get("id_task") is not None and not s.get("is_processing")]
 
 
 async def working_slots(socket: Path, timeout: float) -> int | None:
     """How many slots work on a request now; None when the engine does not say in time."""
     try:
-        slots = await _call(socket, "GET", "/slots", timeout)
+        slots = await _slots(socket, timeout)
     except (SlotError, OSError):
         return None
-    if not isinstance(slots, list):
-        return None
-    return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+    return sum(1 for s in slots if s.get("is_processing"))
 
 
 async def save_slots(socket: Path, folder: Path, timeout: float) -> list[SavedSlot]:
