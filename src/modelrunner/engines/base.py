@@ -148,6 +148,9 @@ class Engine(ABC):
     ignores_forced_tool_choice: bool = False
     # Speculative decoding with a draft model of its own formats (`model configure --speculative-...`)
     takes_draft_model: bool = False
+    # It puts each request on one of its slots itself, finishing a batch before it sees a cancel, and says
+    # how many work (`working_slots`): a retry of an abandoned request waits for that slot to free
+    chooses_slots: bool = False
 
     @abstractmethod
     def status(self) -> EngineStatus: ...
@@ -221,8 +224,8 @@ class Engine(ABC):
         raise SlotError(f"{self.name} cannot restore a prompt cache")
 
     async def working_slots(self, socket: Path, timeout: float) -> int | None:
-        """How many requests the engine works on now, where it chooses a request's slot itself and can say
-        (a retry of an abandoned request waits for it: scheduler/conversations.py); None: it cannot."""
+        """How many requests the engine works on now (`chooses_slots` engines; a retry of an abandoned
+        request waits for it: scheduler/conversations.py); None when it does not say."""
         return None
 
     # -- helpers with defaults (added for install routes and the scheduler) --------------------------

@@ -188,6 +188,7 @@ class LlamaCppEngine(Engine):
     completions_json_schema = True  # its completions route ignores response_format
     ignores_forced_tool_choice = True  # b11434 builds the grammar of a forced choice and does not apply it
     takes_draft_model = True  # --model-draft
+    chooses_slots = True  # the idle slot with the most similar prompt, else the least recently used
 
     def __init__(self, install_root: Path | None = None) -> None:
         self.home = HomeInstall(NAME, install_root)

@@ -147,15 +147,19 @@ class Turns:
         if self.interactive == 0:
             self._none.set()
 
+    def side_requests_wait(self) -> bool:
+        """Whether a side request waits now: interactive turns in flight, or an agent at work (its next turn
+        may be on its way)."""
+        recent = time.monotonic() - self.last_interactive < ACTIVE_WINDOW
+        return self.bound > 0 and (self.interactive > 0 or recent)
+
     async def side_turn(self) -> float:
         """Wait until no interactive request is in flight, or `bound` has passed: the seconds waited."""
-        if self.bound <= 0:
+        if not self.side_requests_wait():
             return 0.0
         started = time.monotonic()
         if started - self.last_interactive < ACTIVE_WINDOW:  # an agent at work: its turn may be on its way
             await asyncio.sleep(min(GRACE, self.bound))
-        elif not self.interactive:
-            return 0.0
         if self.interactive:
             left = self.bound - (time.monotonic() - started)
             with contextlib.suppress(TimeoutError):  # it goes after all

@@ -104,7 +104,8 @@ async def prepare(
     if engine.assembles_unstreamed and assemble.streamable(path, doc):
         assembling, doc, changed = path, assemble.streamed_request(path, doc), True
     if not preload and mode is Mode.COMPLETION:
-        await _after_abandoned(engine, runner, doc)
+        if engine.chooses_slots:
+            await _after_abandoned(engine, runner, doc)
         await _interactive_first(runner, doc)
     return EngineRequest(runner, path, doc, changed, load_seconds, assembling, shortening, constraint, tools)
 
@@ -138,6 +139,8 @@ async def _interactive_first(runner: Runner, doc: dict[str, Any]) -> None:
     if interactive(doc):
         exchange.opened(turns.end)  # at the exchange's end, or as its client leaves
         turns.begin()
+        return
+    if not turns.side_requests_wait():
         return
     async with exchange.waiting():
         waited = await turns.side_turn()
