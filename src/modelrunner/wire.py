@@ -45,6 +45,12 @@ def ends_event(data: bytes) -> bool:
     return data.endswith(EVENT_ENDS)
 
 
+def first_event_end(data: bytes) -> int:
+    """Where the first event that ends in `data` ends (after its blank line); 0 where none does."""
+    ends = [at + len(end) for end in EVENT_ENDS if (at := data.find(end)) >= 0]
+    return min(ends, default=0)
+
+
 def last_event_end(data: bytes) -> int:
     """Where the last event that ends in `data` ends (after its blank line); 0 where none does."""
     return max((at + len(end) for end in EVENT_ENDS if (at := data.rfind(end)) >= 0), default=0)
@@ -98,6 +104,15 @@ class SSEDecoder:
     def end(self) -> list[tuple[str | None, bytes]]:
         """The events a stream that stops here still completes (its last line, its last event)."""
         return self.feed(b"\n\n")
+
+
+def event_document(payload: bytes) -> dict[str, Any] | None:
+    """An event's data as the JSON object it carries; None for anything else (`[DONE]`, a broken line)."""
+    try:
+        doc = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def sse_events(body: bytes) -> list[tuple[str | None, bytes]]:

@@ -16,6 +16,8 @@ from modelrunner.wire import (
     ends_event,
     error_message,
     event_closed,
+    event_document,
+    first_event_end,
     last_event_end,
     sse_event,
     sse_events,
@@ -127,3 +129,24 @@ def test_the_cli_imports_it_alone() -> None:
     code = code.replace("MODS", "('fastapi', 'pydantic', 'httpx', 'modelrunner')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['modelrunner', 'modelrunner.wire']"
+
+
+@pytest.mark.parametrize(
+    ("data", "end"),
+    [
+        (b"data: a\n\ndata: b\n\n", 9),
+        (b"data: a\r\n\r\ndata: b", 11),
+        (b"data: a\r\n\n", 10),
+        (b"data: a\n", 0),
+    ],
+)
+def test_the_first_event_end_is_where_the_decoder_completes_an_event(data: bytes, end: int) -> None:
+    assert first_event_end(data) == end
+    if end:
+        decoder = SSEDecoder()
+        assert decoder.feed(data[:end]) and decoder.between_events
+
+
+def test_an_event_document_is_the_json_object_an_event_carries() -> None:
+    assert event_document(b'{"choices": []}') == {"choices": []}
+    assert [event_document(p) for p in (b"[DONE]", b"[1]", b"\xff", b"{")] == [None] * 4

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from modelrunner.compat.anthropic import new_message
-from modelrunner.wire import SSEDecoder, document_message
+from modelrunner.wire import SSEDecoder, document_message, event_document
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -71,11 +71,7 @@ class Assembler(ABC):
             if payload == b"[DONE]":
                 self.done = True
                 continue
-            try:
-                doc = json.loads(payload)
-            except (ValueError, UnicodeDecodeError):
-                continue
-            if isinstance(doc, dict):
+            if (doc := event_document(payload)) is not None:
                 self.add(event, doc)
 
     @abstractmethod

@@ -16,7 +16,6 @@ a 5xx would be retried, three full-length requests for one). `X-Modelrunner-Cons
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +23,12 @@ from jsonschema import exceptions, validators
 
 from modelrunner.compat.assemble import CHAT, COMPLETIONS
 from modelrunner.errors import BadRequest, ModelRunnerError
-from modelrunner.wire import sse_events
+from modelrunner.wire import event_document, first_event_end, sse_events
 
 HEADER = b"x-modelrunner-constraint"
 UNVALIDATED = (HEADER, b"unvalidated")  # a whole answer cut by its token limit: passed on unchecked
 CUT = "length"  # the finish reason of an answer cut by its token limit
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # `json_object`: llama-server's grammar for it
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 
 
 class ConstraintFailed(ModelRunnerError):
@@ -174,17 +172,13 @@ class StreamCheck:
     def feed(self, chunk: bytes) -> bytes:
         self.pending += chunk
         out = bytearray()
-        while (end := _EVENT_END.search(self.pending)) is not None:
-            event, self.pending = self.pending[: end.end()], self.pending[end.end() :]
+        while end := first_event_end(self.pending):
+            event, self.pending = self.pending[:end], self.pending[end:]
             for _, payload in sse_events(event):
                 if payload == b"[DONE]":
                     self.done = event
                     break
-                try:
-                    doc = json.loads(payload)
-                except (ValueError, UnicodeDecodeError):
-                    continue
-                if isinstance(doc, dict):
+                if (doc := event_document(payload)) is not None:
                     self.text.add(doc)
             else:
                 out += event

@@ -28,7 +28,7 @@ from modelrunner.server.routes import ANTHROPIC
 from modelrunner.server.served_call import ServedCall
 from modelrunner.server.serving import Document, EventStream, RawAnswer
 from modelrunner.server.upstream import READ_ERRORS
-from modelrunner.wire import EVENT_END, SSEDecoder, event_closed, tail_after
+from modelrunner.wire import EVENT_END, SSEDecoder, event_closed, event_document, tail_after
 
 _MESSAGE_START = b"event: message_start"
 
@@ -159,11 +159,8 @@ async def rescued_events(call: ServedCall, start: Opening) -> AsyncIterator[byte
     try:
         async for chunk in call.engine.chunks():
             for _, payload in decoder.feed(chunk):
-                try:
-                    doc = json.loads(payload)
-                except (ValueError, UnicodeDecodeError):
-                    continue
-                if not isinstance(doc, dict):
+                doc = event_document(payload)
+                if doc is None:
                     continue
                 if not opened and doc.get("type") != "message_start":
                     yield await start.event()

@@ -45,7 +45,7 @@ from modelrunner.scheduler.settings import ModelSettings, backend_configuration
 from modelrunner.server.access import Access, RequestHead
 from modelrunner.server.routes import FAMILIES, OLLAMA, RESPONSES, engine_path
 from modelrunner.store.store import ModelStore
-from modelrunner.wire import sse_events, sse_field
+from modelrunner.wire import event_document, sse_events, sse_field
 
 RECORDS_PER_MODEL = 10  # DMR's maximumRecordsPerModel
 SUBSCRIBER_BUFFER = 100  # DMR's subscriberChannelBuffer: a follower that lags loses records
@@ -172,11 +172,7 @@ def streaming_error(message: str, details: str, kind: str | None = None, status:
 def _events(raw: bytes) -> list[tuple[str | None, dict[str, Any], str]]:
     out = []
     for event, payload in sse_events(raw):
-        try:
-            doc = json.loads(payload)
-        except (ValueError, UnicodeDecodeError):
-            continue
-        if isinstance(doc, dict):
+        if (doc := event_document(payload)) is not None:
             out.append((event, doc, payload.decode("utf-8", "replace")))
     return out
 

@@ -35,7 +35,7 @@ from modelrunner.server.upstream import (
     EngineFailed,
     engine_error_message,
 )
-from modelrunner.wire import SSEDecoder
+from modelrunner.wire import SSEDecoder, event_document
 
 # Two searches, not one pattern with `.*` between: that backtracks over a hostile error body (1 MiB: ~10 s)
 _TOO_LARGE = re.compile(r"input \((\d{1,12}) tokens\) is too large to process")
@@ -260,11 +260,7 @@ class ServedCall:
                         if text is not None:
                             text.check()
                         return
-                    try:
-                        doc = json.loads(payload)
-                    except (ValueError, UnicodeDecodeError):
-                        continue
-                    if isinstance(doc, dict):
+                    if (doc := event_document(payload)) is not None:
                         if "error" in doc and "choices" not in doc:
                             raise ModelRunnerError(engine_error_message(500, payload))
                         for out in passed(rescue.feed(doc) if rescue is not None else [doc]):
