@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 
 from modelrunner.cli import unknown_command
+from modelrunner.cli.distribution import close_local_model
+from modelrunner.client import Client
 from tests.conformance.dmr_daemons import cli_env, run_cli
 from tests.conformance.openai_endpoint import OpenAIEndpoint
 from tests.daemon import free_port
@@ -314,3 +316,35 @@ def test_piped_stdin_is_trimmed_as_dmr_sends_it(fake_daemon: InProcessDaemon, tm
     [listing] = fake_daemon.http("GET", "/engines/requests", params={"model": "tiny"}).json()
     sent = json.loads(listing["records"][-1]["request"])
     assert sent["messages"] == [{"role": "user", "content": "line one\nline two"}]
+
+
+# -- a typo in a model's name --------------------------------------------------------------------------
+
+
+def test_a_failed_pull_of_a_name_close_to_a_stored_one_asks_if_that_was_meant(
+    fake_daemon: InProcessDaemon, tmp_path: Path
+) -> None:
+    """Beyond DMR (issue 37 item 5): `registry.invalid` never resolves (RFC 6761), as every name offline:
+    the registry could not be reached, said in words, not as the resolver's errno; a stored model whose
+    name is close to the one asked for is offered, to `pull` and to `run`'s automatic pull."""
+    fake_daemon.http("POST", "/models/tiny/tag?repo=registry.invalid/ai/tiny&tag=latest").raise_for_status()
+    env = cli_env(tmp_path, fake_daemon.url)
+    unreachable = "the registry registry.invalid could not be reached: its name could not be looked up"
+    for args in (["pull", "registry.invalid/ai/tiyn"], ["run", "registry.invalid/ai/tiyn", "hi"]):
+        result = run_cli(env, *args)
+        assert result.returncode == 1
+        first, second = result.stderr.splitlines()
+        assert first.startswith(
+            "Failed to pull model: pulling registry.invalid/ai/tiyn failed with status 502"
+        )
+        assert unreachable in first and "Errno" not in first
+        assert second == "did you mean registry.invalid/ai/tiny? (it is in the local store)"
+    far = run_cli(env, "pull", "registry.invalid/ai/other")
+    assert far.returncode == 1 and len(far.stderr.splitlines()) == 1  # nothing close: no question
+    # Docker Hub's models are offered as they are typed, `ai/` kept; another registry's are not offered
+    daemon = Client(fake_daemon.url)
+    assert [close_local_model(daemon, name) for name in ("ai/tiyn", "ai/zzzz", "other.invalid/ai/tiny")] == [
+        "ai/tiny",
+        None,
+        None,
+    ]

@@ -175,12 +175,48 @@ def pull_events(daemon: Client, model: str) -> Iterator[Event]:
 
 def pull_model(daemon: Client, model: str, as_json: bool = False) -> int:
     """pull.go pullModel, for `pull` and `run`'s automatic pull: the progress, then the success message;
-    any failure after handleClientError's "Failed to pull model: ", exit code 1."""
+    any failure after handleClientError's "Failed to pull model: ", exit code 1. Beyond DMR: a failed
+    pull of a name close to a stored model's (a typo: ai/smolm2) asks whether that one was meant."""
     try:
-        return render_transfer(pull_events(daemon, model), as_json, "pull", PULL_FAILURE)
+        status = render_transfer(pull_events(daemon, model), as_json, "pull", PULL_FAILURE)
     except DaemonError as exc:
         print(f"{PULL_FAILURE}: {exc.message}", file=sys.stderr)
-        return 1
+        status = 1
+    if status == 1 and not as_json and (meant := close_local_model(daemon, model)):
+        print(f"did you mean {meant}? (it is in the local store)", file=sys.stderr)
+    return status
+
+
+def close_local_model(daemon: Client, model: str) -> str | None:
+    """The stored model of the same registry whose name is closest to `model`, if one is close enough to
+    be a typo of it (its repository and tag compared, `:latest` left out), named as the user types it
+    (`ai/smollm2`: the default registry and `:latest` left out)."""
+    import difflib
+
+    from modelrunner.display import DEFAULT_ORG, DEFAULT_TAG, display_name
+    from modelrunner.errors import ModelRunnerError
+    from modelrunner.reference import parse_reference
+
+    def compared(full: str) -> tuple[str, str]:
+        ref = parse_reference(full)
+        return ref.registry, str(ref).removeprefix(ref.registry + "/").removesuffix(f":{DEFAULT_TAG}")
+
+    try:
+        registry, wanted = compared(model)
+        stored = {
+            compared(tag)[1]: tag
+            for found in daemon.list_models()
+            for tag in found.tags
+            if compared(tag)[0] == registry
+        }
+    except ModelRunnerError:
+        return None  # a name that does not parse, or a runner that does not answer: nothing to offer
+    stored.pop(wanted, None)
+    close = difflib.get_close_matches(wanted, sorted(stored), n=1, cutoff=0.8)
+    if not close:
+        return None
+    shown = display_name(stored[close[0]])
+    return shown if "/" in shown else f"{DEFAULT_ORG}/{shown}"
 
 
 def hf_token(name: str) -> str | None:

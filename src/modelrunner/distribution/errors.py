@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 from modelrunner.errors import ModelRunnerError
 
 
@@ -19,6 +21,20 @@ class RegistryUnavailable(ModelRunnerError):
     """Network errors and 5xx answers that outlasted the retries."""
 
     status_code = 502
+
+
+def unreachable(what: str, exc: BaseException) -> RegistryUnavailable:
+    """`what` ("the registry docker.io") could not be reached, in words: a failed name lookup (the usual
+    cause: no network) is said as one, not as the resolver's errno ("[Errno -3] Temporary failure in name
+    resolution"); other network errors keep their text."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, socket.gaierror):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        reason = "its name could not be looked up (is this machine offline?)"
+    else:
+        reason = (str(exc) or type(exc).__name__)[:200]
+    return RegistryUnavailable(f"{what} could not be reached: {reason}")
 
 
 class UnsafeRedirect(ModelRunnerError):

@@ -33,7 +33,12 @@ from modelrunner.artifact.builder import MAX_CHAT_TEMPLATE_BYTES, PackageSpec, b
 from modelrunner.artifact.manifest import check_relative_path
 from modelrunner.artifact.units import format_size
 from modelrunner.distribution import netpolicy
-from modelrunner.distribution.errors import RegistryUnauthorized, RegistryUnavailable, TransferCancelled
+from modelrunner.distribution.errors import (
+    RegistryUnauthorized,
+    RegistryUnavailable,
+    TransferCancelled,
+    unreachable,
+)
 from modelrunner.distribution.hf_select import Selection, select_files
 from modelrunner.distribution.progress import ProgressReporter
 from modelrunner.distribution.registry import (
@@ -83,7 +88,7 @@ def _hub_error(exc: Exception, repo: str) -> ModelRunnerError:
         if status == 404:
             return ModelNotFound(f"hf.co/{repo} not found")
         return RegistryUnavailable(f"the Hugging Face Hub answered HTTP {status} for {repo}")
-    return RegistryUnavailable(f"cannot reach the Hugging Face Hub: {str(exc)[:200]}")
+    return unreachable("the Hugging Face Hub", exc)
 
 
 class HuggingFacePull:

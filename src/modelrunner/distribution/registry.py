@@ -35,6 +35,7 @@ from modelrunner.distribution.errors import (
     RegistryUnauthorized,
     RegistryUnavailable,
     TransferCancelled,
+    unreachable,
 )
 from modelrunner.errors import InvalidArtifact, ModelNotFound
 from modelrunner.reference import DOCKER_HUB
@@ -202,7 +203,7 @@ class BlobResponse:
             response = connection.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
-            raise RegistryUnavailable(f"cannot reach {parts.netloc}: {describe(exc)}") from None
+            raise unreachable(f"the registry {parts.netloc}", exc) from None
 
         def chunks() -> Iterator[bytes]:
             received = 0
@@ -375,7 +376,7 @@ class RegistryClient:
                 response = send()
             except httpx.TransportError as exc:
                 if attempt == MAX_ATTEMPTS - 1:
-                    raise RegistryUnavailable(f"cannot reach {self.registry}: {describe(exc)}") from None
+                    raise unreachable(f"the registry {self.registry}", exc) from None
                 log.info("retrying after network error from %s: %s", self.registry, describe(exc))
             else:
                 if response.status_code not in RETRY_STATUSES or attempt == MAX_ATTEMPTS - 1:
