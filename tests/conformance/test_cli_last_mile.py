@@ -4,15 +4,15 @@ limit, another program on the runner's port, and verbs that remove every model a
 
 Follows: spf13/cobra `command.go` (Find's legacyArgs: `unknown command %q for %q`, findSuggestions' "Did you
 mean this?", SuggestFor) and `command.go` ValidateRequiredFlags (`required flag(s) %q not set`);
-docker/model-runner `cmd/cli/commands/unload.go` (its Args), `configure.go` (its Args),
-`configure_show.go` (cobra.MaximumNArgs), `requests.go` (PreRunE), `run.go` (newRunCmd: PreRunE's --color
-check, "Unable to find model" through cmd.Println, pullModel; readline's Placeholder), `pull.go` (pullModel:
-handleClientError "Failed to pull model"), `cmd/cli/desktop/desktop.go` (Pull: `pulling %s failed with
-status %s: %s`), `tag.go` (tagModel: reference.NewTag's error as `invalid tag: ...`), `package.go` (RunE:
-"Failed to package model", `package model: add gguf file: ...`), `compose.go` (newUpCommand:
+docker/model-runner `cmd/cli/commands/unload.go` (its Args), `configure.go` (its Args), `configure_show.go`
+(cobra.MaximumNArgs), `requests.go` (PreRunE), `run.go` (newRunCmd: PreRunE's --color check, "Unable to find
+model" through cmd.Println, pullModel; readline's Placeholder), `pull.go` (pullModel: handleClientError
+"Failed to pull model"; compose.go's up sends the same), `cmd/cli/desktop/desktop.go` (Pull: `pulling %s
+failed with status %s: %s`), `tag.go` (tagModel: reference.NewTag's error as `invalid tag: ...`), `package.go`
+(RunE: "Failed to package model", `package model: add gguf file: ...`), `compose.go` (newUpCommand:
 MarkFlagRequired("model")), `purge.go` (the question stop-runner and uninstall-runner --models ask too),
-`pkg/inference/scheduling/scheduler.go` (ConfigureRunner: a model not in the store is taken, so the check
-is the CLI's).
+`pkg/inference/scheduling/scheduler.go` (ConfigureRunner: a model not in the store is taken, so the check is
+the CLI's).
 """
 
 from __future__ import annotations
@@ -208,6 +208,11 @@ def test_pull_and_runs_pull_fail_in_dmrs_words(
     assert ran.returncode == 1
     assert ran.stdout == f"Unable to find model '{absent}' locally. Pulling from the server.\n"
     assert ran.stderr == failure
+    # compose.go's up: sendErrorf("Failed to pull model: %v", err), the same words as a message
+    composed = run_cli(env, "compose", "--project-name=p", "up", f"--model={absent}", "svc")
+    assert composed.returncode == 1
+    last = json.loads(composed.stdout.splitlines()[-1])
+    assert last == {"type": "error", "message": failure.removesuffix("\n")}
 
 
 # -- an answer cut by its token limit --------------------------------------------------------------------
@@ -223,6 +228,27 @@ def test_an_answer_cut_by_its_limit_says_so_on_stderr(endpoint: OpenAIEndpoint, 
     assert 'finish_reason "length"' in cut.stderr and "cut short" in cut.stderr
     whole = run_cli(env, "run", "--openaiurl", endpoint.url, "m", "hi")
     assert (whole.returncode, whole.stdout, whole.stderr) == (0, "first answer\n", "")
+
+
+def test_a_cut_answer_is_said_as_the_chats_last_line(endpoint: OpenAIEndpoint, tmp_path: Path) -> None:
+    """In the interactive chat the notice follows the answer, before the next prompt; the cut answer stays
+    in the conversation (the next turn sends it)."""
+    endpoint.script = ["length"]
+    term = Terminal(["run", "--openaiurl", endpoint.url, "m"], cli_env(tmp_path, TERM="xterm"), tmp_path)
+    try:
+        term.expect("> ")
+        term.send("hello")
+        shown = term.expect('finish_reason "length"')
+        assert shown.rindex("first answer") < shown.rindex("cut short")
+        term.expect("Send a message")  # the next prompt, after the notice
+        term.send("more")
+        term.expect("first answer")
+        term.send("/bye")
+        assert term.close() == 0
+    finally:
+        if term.process.poll() is None:
+            term.process.kill()
+    assert endpoint.requests[1]["body"]["messages"][1] == {"role": "assistant", "content": "first answer"}
 
 
 # -- another program on the runner's port ------------------------------------------------------------------

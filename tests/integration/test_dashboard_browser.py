@@ -360,6 +360,8 @@ def test_chat_streams_and_the_stop_button_ends_the_engines_generation(
         stats = page.inner_text(f".pane[data-pane='{pane}'] .msg.assistant[data-state=done] .msg-stats")
         # at most max_tokens: the random-weight model's answer may end before it (CI saw 5 of 8 once)
         assert "first token" in stats and "tokens/s" in stats and re.search(r"\b[1-8] tokens\b", stats), stats
+        # ignore_eos: only max_tokens ends it (finish_reason "length"), which the page says (issue 37 item 6)
+        assert "cut short: it reached the token limit" in stats, stats
     page.reload()
     page.wait_for_selector(".pane[data-pane='1'] .msg.assistant[data-state=done]")
     assert len(page.query_selector_all(".msg.user")) == 3

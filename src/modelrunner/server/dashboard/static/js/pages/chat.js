@@ -251,6 +251,8 @@ function statsText(message) {
   if (s.tps) parts.push(`${s.tps.toFixed(1)} tokens/s`);
   if (s.tokens) parts.push(`${s.tokens} tokens`);
   if (message.state === "stopped") parts.push("stopped");
+  // the engine stopped at the token limit (finish_reason "length"): the text looks finished otherwise
+  if (s.finish === "length") parts.push("cut short: it reached the token limit (max tokens or context size)");
   if (message.state === "streaming") parts.push("…");
   return parts.join(" · ");
 }
@@ -302,7 +304,9 @@ async function generate(pane, text, state, fields, view, signal) {
         continue;
       }
       if (chunk.error) throw new ApiError(500, errorText(chunk.error));
-      const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+      const choice = chunk.choices && chunk.choices[0];
+      if (choice && choice.finish_reason) answer.stats.finish = choice.finish_reason;
+      const delta = choice && choice.delta;
       if (delta && (delta.content || delta.reasoning_content)) {
         if (first === null) {
           first = performance.now();
