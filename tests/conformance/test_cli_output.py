@@ -242,6 +242,9 @@ def test_ls_filter_is_the_exact_repository_after_adding_ai(
     assert names("ai/tiny") == ["tiny", "tiny:v2"]
     assert names("myorg/tiny") == ["myorg/tiny"]
     assert names("tin") == []
+    # issue 37 item 8: the help says so (it said "contains", which `ls smol` belied)
+    shown = " ".join(run_cli(env, "ls", "--help").stdout.split())
+    assert "the whole name, not a part of it (`smollm2` is ai/smollm2" in shown and "contain" not in shown
     [model] = json.loads(run_cli(env, "ls", "--json", "tiny:v2").stdout)
     assert model["tags"] == ["docker.io/ai/tiny:v2"]
 
