@@ -288,6 +288,29 @@ def test_a_pull_shows_progress_per_layer_is_resumed_and_ends_in_the_table(
     daemon.cli("rm", ref)
 
 
+def test_a_refused_pull_offers_no_resume_and_an_engine_not_installable_here_no_install(
+    browser: Browser, daemon: Daemon, tmp_path: Path
+) -> None:
+    """Issue 37: a pull the registry refused (not found) has nothing to resume, so Dismiss alone; an engine
+    that runs on this platform but that an install cannot make usable here (sglang) says so, where its
+    Install button only failed."""
+    registry = Registry(tmp_path / "registry").start()
+    try:
+        page = open_page(browser, daemon)
+        page.fill("#pull-form input", f"{registry.host}/team/absent:v1")
+        page.click("#pull-form button")
+        failed = page.wait_for_selector(".pull[data-status=failed]")
+        assert "not found" in failed.inner_text()
+        assert [b.inner_text() for b in failed.query_selector_all("button")] == ["Dismiss"]
+    finally:
+        registry.stop()
+    page.goto(f"{daemon.url}/dashboard#/engines")
+    row = page.wait_for_selector("#engines-table tr[data-engine=sglang]")
+    assert "cannot be installed here" in row.inner_text() and row.query_selector("button") is None
+    assert page.query_selector("#engines-table tr[data-engine='llama.cpp'] button") is not None
+    no_problems(page)
+
+
 def test_markdown_from_a_model_is_never_markup(browser: Browser, daemon: Daemon) -> None:
     page = open_page(browser, daemon, "chat")
     html = page.evaluate(
