@@ -121,3 +121,14 @@ def test_image_flags_on_a_chat_model_are_said_to_be_ignored(
     assert result.returncode == 0, result.stderr
     assert result.stderr == "-o/--output: only for image models; tiny answers in text, so it is ignored\n"
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_slow_load_is_said_to_be_loading(fake_daemons: FakeDaemons, tmp_path: Path) -> None:
+    """Issue 37 item 10 ("silent for minutes"): a model still loading after two seconds is said to be, on
+    stderr (answer.py's loading_notice, which the image runs use too); the answer stays alone on stdout."""
+    daemon = fake_daemons.start({"FAKE_START_DELAY": "4", "FAKE_CHUNKS": "3"})
+    slow = run_cli(cli_env(tmp_path, daemon.url), "run", "tiny", "hi")
+    assert slow.returncode == 0, slow.stderr
+    assert slow.stderr == "Loading the model in llama.cpp...\n" and slow.stdout.strip() != ""
+    loaded = run_cli(cli_env(tmp_path, daemon.url), "run", "tiny", "hi")
+    assert (loaded.returncode, loaded.stderr) == (0, "")
