@@ -300,13 +300,14 @@ def test_a_refused_pull_offers_no_resume_and_an_engine_not_installable_here_no_i
         page.fill("#pull-form input", f"{registry.host}/team/absent:v1")
         page.click("#pull-form button")
         failed = page.wait_for_selector(".pull[data-status=failed]")
-        assert "not found" in failed.inner_text()
+        assert failed is not None and "not found" in failed.inner_text()
         assert [b.inner_text() for b in failed.query_selector_all("button")] == ["Dismiss"]
     finally:
         registry.stop()
     page.goto(f"{daemon.url}/dashboard#/engines")
     row = page.wait_for_selector("#engines-table tr[data-engine=sglang]")
-    assert "cannot be installed here" in row.inner_text() and row.query_selector("button") is None
+    assert row is not None and "cannot be installed here" in row.inner_text()
+    assert row.query_selector("button") is None
     assert page.query_selector("#engines-table tr[data-engine='llama.cpp'] button") is not None
     no_problems(page)
 
