@@ -49,6 +49,7 @@ def test_the_docker_cli_finds_and_lists_the_plugin(docker_env: dict[str, str]) -
     )
     usage = docker(docker_env, "model", "--help")
     assert usage.returncode == 0 and usage.stdout.startswith("usage: docker model")
+    assert "SUPPRESS" not in usage.stdout and "compose" not in usage.stdout  # hidden, as DMR's (issue 37)
 
 
 def test_install_plugin_keeps_another_plugin_unless_forced(tmp_path: Path) -> None:
