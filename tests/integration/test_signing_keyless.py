@@ -6,6 +6,7 @@ front of Debian's docker-registry."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from modelrunner.signing.keyless import (
     verify_reference_keyless,
 )
 from modelrunner.signing.payload import InvalidSignature
+from modelrunner.signing.policy import load_rules, policy_path
 from modelrunner.signing.record import problem_before_load
 from modelrunner.store.store import ModelStore
 from tests.daemon import Daemon, free_port, snapshot
@@ -69,6 +71,24 @@ def signed_model(
 def verify(proxy: RegistryProxy, sigstore: FakeSigstore, identity: Identity = ME) -> str:
     root = load_trusted_root(json.dumps(sigstore.trusted_root()))
     return verify_reference_keyless(parse_reference(f"{proxy.host}/team/m:v1"), [identity], root).signer
+
+
+def pulled_keyless(
+    daemon: Daemon, registry: Registry, proxy: RegistryProxy, sigstore: FakeSigstore, tmp_path: Path
+) -> str:
+    """A model signed keyless by ME, pulled under an enforce rule trusting ME: its ID."""
+    ref = f"{proxy.host}/team/m:v1"
+    daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "t.gguf", seed=31)), "--push", ref)
+    digest = str(daemon.models()[0]["id"])
+    bundle = sigstore.bundle(statement(f"{proxy.host}/team/m", digest), ME.identity, ME.issuer)
+    store_bundle(registry, proxy, digest, bundle)
+    daemon.cli("rm", ref)
+    root = tmp_path / "trusted_root.json"
+    root.write_text(json.dumps(sigstore.trusted_root()))
+    identity = ["--certificate-identity", ME.identity, "--certificate-oidc-issuer", ME.issuer]
+    daemon.cli("trust", "set", f"{proxy.host}/team/*", *identity, "--trusted-root", str(root))
+    daemon.cli("pull", ref)
+    return digest
 
 
 def test_model_verify_checks_a_keyless_bundle_against_the_trusted_root(
@@ -196,22 +216,15 @@ def test_a_policy_of_an_identity_pulls_what_it_signed_and_refuses_the_rest(
     """`model trust set --certificate-identity`: the daemon's pull verifies the bundle before any blob is
     stored, keeps the verification for the check before a load, and refuses another signer's model."""
     ref = f"{referrers_registry.host}/team/m:v1"
-    daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "t.gguf", seed=31)), "--push", ref)
-    digest = daemon.models()[0]["id"]
-    bundle = sigstore.bundle(statement(f"{referrers_registry.host}/team/m", digest), ME.identity, ME.issuer)
-    store_bundle(signing_registry, referrers_registry, digest, bundle)
-    daemon.cli("rm", ref)
-    root = tmp_path / "trusted_root.json"
-    root.write_text(json.dumps(sigstore.trusted_root()))
-    pattern = f"{referrers_registry.host}/team/*"
-    identity = ["--certificate-identity", ME.identity, "--certificate-oidc-issuer", ME.issuer]
-    daemon.cli("trust", "set", pattern, *identity, "--trusted-root", str(root))
+    pulled_keyless(daemon, signing_registry, referrers_registry, sigstore, tmp_path)
     assert f"{ME.identity} ({ME.issuer})" in daemon.cli("trust", "ls").stdout
-    daemon.cli("pull", ref)
+    root = tmp_path / "trusted_root.json"
+    pattern = f"{referrers_registry.host}/team/*"
     [model] = daemon.models()
     assert model["verification"]["signer"] == f"{ME.identity} ({ME.issuer})"
     store = ModelStore(daemon.store_root)
-    assert problem_before_load(store, store.get(model["id"])) is None  # a load would run it
+    [rule] = load_rules(policy_path(daemon.home))
+    assert problem_before_load(store, store.get(model["id"]), rule) is None  # a load would run it
     daemon.cli("rm", ref)
     before = snapshot(daemon.store_root)
     other = ["--certificate-identity", "eve@example.com", "--certificate-oidc-issuer", ME.issuer]
@@ -231,3 +244,51 @@ def test_trust_set_refuses_a_trusted_root_that_does_not_hold(daemon: Daemon, tmp
     alone = daemon.cli("trust", "set", "*", "--certificate-identity", ME.identity, check=False)
     assert alone.returncode != 0 and "go together" in alone.stderr
     assert not (daemon.home / "trust-policy.json").exists()
+
+
+def test_a_keyless_record_is_bound_to_its_model(
+    daemon: Daemon,
+    signing_registry: Registry,
+    referrers_registry: RegistryProxy,
+    sigstore: FakeSigstore,
+    tmp_path: Path,
+) -> None:
+    """Issue 36 item 2: a keyless verification record keeps the Sigstore bundle, checked again offline
+    against the rule in force before a load. Copied to an unsigned model, its digest and blob files changed
+    to that model's, it lets nothing load (before, the signer's name alone was compared); a record that
+    keeps no bundle (the earlier form) is verified again by a pull; a signer no longer trusted is refused."""
+    signed_id = pulled_keyless(daemon, signing_registry, referrers_registry, sigstore, tmp_path)
+    unsigned = f"{referrers_registry.host}/team/local:v1"
+    daemon.cli("package", "--gguf", str(write_tiny_gguf(tmp_path / "local.gguf", seed=32)), unsigned)
+    store = ModelStore(daemon.store_root)
+    [rule] = load_rules(policy_path(daemon.home))
+    signed = store.get(signed_id)
+    forged = store.get(unsigned, by_name=True)
+    assert problem_before_load(store, signed, rule) is None
+    assert problem_before_load(store, forged, rule) is not None  # no record
+
+    records = daemon.store_root / "signatures"
+    record = json.loads((records / (signed_id.removeprefix("sha256:") + ".json")).read_text())
+    blobs = {}
+    for blob in forged.manifest.blobs:
+        info = os.stat(store.layout.blob_path(blob.digest))
+        blobs[blob.digest] = [info.st_size, info.st_ino, info.st_mtime_ns, info.st_ctime_ns]
+    forged_record = records / (forged.id.removeprefix("sha256:") + ".json")
+    forged_record.write_text(json.dumps({**record, "digest": forged.id, "blobs": blobs}))
+    problem = problem_before_load(store, forged, rule)
+    assert problem is not None and "Sigstore bundle does not hold" in problem, problem
+    assert f"another manifest, not {forged.id}" in problem
+
+    older = records / (signed_id.removeprefix("sha256:") + ".json")
+    older.write_text(json.dumps({**record, "bundle": ""}))  # a record of before the bundle was kept
+    problem = problem_before_load(store, signed, rule)
+    assert problem is not None and "keeps no Sigstore bundle" in problem and "pull it again" in problem
+    daemon.cli("pull", f"{referrers_registry.host}/team/m:v1")  # verified anew: the record keeps the bundle
+    assert problem_before_load(store, signed, rule) is None
+
+    eve = ["--certificate-identity", "eve@example.com", "--certificate-oidc-issuer", ME.issuer]
+    root = str(tmp_path / "trusted_root.json")
+    daemon.cli("trust", "set", f"{referrers_registry.host}/team/*", *eve, "--trusted-root", root)
+    [rotated] = load_rules(policy_path(daemon.home))
+    problem = problem_before_load(store, signed, rotated)
+    assert problem is not None and ME.identity in problem and "no longer trusts" in problem

@@ -70,7 +70,7 @@ def verify_for_rule(client: RegistryClient, reference: Reference, digest: str, r
     identities = [keyless.Identity(identity, issuer) for identity, issuer in rule.identities]
     bundles = keyless.read_bundles(client, reference.repository, digest)
     return keyless.verify_bundles(
-        bundles, reference, digest, identities, keyless.load_trusted_root(rule.trusted_root)
+        bundles, reference.name, digest, identities, keyless.load_trusted_root(rule.trusted_root)
     )
 
 

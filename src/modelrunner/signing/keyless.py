@@ -62,14 +62,14 @@ def _sigstore() -> Any:
     return sigstore
 
 
-def load_trusted_root(text: str | None) -> Any:
+def load_trusted_root(text: str | None, offline: bool = False) -> Any:
     """A `sigstore.models.TrustedRoot` from trusted_root.json's text; None: Sigstore's public-good
-    instance, through its TUF repository (the network)."""
+    instance, through its TUF repository (the network), or its local copy alone where `offline`."""
     sigstore = _sigstore()
     errors = (sigstore.errors.Error, *_LIBRARY_ERRORS)
     try:
         if text is None:
-            return sigstore.models.ClientTrustConfig.production().trusted_root
+            return sigstore.models.ClientTrustConfig.production(offline=offline).trusted_root
         from sigstore_models.trustroot import v1
 
         return sigstore.models.TrustedRoot(v1.TrustedRoot.from_json(text))
@@ -123,12 +123,12 @@ def _subject_names(payload: bytes, digest: str) -> list[str]:
 
 
 def verify_bundles(
-    bundles: list[bytes], reference: Reference, digest: str, identities: list[Identity], trusted_root: Any
+    bundles: list[bytes], name: str, digest: str, identities: list[Identity], trusted_root: Any
 ) -> Verified:
-    """The first bundle that one of `identities` signed for `digest`; InvalidSignature (the reason the
-    last one failed) otherwise."""
+    """The first bundle that one of `identities` signed for `digest` (the manifest of the model `name`),
+    kept in what is returned; InvalidSignature (the reason the last one failed) otherwise."""
     if not bundles:
-        raise InvalidSignature(f"{reference.name} has no Sigstore bundle for {digest}")
+        raise InvalidSignature(f"{name} has no Sigstore bundle for {digest}")
     sigstore = _sigstore()
     from sigstore.verify.policy import AnyOf, VerificationPolicy
     from sigstore.verify.policy import Identity as IdentityPolicy
@@ -154,8 +154,8 @@ def verify_bundles(
         if not names:
             reason = f"the bundle is for another manifest, not {digest}"
             continue
-        return Verified(digest, _signer(bundle.signing_certificate, identities), names[0])
-    raise InvalidSignature(f"{reference.name}@{digest}: {reason}")
+        return Verified(digest, _signer(bundle.signing_certificate, identities), names[0], bundle=raw)
+    raise InvalidSignature(f"{name}@{digest}: {reason}")
 
 
 def _signer(certificate: Any, identities: list[Identity]) -> str:
@@ -181,4 +181,4 @@ def verify_reference_keyless(
             client = stack.enter_context(RegistryClient(reference.registry))
         digest = resolve_digest(client, reference)
         bundles = read_bundles(client, reference.repository, digest)
-        return verify_bundles(bundles, reference, digest, identities, trusted_root)
+        return verify_bundles(bundles, reference.name, digest, identities, trusted_root)

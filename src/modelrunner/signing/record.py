@@ -1,13 +1,14 @@
 """What the store keeps of a verification, and the check before a load.
 
 A pull that verified a signature records, next to the store's index (`signatures/<hex>.json`), the signed
-manifest digest, the signer, when, the signed payload and its signature (a keyless signer: its identity
-only), and each blob file's size, inode, modification time and status-change time (ctime). Before a model
+manifest digest, the signer, when, the signed payload and its signature (a keyless signer: its Sigstore
+bundle), and each blob file's size, inode, modification time and status-change time (ctime). Before a model
 is loaded under a rule that is not `off`, the record must hold under the policy in force then:
 
 * who signed must be trusted now: the kept signature verifies with one of the rule's keys and names this
-  model's manifest digest (a keyless signer: one of the rule's identities). A record made for a key the
-  policy no longer trusts, or copied from another model with its digest changed, does not count.
+  model's manifest digest (a keyless one: the kept bundle verifies offline, against the rule's identities
+  and trusted root, for this digest). A record made for a signer the policy no longer trusts, or copied
+  from another model with its digest changed, does not count.
 * each blob file is the one verified, unchanged since: same size, inode, mtime and ctime. No user can set
   a ctime back, so bytes written in place are seen even with the mtime restored. This proves the files
   were not touched, not what they hold: `model verify --deep` hashes them again (and, when they hash to
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -30,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from modelrunner import config
-from modelrunner.errors import BadRequest, InvalidArtifact, InvalidReference
+from modelrunner.errors import BadRequest, InvalidArtifact, InvalidReference, ModelRunnerError
 from modelrunner.fileio import hash_file
 from modelrunner.reference import parse_reference
-from modelrunner.signing import keys
+from modelrunner.signing import keyless, keys
 from modelrunner.signing.payload import InvalidSignature, parse_payload
 from modelrunner.signing.policy import InvalidPolicy, Rule, UntrustedModel, load_rules, policy_path, rule_for
 from modelrunner.signing.registry import Signature, Verified
@@ -53,6 +55,7 @@ class Record:
     blobs: dict[str, list[int]]  # digest -> [size, inode, mtime_ns, ctime_ns] (no ctime in older records)
     payload: str = ""  # base64 of the signed simple-signing payload ("" in records of the first round)
     signature: str = ""  # base64 of its ECDSA signature
+    bundle: str = ""  # a keyless signature's: base64 of its Sigstore bundle ("" in records before issue 36)
 
     def kept_signature(self) -> Signature | None:
         if not self.payload or not self.signature:
@@ -126,6 +129,7 @@ def record_verification(
         blobs,
         base64.b64encode(kept.payload).decode() if kept else "",
         base64.b64encode(kept.signature).decode() if kept else "",
+        base64.b64encode(verified.bundle).decode() if verified.bundle else "",
     )
     _write_record(store, model.id, record)
 
@@ -217,12 +221,17 @@ def _strictest(tags: list[str], rules: list[Rule]) -> Rule | None:
 def signer_problem(record: Record, model_id: str, rule: Rule) -> str | None:
     """Why `rule` does not trust the verification `record` keeps for the model `model_id`; None when it
     does: a key's kept signature must verify with one of the rule's keys now and name this manifest
-    digest; a keyless signer must be one of the rule's identities."""
+    digest; a keyless signer must be one of the rule's identities, and the kept bundle hold for this
+    manifest digest under them and the rule's trusted root."""
     again = "sign it again with a trusted key, then pull it again to verify it anew"
     kept = record.kept_signature()
     if kept is None:
         if record.signer in {f"{identity} ({issuer})" for identity, issuer in rule.identities}:
-            return None  # keyless: the store keeps no bundle to check again, only who signed
+            if not record.bundle:
+                return "its verification record (an older one) keeps no Sigstore bundle: pull it again"
+            return _kept_bundle_problem(
+                record.bundle, record.docker_reference, model_id, rule.identities, rule.trusted_root
+            )
         if record.signer.startswith("sha256:"):
             return "its verification record (an older one) keeps no signature: pull it again to verify it"
         return f"it was signed by {record.signer[:200]}, whom the trust policy no longer trusts: {again}"
@@ -235,6 +244,25 @@ def signer_problem(record: Record, model_id: str, rule: Rule) -> str | None:
         return f"its kept signature does not hold: {exc.message}"
     if claim.manifest_digest != model_id:
         return f"its kept signature is for another manifest ({claim.manifest_digest[:19]}), not this model"
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _kept_bundle_problem(
+    bundle: str, name: str, digest: str, identities: tuple[tuple[str, str], ...], trusted_root: str | None
+) -> str | None:
+    """Why the Sigstore bundle a keyless pull kept does not hold for `digest` under `identities` and the
+    trusted root (offline: Sigstore's own from its local copy); None when it does. Remembered: the answer
+    follows from the arguments alone, and the check before a load runs for every request."""
+    try:
+        raw = base64.b64decode(bundle, validate=True)
+        signers = [keyless.Identity(identity, issuer) for identity, issuer in identities]
+        root = keyless.load_trusted_root(trusted_root, offline=True)
+        keyless.verify_bundles([raw], name[:200], digest, signers, root)
+    except ValueError:
+        return "its kept Sigstore bundle is not base64: pull it again to verify it"
+    except ModelRunnerError as exc:
+        return f"its kept Sigstore bundle does not hold: {exc.message}"
     return None
 
 

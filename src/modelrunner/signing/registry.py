@@ -52,6 +52,7 @@ class Verified:
     signer: str  # keys.key_id of the key that signed
     docker_reference: str
     signature: Signature | None = None  # what was checked, kept by the store to check it again offline
+    bundle: bytes | None = None  # a keyless signature's Sigstore bundle, kept likewise (signing/record.py)
 
 
 def resolve_digest(client: RegistryClient, reference: Reference) -> str:
