@@ -108,7 +108,7 @@ class FakeScheduler:
         self.unloaded.append((model_ids, backend))
         return len(model_ids or ())
 
-    def ps(self) -> list[dict[str, Any]]:
+    def ps(self, draft_counts: Any = None) -> list[dict[str, Any]]:
         return self.running
 
 

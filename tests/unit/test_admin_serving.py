@@ -24,7 +24,7 @@ def serving(store: ModelStore, scheduler: FakeScheduler, tmp_path: Path) -> Admi
 
 def test_ps_says_last_used_as_go_writes_it(store: ModelStore, tmp_path: Path) -> None:
     running = [{"in_use": True, "last_used": 1.5}, {"in_use": False, "last_used": 1_700_000_000.25}]
-    found = serving(store, FakeScheduler(running), tmp_path).ps()
+    found = asyncio.run(serving(store, FakeScheduler(running), tmp_path).ps())
     assert [entry["last_used"] for entry in found] == [GO_ZERO_TIME, "2023-11-14T22:13:20.25Z"]
 
 

@@ -160,6 +160,8 @@ def test_an_object_that_sets_only_defaults_is_no_object(body: dict[str, Any]) ->
         (LlamaCppSettings, {"reasoning-budget": None}, "reasoning-budget must be -1"),
         (LlamaCppSettings, {"kv-persist": None}, "kv-persist must be true or false"),
         (LlamaCppSettings, {"rpc": 5}, "rpc must be a list"),
+        (LlamaCppSettings, {"draft-from-context": "ngram-cache"}, "must be true, false or one of ngram-mod"),
+        (LlamaCppSettings, {"draft-from-context": 1}, "draft-from-context must be true, false or one of"),
         (VllmSettings, {"hf-overrides": [1]}, "hf-overrides must be a JSON object"),
         (VllmSettings, {"hf-overrides": {"a": {"b c": 1}}}, "invalid hf_overrides key 'b c'"),
         (VllmSettings, {"gpu-memory-utilization": 0}, r"gpu-memory-utilization must be a number in \(0, 1\]"),
@@ -171,6 +173,21 @@ def test_each_type_checks_its_object(kind: type[EngineSettings], value: dict[str
     engine = "vllm" if kind is VllmSettings else "llama.cpp"
     with pytest.raises(BadRequest, match=why):
         kind.from_request(value, engine)
+
+
+def test_drafting_from_the_context_is_chosen_by_type_or_by_default() -> None:
+    assert (
+        LlamaCppSettings.from_request({"draft-from-context": True}, "llama.cpp").draft_from_context
+        == "ngram-mod"
+    )
+    chosen = LlamaCppSettings.from_request({"draft-from-context": "ngram-map-k"}, "llama.cpp")
+    assert chosen.configuration() == {"draft-from-context": "ngram-map-k"}
+    assert LlamaCppSettings.from_json(chosen.to_json()) == chosen  # stored and read back
+    assert LlamaCppSettings.from_request({"draft-from-context": False}, "llama.cpp").is_default
+    with pytest.raises(
+        BadRequest, match=r"draft-from-context is a llama\.cpp setting, and this model runs on vllm"
+    ):
+        LlamaCppSettings.from_request({"draft-from-context": True}, "vllm")
 
 
 def test_engines_declare_their_settings_types() -> None:

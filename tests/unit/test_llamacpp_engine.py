@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from modelrunner.artifact.gguf import GGUFInfo, read_gguf
-from modelrunner.engines import build, gpu, llamacpp_memory
+from modelrunner.engines import build, gpu, llamacpp_drafting, llamacpp_memory
 from modelrunner.engines.base import InstallState, Mode, ModelForEngine, RunnerSettings
 from modelrunner.engines.llamacpp import LlamaCppEngine, command_line, default_threads
 from modelrunner.engines.llamacpp_flags import RUNTIME_FLAGS
@@ -348,6 +348,25 @@ def test_a_draft_model_adds_its_flags_and_its_memory(tmp_path: Path) -> None:
     alone = engine.estimate_memory(model, RunnerSettings(context_size=512))
     both = engine.estimate_memory(model, RunnerSettings(context_size=512, draft_bundle=draft.bundle))
     assert both == 2 * alone  # the same tiny model twice, at the same context
+
+
+def test_drafting_from_the_context_is_one_spec_type_before_a_draft_models(tmp_path: Path) -> None:
+    """engines/llamacpp_drafting.py: the n-gram type first (llama-server asks each type in order:
+    common/speculative.cpp common_speculative_draft), completion runners only; a user's own --spec-type
+    wins, and `model ps` shows what the command line says."""
+    model = make_bundle(tmp_path / "target")
+    draft = make_bundle(tmp_path / "draft")
+    line = argv(model, draft_from_context="ngram-mod")
+    assert (
+        line[line.index("--spec-type") + 1] == "ngram-mod" and llamacpp_drafting.drafting(line) == "ngram-mod"
+    )
+    both = argv(model, draft_from_context="ngram-simple", draft_bundle=draft.bundle)
+    assert both[both.index("--spec-type") + 1] == "ngram-simple,draft-simple"
+    assert "--spec-type" not in argv(model, Mode.EMBEDDING, draft_from_context="ngram-mod")
+    own = argv(model, draft_from_context="ngram-mod", runtime_flags=("--spec-type", "ngram-map-k"))
+    assert own.count("--spec-type") == 1 and llamacpp_drafting.drafting(own) == "ngram-map-k"
+    assert llamacpp_drafting.drafting(argv(model)) == ""
+    assert llamacpp_drafting.drafting([*argv(model), "--spec-type", "none"]) == ""
 
 
 # -- install state, adoption, registry --------------------------------------------------------------------

@@ -164,6 +164,14 @@ def layout_text(layout: dict[str, Any]) -> str:
     return text
 
 
+def drafting_text(drafting: dict[str, Any]) -> str:
+    """`ngram-mod: 94% of 3,075 accepted`, or the types alone before any draft (or when unknown)."""
+    types, drafted = str(drafting.get("types", "")), drafting.get("drafted_tokens")
+    if not isinstance(drafted, int) or not drafted:
+        return types
+    return f"{types}: {drafting.get('accepted_tokens', 0) / drafted:.0%} of {drafted:,} accepted"
+
+
 def cmd_ps(_: argparse.Namespace) -> None:
     from modelrunner.cli.dmrformat import go_table
 
@@ -175,6 +183,10 @@ def cmd_ps(_: argparse.Namespace) -> None:
         headers.append("LAYOUT")
         for row, runner in zip(rows, runners, strict=True):
             row.append(layout_text(runner.layout) if runner.layout else "")
+    if any(r.raw.get("drafting") for r in runners):  # ours: speculative decoding, a column when some drafts
+        headers.append("DRAFTING")
+        for row, runner in zip(rows, runners, strict=True):
+            row.append(drafting_text(runner.raw.get("drafting") or {}))
     warm = [runner.raw.get("warm") or {} for runner in runners]  # ours: a prompt cache restored at load
     if any(state.get("state") == "restored" for state in warm):
         headers.append("WARM")
@@ -235,6 +247,14 @@ def _parse_bool(text: str) -> bool:
     if value is None:
         raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
     return value
+
+
+def _draft_type(text: str) -> bool | str:
+    """`--draft-from-context=VALUE`: a boolean as Go reads one, else a type (the daemon checks it)."""
+    from modelrunner.artifact.gojson import parse_bool
+
+    value = parse_bool(text)
+    return text if value is None else value
 
 
 def _configure_words_error(args: argparse.Namespace) -> str | None:
@@ -301,6 +321,8 @@ def cmd_configure(args: argparse.Namespace) -> None:
         llamacpp["rpc"] = [worker.strip() for worker in args.rpc.split(",") if worker.strip()]
     if args.kv_persist is not None:
         llamacpp["kv-persist"] = args.kv_persist
+    if args.draft_from_context is not None:
+        llamacpp["draft-from-context"] = args.draft_from_context
     if llamacpp:
         request["llamacpp"] = llamacpp
     vllm: dict[str, Any] = {}
@@ -398,6 +420,14 @@ def add_commands(commands: Any) -> None:
         type=_parse_bool,
         metavar="BOOL",
         help="keep the prompt cache across unloads and restarts (llama.cpp; on by default)",
+    )
+    configure.add_argument(
+        "--draft-from-context",
+        type=_draft_type,
+        metavar="TYPE",
+        help="llama.cpp: speculative decoding with drafts from the conversation itself, which speeds up"
+        " answers that copy it (file edits); TYPE: true (ngram-mod), ngram-mod, ngram-simple, ngram-map-k,"
+        " or false (off). Greedy answers may differ where two tokens nearly tie",
     )
     configure.add_argument("--hf_overrides", "--hf-overrides", metavar="JSON", help="vLLM hf_overrides")
     configure.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="vLLM, 0-1")

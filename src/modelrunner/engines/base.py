@@ -79,6 +79,20 @@ class LaunchSpec:
     preflight: Callable[[], object] | None = None
     # How the model is spread beyond this process (parallel sizes, workers, cluster): shown by `model ps`.
     layout: dict[str, object] = field(default_factory=dict)
+    # How it drafts tokens for speculative decoding ("" when it does not): shown by `model ps`.
+    drafting: str = ""
+
+
+@dataclass(frozen=True)
+class DraftCounts:
+    """Speculative decoding's tokens so far in one runner: drafted, and accepted by the model."""
+
+    drafted: int
+    accepted: int
+
+    def to_api(self) -> dict[str, object]:
+        rate = round(self.accepted / self.drafted, 4) if self.drafted else None
+        return {"drafted_tokens": self.drafted, "accepted_tokens": self.accepted, "acceptance_rate": rate}
 
 
 @dataclass(frozen=True)
@@ -226,6 +240,11 @@ class Engine(ABC):
     async def working_slots(self, socket: Path, timeout: float) -> int | None:
         """How many requests the engine works on now (`chooses_slots` engines; a retry of an abandoned
         request waits for it: scheduler/conversations.py); None when it does not say."""
+        return None
+
+    async def draft_counts(self, socket: Path, timeout: float) -> DraftCounts | None:
+        """A drafting runner's (LaunchSpec.drafting) tokens drafted and accepted so far; None when the
+        engine does not say."""
         return None
 
     # -- helpers with defaults (added for install routes and the scheduler) --------------------------

@@ -20,8 +20,16 @@ from pathlib import Path
 
 from modelrunner.artifact.gguf import GGUFInfo, find_gguf_shards, read_gguf
 from modelrunner.artifact.model_config import ModelConfig
-from modelrunner.engines import build, llamacpp_capabilities, llamacpp_memory, llamacpp_slots, rpc_workers
+from modelrunner.engines import (
+    build,
+    llamacpp_capabilities,
+    llamacpp_drafting,
+    llamacpp_memory,
+    llamacpp_slots,
+    rpc_workers,
+)
 from modelrunner.engines.base import (
+    DraftCounts,
     Engine,
     EngineStatus,
     InstallState,
@@ -168,13 +176,22 @@ def command_line(
     argv += ["--mmproj", str(mmproj)] if mmproj is not None else ["--jinja"]
     if settings.draft_bundle is not None:  # speculative decoding with a draft model (DMR's flags)
         argv += ["--model-draft", str(model_ggufs(settings.draft_bundle)[0])]
-        if "--spec-type" not in settings.runtime_flags:
-            argv += ["--spec-type", "draft-simple"]  # b11434 loads a draft but drafts only when told
+    spec_types = drafting_types(mode, settings)
+    if spec_types and llamacpp_drafting.SPEC_TYPE_FLAG not in settings.runtime_flags:
+        argv += [llamacpp_drafting.SPEC_TYPE_FLAG, ",".join(spec_types)]
+    if settings.draft_bundle is not None:
         if settings.draft_tokens is not None:
             argv += ["--spec-draft-n-max", str(settings.draft_tokens)]
         if settings.draft_min_probability is not None:
             argv += ["--spec-draft-p-min", f"{settings.draft_min_probability:.2f}"]
     return [*argv, "--no-webui"]
+
+
+def drafting_types(mode: Mode, settings: RunnerSettings) -> list[str]:
+    """The speculative decoding types of a runner (engines/llamacpp_drafting.py): drafts from the context
+    (completion runners that were configured so), then the draft model's."""
+    context_type = settings.of(LlamaCppSettings).draft_from_context if mode is Mode.COMPLETION else None
+    return llamacpp_drafting.spec_types(context_type, settings.draft_bundle is not None)
 
 
 class LlamaCppEngine(Engine):
@@ -352,11 +369,13 @@ class LlamaCppEngine(Engine):
             served = argv[argv.index("--ctx-size") + 1]
             event(log, "context_extended", model=model.reference, trained=trained, context=served, how="yarn")
         workers = list(settings.of(LlamaCppSettings).rpc_workers)
+        drafting = llamacpp_drafting.drafting(argv)
         if not workers:
-            return LaunchSpec(argv=argv, socket=socket)
+            return LaunchSpec(argv=argv, socket=socket, drafting=drafting)
         return LaunchSpec(
             argv=argv,
             socket=socket,
+            drafting=drafting,
             # a lost worker aborts llama-server: say why at once, without a debugger's backtrace first
             env={"GGML_NO_BACKTRACE": "1"},
             preflight=functools.partial(rpc_workers.check_workers, workers),
@@ -378,6 +397,9 @@ class LlamaCppEngine(Engine):
 
     async def working_slots(self, socket: Path, timeout: float) -> int | None:
         return await llamacpp_slots.working_slots(socket, timeout)
+
+    async def draft_counts(self, socket: Path, timeout: float) -> DraftCounts | None:
+        return await llamacpp_drafting.draft_counts(socket, timeout)
 
     async def save_slots(self, socket: Path, folder: Path, timeout: float) -> list[SavedSlot]:
         return await llamacpp_slots.save_slots(socket, folder, timeout)

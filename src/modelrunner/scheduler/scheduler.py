@@ -32,7 +32,7 @@ from typing import Any
 
 from modelrunner import eventlog
 from modelrunner.config import env_seconds
-from modelrunner.engines.base import Engine, Mode, ModelForEngine
+from modelrunner.engines.base import DraftCounts, Engine, Mode, ModelForEngine
 from modelrunner.errors import BadRequest, Conflict, ModelNotFound, ModelRunnerError
 from modelrunner.eventlog import event
 from modelrunner.scheduler import rundir
@@ -671,7 +671,10 @@ class Scheduler:
     def has_runner(self, engine: str, model_id: str, mode: Mode) -> bool:
         return RunnerKey(engine, model_id, mode) in self.runners
 
-    def ps(self) -> list[dict[str, Any]]:
+    def ps(self, draft_counts: Mapping[str, DraftCounts] | None = None) -> list[dict[str, Any]]:
+        """Each runner's state; `draft_counts` by runner tag: the drafting runners' counts, read from
+        their engines (server/admin_serving.py)."""
+        counts = draft_counts or {}
         return [
             {
                 "backend_name": r.key.engine,
@@ -685,6 +688,7 @@ class Scheduler:
                 "memory_estimate": r.memory,
                 "pid": r.process.pid if r.process else None,
                 **({"layout": r.spec.layout} if r.spec.layout else {}),
+                **({"drafting": _drafting(r.spec.drafting, counts.get(r.tag))} if r.spec.drafting else {}),
                 **(self.warm.ps_fields(r) if self.warm is not None else {}),
             }
             for r in self.runners.values()
@@ -712,6 +716,11 @@ class Scheduler:
         for folder in (self.run_dir / "pids", self.run_dir):
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+def _drafting(types: str, counts: DraftCounts | None) -> dict[str, Any]:
+    """How a runner drafts for speculative decoding, and its tokens drafted and accepted when known."""
+    return {"types": types, **(counts.to_api() if counts is not None else {})}
 
 
 async def _wait(flag: asyncio.Event, seconds: float | None) -> bool:

@@ -181,8 +181,8 @@ def build_admin_router(
     router = APIRouter()
 
     @router.get("/engines/ps")
-    def ps() -> list[dict[str, Any]]:
-        return serving.ps()
+    async def ps() -> list[dict[str, Any]]:
+        return await serving.ps()
 
     @router.post("/engines/unload")
     async def unload(body: UnloadRequest = Depends(json_body(UnloadRequest))) -> dict[str, int]:

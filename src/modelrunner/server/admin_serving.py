@@ -31,6 +31,8 @@ from modelrunner.server.lifecycle import Lifecycle, model_for_engine
 from modelrunner.server.log_files import LogStreamer, ModelFilter, normal_name
 from modelrunner.store.store import ModelStore
 
+DRAFT_COUNTS_SECONDS = 1.0  # a runner busy past this shows its drafting without counts
+
 
 class UnloadRequest(BaseModel):
     """DMR's UnloadRequest; its CLI sends `"backend": ""` for every backend and `"models": null` with all."""
@@ -56,8 +58,16 @@ class AdminServing:
         self.logs_dir = logs_dir
         self.lifecycle = lifecycle
 
-    def ps(self) -> list[dict[str, Any]]:
-        return [backend_status(entry) for entry in self.scheduler.ps()]
+    async def ps(self) -> list[dict[str, Any]]:
+        """DMR's BackendStatus of each runner; a drafting runner's counts are asked of its engine now."""
+        drafting = [
+            r for r in self.scheduler.runners.values() if r.spec.drafting and r.state is RunnerState.READY
+        ]
+        counts = await asyncio.gather(
+            *(self.engines[r.key.engine].draft_counts(r.spec.socket, DRAFT_COUNTS_SECONDS) for r in drafting)
+        )
+        found = {r.tag: c for r, c in zip(drafting, counts, strict=True) if c is not None}
+        return [backend_status(entry) for entry in self.scheduler.ps(found)]
 
     async def unload(self, body: UnloadRequest) -> dict[str, int]:
         backend = body.backend or None  # "" (DMR's CLI default) means every backend

@@ -125,6 +125,14 @@ export default {
             r.warm && r.warm.state === "restored"
               ? h("span", { class: "badge done warm", title: "prompt cache restored at load", text: `warm · ${r.warm.restored_tokens} tokens` })
               : null,
+            // speculative decoding: how the runner drafts, and the share of its drafts the model accepted
+            r.drafting
+              ? h("span", {
+                  class: "badge drafting",
+                  title: `speculative decoding: ${r.drafting.types}` + (r.drafting.drafted_tokens ? `, ${r.drafting.accepted_tokens} of ${r.drafting.drafted_tokens} drafted tokens accepted` : ""),
+                  text: r.drafting.drafted_tokens ? `drafts · ${Math.round(100 * r.drafting.acceptance_rate)}% accepted` : `drafts · ${r.drafting.types}`,
+                })
+              : null,
           ),
           h("td", { class: "opt mono", text: r.pid ?? "" }),
           h("td", {}, unload),
