@@ -4,14 +4,22 @@ n-gram drafts (b11434 `--spec-type ngram-simple`, `ngram-mod`, `ngram-map-k`) ca
 model to verify in one batch. Against the same server without drafting (the baseline command line of
 bench/llama_servers.py), greedy: generation tokens/s (the answer's `timings`), the drafts accepted
 (`draft_n_accepted` / `draft_n`), whether the answer is byte-identical to the undrafted one of the same
-round, and whether it is the expected file. A normal chat answer (nothing to copy) shows what drafting
-costs where it does not pay. Every configuration runs in its own llama-server at once; the rounds alternate
-between them, each in the reverse order of the last; ratios are to the undrafted median of the same run.
+round, and how alike it is to the expected file. Every configuration runs in its own llama-server at once;
+the rounds alternate between them, each in the reverse order of the last; ratios are to the undrafted
+median of the same run.
+
+Turns: SmolLM2 (an instruction model) gets the edit as a chat turn (`edit`) and a plain chat answer
+(`chat`: nothing to copy, what drafting costs where it does not pay). Gemma 3 270M is a base model: it
+gets the same edit as a document to continue (`copy`: the file, then the file again after the rename, its
+first line given) and a prose continuation (`prose`). Where a drafted completion leaves the undrafted one,
+both are generated again to that token with their top log-probabilities (`divergence`): how near a tie the
+undrafted model's choice was, and what the verifying batch computed there.
 
 The file is src/modelrunner/client_types.py as of commit b8690de (pinned: the source moves on).
 
     .venv/bin/python bench/edit_drafting.py [--model gemma|smollm2] [--rounds 2]
-        [--max-tokens 4096] [--configs none,ngram-mod,...] [--out bench/results/edit_drafting-MODEL.json]
+        [--max-tokens 4096] [--configs none,ngram-mod,...] [--turns copy,prose]
+        [--out bench/results/edit_drafting-MODEL.json]
 """
 
 from __future__ import annotations
@@ -53,26 +61,56 @@ GEMMA_TEMPLATE = ROOT / "src" / "modelrunner" / "templates" / "gemma3.jinja"
 FENCE = re.compile(r"```(?:python)?\n(.*?)(?:```|\Z)", re.S)
 
 
-def edit_turn() -> tuple[list[dict[str, str]], str]:
-    """The edit's messages, and the file the edit should give."""
-    source = subprocess.run(
+def pinned_source() -> str:
+    return subprocess.run(
         ["git", "show", f"{PINNED}:{FILE}"], cwd=ROOT, check=True, capture_output=True, text=True
     ).stdout
+
+
+def renamed(source: str) -> str:
+    return re.sub(r"\b_int\b", "_as_int", source)
+
+
+def edit_turn() -> tuple[list[dict[str, str]], str]:
+    """The edit's messages (an instruction model's turn), and the file the edit should give."""
+    source = pinned_source()
     ask = (
         f"Here is `{Path(FILE).name}`:\n\n```python\n{source}```\n\nRename the function `_int` to `_as_int`"
         " everywhere in this file. Reply with the whole updated file in one ```python block and nothing else."
     )
     messages = [{"role": "system", "content": "You are a careful coding assistant."}]
-    return [*messages, {"role": "user", "content": ask}], re.sub(r"\b_int\b", "_as_int", source)
+    return [*messages, {"role": "user", "content": ask}], renamed(source)
+
+
+def copy_turn() -> tuple[str, str]:
+    """The same edit as a base model takes it, a document to continue: the file, then the file again with
+    the rename, its first line given. A base model copies what it has read (the answer an agent's edit
+    turn is made of), which is what n-gram drafts predict; the expected text is the rest of the file."""
+    source = pinned_source()
+    first, _, rest = renamed(source).partition("\n")
+    prompt = (
+        f"# {FILE}, before the change:\n```python\n{source}```\n\n# {FILE}, after renaming `_int` to"
+        f" `_as_int` everywhere (the whole file):\n```python\n{first}\n"
+    )
+    return prompt, rest
 
 
 CHAT = [{"role": "user", "content": "Explain in about 200 words why the sky is blue and sunsets are red."}]
+PROSE = "Why is the sky blue, and why are sunsets red? The short answer is that"
 
 
-def run(server: Server, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
-    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "cache_prompt": False}
+def run(server: Server, turn: str, prompt: Any, max_tokens: int) -> dict[str, Any]:
+    """One greedy answer: a chat turn (`prompt` is its messages) or a completion (a string)."""
+    body = {"max_tokens": max_tokens, "temperature": 0, "cache_prompt": False}
     started = time.perf_counter()
-    answer = server.chat(body)
+    if turn in CHAT_TURNS:
+        answer = server.chat({**body, "messages": prompt})
+        content, finish = answer["choices"][0]["message"]["content"], answer["choices"][0]["finish_reason"]
+        tokens: list[int] = []
+    else:
+        answer = server.complete({**body, "prompt": prompt, "n_predict": max_tokens, "return_tokens": True})
+        content, tokens = answer["content"], answer["tokens"]
+        finish = "length" if answer.get("stop_type") == "limit" else "stop"
     t = answer["timings"]
     return {
         "predicted_n": t["predicted_n"],
@@ -80,9 +118,41 @@ def run(server: Server, messages: list[dict[str, str]], max_tokens: int) -> dict
         "wall_s": round(time.perf_counter() - started, 2),
         "draft_n": t.get("draft_n", 0),
         "draft_accepted": t.get("draft_n_accepted", 0),
-        "finish": answer["choices"][0]["finish_reason"],
-        "content": answer["choices"][0]["message"]["content"],
+        "finish": finish,
+        "content": content,
+        "tokens": tokens,
     }
+
+
+def divergence(
+    undrafted_server: Server, drafted_server: Server, prompt: str, undrafted: list[int], drafted: list[int]
+) -> dict[str, Any] | None:
+    """Where a drafted completion leaves the undrafted one, and how near a tie the choice was there: both
+    answers again up to that token with their top candidates' log-probabilities as each server computed
+    them while generating (one-token decoding without drafts, the verifying batch with them)."""
+    at = next((i for i, (a, b) in enumerate(zip(undrafted, drafted, strict=False)) if a != b), None)
+    if at is None:
+        return None
+    body = {"prompt": prompt, "n_predict": at + 1, "n_probs": 3, "temperature": 0, "cache_prompt": False}
+    found: dict[str, Any] = {"token": at}
+    for name, server, tokens in (
+        ("undrafted", undrafted_server, undrafted),
+        ("drafted", drafted_server, drafted),
+    ):
+        again = server.complete({**body, "return_tokens": True})
+        top = again["completion_probabilities"][at]["top_logprobs"]
+        found[name] = {
+            "chose": tokens[at],
+            "same_again": again["tokens"][: at + 1] == tokens[: at + 1],
+            "top": [[c["id"], c["token"], round(c["logprob"], 4)] for c in top],
+        }
+    top = found["undrafted"]["top"]
+    found["undrafted_margin"] = round(top[0][2] - top[1][2], 4)
+    return found
+
+
+CHAT_TURNS = {"edit", "chat"}
+MODEL_TURNS = {"smollm2": ["edit", "chat"], "gemma": ["copy", "prose"]}  # Gemma 3 270M is a base model
 
 
 def main() -> None:
@@ -91,14 +161,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=4096, help="of the edit's answer (the file: ~1.8k)")
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--turns", help="of edit,copy,chat,prose (default: the model's, MODEL_TURNS)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     out = args.out or Path(f"bench/results/edit_drafting-{args.model}.json")
     names = args.configs.split(",")
     work = Path(tempfile.mkdtemp(prefix="edit-drafting-"))
     model = gemma(work) if args.model == "gemma" else smollm2()
-    edit, expected = edit_turn()
-    turns = {"edit": (edit, args.max_tokens), "chat": (CHAT, 300)}
+    edit, expected_edit = edit_turn()
+    copy, expected_copy = copy_turn()
+    every: dict[str, tuple[Any, int, str | None]] = {
+        "edit": (edit, args.max_tokens, expected_edit),
+        "copy": (copy, args.max_tokens, expected_copy),
+        "chat": (CHAT, 300, None),
+        "prose": (PROSE, 300, None),
+    }
+    turns = {name: every[name] for name in (args.turns.split(",") if args.turns else MODEL_TURNS[args.model])}
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     started = time.monotonic()
     trained = TRAINED[args.model]
@@ -107,9 +185,9 @@ def main() -> None:
     with servers({n: [*own, *CONFIGS[n]] for n in names}, model, trained, trained, work) as running:
         for round_ in range(args.rounds):
             order = names if round_ % 2 == 0 else list(reversed(names))
-            for turn, (messages, max_tokens) in turns.items():
+            for turn, (prompt, max_tokens, _) in turns.items():
                 for name in order:
-                    got = run(running[name], messages, max_tokens)
+                    got = run(running[name], turn, prompt, max_tokens)
                     got["round"] = round_
                     results.setdefault(turn, {}).setdefault(name, []).append(got)
                     print(
@@ -117,24 +195,31 @@ def main() -> None:
                         f" drafts {got['draft_accepted']}/{got['draft_n']} {got['finish']}",
                         flush=True,
                     )
+        # where a drafted completion first left the undrafted one of its round, probed while the servers run
+        probes: dict[tuple[str, str], dict[str, Any] | None] = {}
+        for turn, by_name in results.items():
+            if turn in CHAT_TURNS:
+                continue
+            alone = {b["round"]: b["tokens"] for b in by_name["none"]}
+            for name, runs in by_name.items():
+                left = [r for r in runs if name != "none" and r["tokens"] != alone[r["round"]]]
+                if left:
+                    first = left[0]
+                    probes[turn, name] = divergence(
+                        running["none"], running[name], turns[turn][0], alone[first["round"]], first["tokens"]
+                    )
     summary: dict[str, Any] = {}
     print("\n| turn | drafting | flags | tokens | gen tok/s | ratio | accepted | same as none | edit right |")
     print("|---|---|---|---|---|---|---|---|---|")
     for turn, by_name in results.items():
+        expected = turns[turn][2]
         base = statistics.median(r["gen_tps"] for r in by_name["none"])
         for name, runs in by_name.items():
             tps = statistics.median(r["gen_tps"] for r in runs)
             drafted = sum(r["draft_n"] for r in runs)
             accepted = sum(r["draft_accepted"] for r in runs) / drafted if drafted else None
-            same = all(
-                r["content"] == b["content"]
-                for r in runs
-                for b in by_name["none"]
-                if b["round"] == r["round"]
-            )
-            code = FENCE.search(runs[0]["content"])
-            got_file = code[1] if code else runs[0]["content"]
-            similar = difflib.SequenceMatcher(None, got_file, expected, autojunk=False).ratio()
+            alone = {b["round"]: b for b in by_name["none"]}
+            same = all(r["content"] == alone[r["round"]]["content"] for r in runs)
             row = {
                 "tokens": runs[0]["predicted_n"],
                 "gen_tps": round(tps, 1),
@@ -142,16 +227,24 @@ def main() -> None:
                 "runs": [round(r["gen_tps"], 1) for r in runs],
                 "accepted": None if accepted is None else round(accepted, 3),
                 "byte_identical_to_none": same,
-                "exact_edit": got_file == expected if turn == "edit" else None,
-                "similarity_to_expected": round(similar, 3) if turn == "edit" else None,
             }
+            right = "-"
+            if expected is not None:
+                code = FENCE.search(runs[0]["content"]) if turn == "edit" else None
+                got_file = code[1] if code else runs[0]["content"].partition("```")[0]
+                similar = difflib.SequenceMatcher(None, got_file, expected, autojunk=False).ratio()
+                row |= {"exact_edit": got_file == expected, "similarity_to_expected": round(similar, 3)}
+                right = f"{row['exact_edit']} ({similar:.0%} alike)"
+            if (turn, name) in probes:
+                row["divergence"] = probes[turn, name]
             summary.setdefault(turn, {})[name] = row
             rate = "-" if accepted is None else f"{accepted:.0%}"
-            right = f"{row['exact_edit']} ({similar:.0%} alike)" if turn == "edit" else "-"
             print(
                 f"| {turn} | {name} | `{' '.join(CONFIGS[name]) or '(none)'}` | {row['tokens']} | {tps:.1f} |"
                 f" {tps / base:.2f} | {rate} | {'yes' if same else 'NO'} | {right} |"
             )
+            if row.get("divergence"):
+                print(f"    diverges: {row['divergence']}")
     out.parent.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
         "model": model.name,

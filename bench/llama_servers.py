@@ -64,6 +64,13 @@ class Server:
         result: dict[str, Any] = response.json()
         return result
 
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """llama-server's own /completion: a raw prompt (a string, or token IDs and strings mixed)."""
+        response = self.client.post("/completion", json=body)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rpartition(")")[2].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime

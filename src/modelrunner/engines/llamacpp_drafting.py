@@ -4,11 +4,16 @@ where they appeared before in the conversation, for the model to verify in one b
 copies its context (an agent's file edit, tool arguments that repeat code) is generated several tokens a
 step; other answers draft nothing and cost what they did.
 
-Chosen per model (`model configure --draft-from-context[=TYPE] MODEL`: the `llamacpp` object's
+Chosen per model (`model configure --draft-from-context TYPE MODEL`: the `llamacpp` object's
 `draft-from-context`), off by default: on this project's CPU a drafted greedy answer is not always the
-undrafted one byte for byte. The verifying batch computes a token's logits with other kernels than
-one-token decoding, and where the two best tokens are nearly tied the batch's rounding can choose the
-other (bench/edit_drafting.py probes the divergence; RESULTS "Edit turns drafted from the context").
+undrafted one byte for byte. The verifying batch computes logits with other kernels than one-token decoding,
+and where the two best tokens nearly tie (measured: log-probabilities 0.015 to 0.28 apart) the batch can
+choose the other (bench/edit_drafting.py; RESULTS "Edit turns drafted from the context").
+
+`true` chooses ngram-mod: it was the one type that never cost (an answer with nothing to copy drafts
+nothing) and gained 1.9-4.2x on edit turns; ngram-simple and ngram-map-k gained up to 3x copying a file
+but drafted a third right on another answer, 0.8x. ngram-mod keeps its n-grams across requests, so a
+repeated greedy request can be answered otherwise after other requests.
 
 Its counts (tokens drafted, accepted) are the runner's own Prometheus counters: `/metrics` relays them
 labelled by model, `model ps` and the dashboard show the share accepted (`draft_counts`).
@@ -23,9 +28,7 @@ from modelrunner.engines.base import DraftCounts
 
 SPEC_TYPE_FLAG = "--spec-type"
 CONTEXT_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k")
-# the type `--draft-from-context` without a value chooses: it accepted the most drafts and gained the most
-# on edit turns (RESULTS "Edit turns drafted from the context")
-DEFAULT_TYPE = "ngram-mod"
+DEFAULT_TYPE = "ngram-mod"  # what `true` chooses (above)
 DRAFT_MODEL_TYPE = "draft-simple"  # b11434 loads a draft model but drafts with it only when told
 
 _DRAFTED = b"llamacpp:spec_decode_num_draft_tokens_total "
