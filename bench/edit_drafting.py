@@ -251,6 +251,8 @@ def main() -> None:
         "file": f"{FILE}@{PINNED}",
         "configs": {n: CONFIGS[n] for n in names},
     }
+    for answer in (r for by_name in results.values() for rs in by_name.values() for r in rs):
+        del answer["tokens"]  # the content says it; token IDs were for the probes
     doc |= {"summary": summary, "runs": results, "seconds": round(time.monotonic() - started)}
     doc["load_average_at_end"] = os.getloadavg()
     out.write_text(json.dumps(doc, indent=1))
