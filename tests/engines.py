@@ -91,14 +91,21 @@ def wait_healthy(
 
 
 @contextlib.contextmanager
-def tiny_daemon(home: Path, llama_server: Path) -> Iterator[Daemon]:
-    """A daemon under `home` on llama-server with the tiny model packaged as `tiny`, stopped at the end
-    (the module-scoped daemon of the API tests)."""
+def llama_daemon(home: Path, llama_server: Path) -> Iterator[Daemon]:
+    """A daemon under `home` whose llama.cpp engine is the built llama-server, stopped at the end."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
         running = Daemon(home / "home", free_port()).start()
     try:
-        running.cli("package", "--gguf", str(write_tiny_gguf(home / "tiny.gguf")), "tiny")
         yield running
     finally:
         running.stop()
+
+
+@contextlib.contextmanager
+def tiny_daemon(home: Path, llama_server: Path) -> Iterator[Daemon]:
+    """A daemon under `home` on llama-server with the tiny model packaged as `tiny`, stopped at the end
+    (the module-scoped daemon of the API tests)."""
+    with llama_daemon(home, llama_server) as running:
+        running.cli("package", "--gguf", str(write_tiny_gguf(home / "tiny.gguf")), "tiny")
+        yield running

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from modelrunner.embedded import smollm2_gguf
-from tests.daemon import Daemon, free_port
+from tests.daemon import Daemon
+from tests.engines import llama_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -26,15 +27,9 @@ COPYING = f"{VERSE}\n{VERSE}\n{VERSE[:60]}"
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
-    home = tmp_path_factory.mktemp("draft-from-context")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
-        running = Daemon(home / "home", free_port()).start()
-    try:
+    with llama_daemon(tmp_path_factory.mktemp("draft-from-context"), llama_server) as running:
         running.cli("package", "--gguf", str(smollm2_gguf()), "smol")
         yield running
-    finally:
-        running.stop()
 
 
 def stored(daemon: Daemon) -> dict[str, object]:

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from modelrunner.embedded import smollm2_gguf
-from tests.daemon import Daemon, free_port, parse_logfmt
+from tests.daemon import Daemon, parse_logfmt
+from tests.engines import llama_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -30,17 +31,11 @@ GREEDY: Any = {"temperature": 0, "top_k": 1}
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, llama_server: Path) -> Iterator[Daemon]:
-    home = tmp_path_factory.mktemp("retry-cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLAMA_SERVER_PATH", str(llama_server))
-        running = Daemon(home / "home", free_port()).start()
-    try:
+    with llama_daemon(tmp_path_factory.mktemp("retry-cache"), llama_server) as running:
         running.cli("package", "--gguf", str(smollm2_gguf()), "smol")
         loaded = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         assert running.http("POST", "/engines/v1/chat/completions", json=loaded).status_code == 200
         yield running
-    finally:
-        running.stop()
 
 
 def give_up_during_prefill(daemon: Daemon, path: str, body: dict[str, Any]) -> None:
