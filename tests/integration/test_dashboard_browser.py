@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -435,25 +436,6 @@ def test_unload_frees_the_runner(browser: Browser, daemon: Daemon) -> None:
     no_problems(page)
 
 
-def test_a_drafting_runner_shows_its_share_of_drafts_accepted(browser: Browser, daemon: Daemon) -> None:
-    """engines/llamacpp_drafting.py: the runner's badge says what `/engines/ps` says, the share accepted
-    once the engine drafted (a random model's greedy loop repeats itself: n-grams to draft from)."""
-    daemon.cli("configure", "--draft-from-context", "ngram-simple", "tiny-b")
-    body = {"model": "tiny-b", "prompt": "one two three " * 20, "max_tokens": 200, "temperature": 0}
-    assert daemon.http("POST", "/engines/v1/completions", json=body).status_code == 200
-    [drafting] = [r["drafting"] for r in runners(daemon, "tiny-b")]
-    page = open_page(browser, daemon, "engines")
-    badge = page.locator("#runners-table tr[data-model='tiny-b'] .badge.drafting")
-    badge.wait_for()
-    if drafting.get("drafted_tokens"):
-        assert badge.inner_text() == f"drafts · {round(100 * drafting['acceptance_rate'])}% accepted"
-    else:
-        assert badge.inner_text() == "drafts · ngram-simple"
-    assert "ngram-simple" in (badge.get_attribute("title") or "")
-    daemon.cli("configure", "tiny-b")  # back to its defaults for the other tests
-    no_problems(page)
-
-
 def test_configure_shows_the_apis_validation(browser: Browser, daemon: Daemon) -> None:
     page = open_page(browser, daemon, "engines?configure=tiny-b")
     page.wait_for_selector("#configure-form select[name=model] option[value*='tiny-b']", state="attached")
@@ -470,6 +452,27 @@ def test_configure_shows_the_apis_validation(browser: Browser, daemon: Daemon) -
     [saved] = daemon.http("GET", "/engines/_configure", params={"model": "tiny-b"}).json()
     assert saved["Config"].get("context-size", saved["Config"].get("context_size")) == 256
     page.wait_for_selector("#configs td:text('tiny-b')")
+    no_problems(page)
+
+
+def test_a_drafting_runner_shows_its_share_of_drafts_accepted(browser: Browser, daemon: Daemon) -> None:
+    """engines/llamacpp_drafting.py: the runner's badge says what `/engines/ps` says, the share accepted
+    once the engine drafted (a random model's greedy loop repeats itself: n-grams to draft from)."""
+    daemon.cli("configure", "--draft-from-context", "ngram-simple", "tiny-b")
+    body = {"model": "tiny-b", "prompt": "one two three " * 20, "max_tokens": 200, "temperature": 0}
+    assert daemon.http("POST", "/engines/v1/completions", json=body).status_code == 200
+    [drafting] = [r["drafting"] for r in runners(daemon, "tiny-b")]
+    page = open_page(browser, daemon, "engines")
+    badge = page.locator("#runners-table tr[data-model='tiny-b'] .badge.drafting")
+    badge.wait_for()
+    if drafting.get("drafted_tokens"):
+        share = math.floor(100 * drafting["acceptance_rate"] + 0.5)  # as JavaScript's Math.round
+        assert badge.inner_text() == f"drafts · {share}% accepted"
+    else:
+        assert badge.inner_text() == "drafts · ngram-simple"
+    assert "ngram-simple" in (badge.get_attribute("title") or "")
+    # back to its defaults; it runs after test_configure_shows_the_apis_validation, which wants no entry
+    daemon.cli("configure", "tiny-b")
     no_problems(page)
 
 
