@@ -132,6 +132,22 @@ UNLOAD_USAGE = "Usage:  model unload (MODEL [MODEL ...] [--backend BACKEND] | --
         (["requests", "--include-existing"], "--include-existing can only be used with --follow\n"),
         (["run", "--color", "bogus", "m", "hi"], '--color must be one of: auto, yes, no (got "bogus")\n'),
         (["compose", "--project-name=p", "up", "svc"], 'required flag(s) "model" not set\n'),
+        # a flag argparse cannot read: pflag's words (flag.go parseLongArg, and its Set errors wrapped as
+        # `invalid argument %q for %q flag: %v`, here with strconv's tail) and docker/cli's FlagErrorFunc
+        (
+            ["configure", "--context-size"],
+            "flag needs an argument: --context-size\n\nRun 'model configure --help' for more information\n",
+        ),
+        (
+            ["configure", "--context-size", "abc", "m"],
+            'invalid argument "abc" for "--context-size" flag: parsing "abc": invalid syntax\n\n'
+            "Run 'model configure --help' for more information\n",
+        ),
+        (
+            ["run", "m", "--color"],
+            "flag needs an argument: --color\n\nUsage:  model run MODEL [PROMPT]\n\n"
+            "Run 'model run --help' for more information\n",
+        ),
     ],
 )
 def test_usage_errors_in_dmrs_words(tmp_path: Path, args: list[str], stderr: str) -> None:

@@ -106,7 +106,7 @@ def test_export_and_load_round_trip(daemon: Daemon, tiny_gguf: Path, tmp_path: P
         # package.go's Args: its own texts, exit 1 (DMR's main)
         (["package", "x"], 1, "One of --gguf, --safetensors-dir, --dduf, or --from is required."),
         (["package", "--gguf", "a.gguf", "--dduf", "b.dduf", "x"], 1, "Cannot specify more than one of"),
-        (["package", "--gguf", "a.gguf", "--context-size", "abc", "x"], 2, "invalid int value"),
+        (["package", "--gguf", "a.gguf", "--context-size", "abc", "x"], 1, 'invalid argument "abc" for'),
         (["package", "--gguf", "a.gguf", "--context-size", "0", "x"], 1, "positive"),
         (["package", "--gguf", "/nonexistent.gguf", "x"], 1, "open /nonexistent.gguf: no such file"),
         (["package", "--gguf", "/dev/null", "Bad..Name"], 1, "invalid"),

@@ -83,6 +83,34 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def error(self, message: str) -> NoReturn:
+        """A flag that argparse could not read, as DMR's cobra reports it: pflag's words where argparse's
+        have a match, docker/cli's FlagErrorFunc usage hint after them, exit 1 (DMR's main exits 1 on every
+        error; argparse's own is 2)."""
+        rule: DmrArgs | None = self._defaults.get("dmr_args")
+        _fail(_flag_error(_pflag_words(message), self.prog, rule.usage if rule is not None else None))
+
+
+def _pflag_words(message: str) -> str:
+    """pflag's text for argparse's: `flag needs an argument: --x`, `invalid argument "v" for "--x" flag:
+    parsing "v": invalid syntax` (the tail of Go's strconv error); other messages as argparse says them."""
+    import re
+
+    missing = re.fullmatch(r"argument (-[^\s/:]+)\S*: expected one argument", message)
+    if missing:
+        return f"flag needs an argument: {missing[1]}"
+    invalid = re.fullmatch(r"argument (-[^\s/:]+)\S*: (?:invalid \w+ value|not a \w+): '(.*)'", message)
+    if invalid:
+        value = invalid[2].replace('"', '\\"')
+        return f'invalid argument "{value}" for "{invalid[1]}" flag: parsing "{value}": invalid syntax'
+    return message
+
+
+def _flag_error(problem: str, path: str, usage: str | None) -> str:
+    """docker/cli's FlagErrorFunc: the problem, the command's use line, and where its help is."""
+    use = f"\n\nUsage:  {f'{path} {usage}'.rstrip()}" if usage is not None else ""
+    return f"{problem}{use}\n\nRun '{path} --help' for more information"
+
 
 def build_parser(prog: str = "model", verb: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser: every verb's, or with `verb` only those of the module that has it (all
@@ -130,7 +158,6 @@ def _apply_dmr_args(rule: DmrArgs, prog: str, args: argparse.Namespace, leftover
     usage line of docker/cli's FlagErrorFunc), then the number of words (requireExactArgs /
     requireMinArgs). The words left over after an option join the verb's (the last name takes them)."""
     path = f"{prog} {rule.verb}"
-    usage = f"{path} {rule.usage}".rstrip()  # cobra's UseLine, flags left out as docker/cli leaves them
     for word in leftover:
         if word.startswith("--"):
             problem = f"unknown flag: {word.partition('=')[0]}"
@@ -138,7 +165,7 @@ def _apply_dmr_args(rule: DmrArgs, prog: str, args: argparse.Namespace, leftover
             problem = f"unknown shorthand flag: {word[1]!r} in {word}"
         else:
             continue
-        _fail(f"{problem}\n\nUsage:  {usage}\n\nRun '{path} --help' for more information")
+        _fail(_flag_error(problem, path, rule.usage))  # cobra's UseLine, flags left out as docker/cli does
     values = [getattr(args, name) for name in rule.names]
     words = [w for value in values for w in (value if isinstance(value, list) else [value]) if w is not None]
     error = rule.count_error(prog, len(words) + len(leftover))
