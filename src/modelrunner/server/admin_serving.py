@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelrunner.artifact import gojson
-from modelrunner.engines.base import Mode
+from modelrunner.engines.base import DraftCounts, Mode
 from modelrunner.engines.registry import EngineRegistry
 from modelrunner.errors import BadRequest, ModelNotFound
 from modelrunner.scheduler.runner import RunnerState
@@ -31,7 +31,7 @@ from modelrunner.server.lifecycle import Lifecycle, model_for_engine
 from modelrunner.server.log_files import LogStreamer, ModelFilter, normal_name
 from modelrunner.store.store import ModelStore
 
-DRAFT_COUNTS_SECONDS = 1.0  # a runner busy past this shows its drafting without counts
+DRAFT_COUNTS_SECONDS = 1.0  # an engine that does not answer by then shows its last counts
 
 
 class UnloadRequest(BaseModel):
@@ -57,17 +57,20 @@ class AdminServing:
         self.engines = engines
         self.logs_dir = logs_dir
         self.lifecycle = lifecycle
+        self._draft_counts: dict[str, DraftCounts] = {}  # by runner tag: the last read while it was idle
 
     async def ps(self) -> list[dict[str, Any]]:
-        """DMR's BackendStatus of each runner; a drafting runner's counts are asked of its engine now."""
-        drafting = [
-            r for r in self.scheduler.runners.values() if r.spec.drafting and r.state is RunnerState.READY
-        ]
+        """DMR's BackendStatus of each runner. A drafting runner's counts are asked of its engine while it is
+        idle, and remembered: the dashboard asks every 2 s, and an engine asked while it generates can be
+        slower to see a client leave (the /slots finding of scheduler/conversations.py)."""
+        drafting = [r for r in self.scheduler.runners.values() if r.spec.drafting]
+        idle = [r for r in drafting if r.state is RunnerState.READY and not r.in_use]
         counts = await asyncio.gather(
-            *(self.engines[r.key.engine].draft_counts(r.spec.socket, DRAFT_COUNTS_SECONDS) for r in drafting)
+            *(self.engines[r.key.engine].draft_counts(r.spec.socket, DRAFT_COUNTS_SECONDS) for r in idle)
         )
-        found = {r.tag: c for r, c in zip(drafting, counts, strict=True) if c is not None}
-        return [backend_status(entry) for entry in self.scheduler.ps(found)]
+        known = {r.tag: self._draft_counts[r.tag] for r in drafting if r.tag in self._draft_counts}
+        self._draft_counts = known | {r.tag: c for r, c in zip(idle, counts, strict=True) if c is not None}
+        return [backend_status(entry) for entry in self.scheduler.ps(self._draft_counts)]
 
     async def unload(self, body: UnloadRequest) -> dict[str, int]:
         backend = body.backend or None  # "" (DMR's CLI default) means every backend
