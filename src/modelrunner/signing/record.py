@@ -247,23 +247,30 @@ def signer_problem(record: Record, model_id: str, rule: Rule) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=256)
 def _kept_bundle_problem(
     bundle: str, name: str, digest: str, identities: tuple[tuple[str, str], ...], trusted_root: str | None
 ) -> str | None:
     """Why the Sigstore bundle a keyless pull kept does not hold for `digest` under `identities` and the
-    trusted root (offline: Sigstore's own from its local copy); None when it does. Remembered: the answer
-    follows from the arguments alone, and the check before a load runs for every request."""
+    trusted root (offline: Sigstore's own from its local copy); None when it does."""
     try:
-        raw = base64.b64decode(bundle, validate=True)
-        signers = [keyless.Identity(identity, issuer) for identity, issuer in identities]
-        root = keyless.load_trusted_root(trusted_root, offline=True)
-        keyless.verify_bundles([raw], name[:200], digest, signers, root)
+        _kept_bundle_holds(bundle, name[:200], digest, identities, trusted_root)
     except ValueError:
         return "its kept Sigstore bundle is not base64: pull it again to verify it"
     except ModelRunnerError as exc:
         return f"its kept Sigstore bundle does not hold: {exc.message}"
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _kept_bundle_holds(
+    bundle: str, name: str, digest: str, identities: tuple[tuple[str, str], ...], trusted_root: str | None
+) -> None:
+    """Raises when the kept bundle does not hold. Only a bundle that held is remembered (a raise is not
+    cached): the check before a load runs for every request, and a refusal that came from this machine (no
+    local copy of Sigstore's root yet) is not kept after its cause is gone."""
+    signers = [keyless.Identity(identity, issuer) for identity, issuer in identities]
+    root = keyless.load_trusted_root(trusted_root, offline=True)
+    keyless.verify_bundles([base64.b64decode(bundle, validate=True)], name, digest, signers, root)
 
 
 def problem_before_load(store: ModelStore, model: StoredModel, rule: Rule | None = None) -> str | None:
