@@ -203,12 +203,8 @@ def close_local_model(daemon: Client, model: str) -> str | None:
 
     try:
         registry, wanted = compared(model)
-        stored = {
-            compared(tag)[1]: tag
-            for found in daemon.list_models()
-            for tag in found.tags
-            if compared(tag)[0] == registry
-        }
+        tags = [(compared(tag), tag) for found in daemon.list_models() for tag in found.tags]
+        stored = {name: tag for (where, name), tag in tags if where == registry}
     except ModelRunnerError:
         return None  # a name that does not parse, or a runner that does not answer: nothing to offer
     stored.pop(wanted, None)
