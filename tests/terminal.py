@@ -58,3 +58,11 @@ class Terminal:
             return self.process.wait(30)
         finally:
             os.close(self.master)
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        """A test that failed before `close` leaves no process behind."""
+        if self.process.poll() is None:
+            self.process.kill()

@@ -80,16 +80,12 @@ def test_the_chat_installs_before_its_prompt(fake_daemons: FakeDaemons, tmp_path
     every message then failed; now the install's lines come first, then the prompt, then answers."""
     engine = UninstalledEngine()
     daemon = fake_daemons.start({"FAKE_CHUNKS": "3"}, engines={"llama.cpp": engine})
-    term = Terminal(["run", "tiny"], cli_env(tmp_path, daemon.url, TERM="xterm"), tmp_path)
-    try:
+    with Terminal(["run", "tiny"], cli_env(tmp_path, daemon.url, TERM="xterm"), tmp_path) as term:
         shown = term.expect("Send a message")
         assert INSTALL_LINES[1] in shown and "preload failed" not in shown
         term.send("hi")
         term.send("/bye")
         assert term.close() == 0
-    finally:
-        if term.process.poll() is None:
-            term.process.kill()
     assert engine.installs == 1
     assert [runner["backend_name"] for runner in daemon.ps()] == ["llama.cpp"]
 

@@ -250,8 +250,9 @@ def test_a_cut_answer_is_said_as_the_chats_last_line(endpoint: OpenAIEndpoint, t
     """In the interactive chat the notice follows the answer, before the next prompt; the cut answer stays
     in the conversation (the next turn sends it)."""
     endpoint.script = ["length"]
-    term = Terminal(["run", "--openaiurl", endpoint.url, "m"], cli_env(tmp_path, TERM="xterm"), tmp_path)
-    try:
+    with Terminal(
+        ["run", "--openaiurl", endpoint.url, "m"], cli_env(tmp_path, TERM="xterm"), tmp_path
+    ) as term:
         term.expect("> ")
         term.send("hello")
         shown = term.expect('finish_reason "length"')
@@ -261,9 +262,6 @@ def test_a_cut_answer_is_said_as_the_chats_last_line(endpoint: OpenAIEndpoint, t
         term.expect("first answer")
         term.send("/bye")
         assert term.close() == 0
-    finally:
-        if term.process.poll() is None:
-            term.process.kill()
     assert endpoint.requests[1]["body"]["messages"][1] == {"role": "assistant", "content": "first answer"}
 
 
@@ -330,8 +328,9 @@ def test_uninstall_runner_models_asks_as_purge(fake_daemon: InProcessDaemon, tmp
 def test_the_chat_prompt_shows_dmrs_hint(endpoint: OpenAIEndpoint, tmp_path: Path) -> None:
     """run.go's readline.Prompt: Placeholder "Send a message (/? for help)" on an empty line,
     AltPlaceholder inside a multi-line message; both go at the first key."""
-    term = Terminal(["run", "--openaiurl", endpoint.url, "m"], cli_env(tmp_path, TERM="xterm"), tmp_path)
-    try:
+    with Terminal(
+        ["run", "--openaiurl", endpoint.url, "m"], cli_env(tmp_path, TERM="xterm"), tmp_path
+    ) as term:
         assert "Send a message (/? for help)" in term.expect("> ")
         term.send('"""')
         assert 'Use """ to end multi-line input' in term.expect('Use """ to end multi-line input')
@@ -339,9 +338,6 @@ def test_the_chat_prompt_shows_dmrs_hint(endpoint: OpenAIEndpoint, tmp_path: Pat
         term.expect("first answer")
         term.send("/bye")
         assert term.close() == 0
-    finally:
-        if term.process.poll() is None:
-            term.process.kill()
     assert [r["body"]["messages"] for r in endpoint.requests] == [[{"role": "user", "content": "hello"}]]
 
 

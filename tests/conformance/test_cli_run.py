@@ -87,8 +87,7 @@ def test_one_shot_run_against_an_openai_url(endpoint: OpenAIEndpoint, tmp_path: 
 def test_interactive_chat_keeps_going_after_an_error(endpoint: OpenAIEndpoint, tmp_path: Path) -> None:
     endpoint.script = ["error", "ok", "ok"]
     env = cli_env(tmp_path, TERM="dumb")
-    term = Terminal(["run", "--openaiurl", endpoint.url, "m"], env, tmp_path)
-    try:
+    with Terminal(["run", "--openaiurl", endpoint.url, "m"], env, tmp_path) as term:
         term.expect("> ")
         term.send("hello")
         assert "Failed to generate a response: the engine stopped" in term.expect("> ")
@@ -108,9 +107,6 @@ def test_interactive_chat_keeps_going_after_an_error(endpoint: OpenAIEndpoint, t
         assert "Unknown command '/nonsense'. Type /? for help" in term.expect("> ")
         term.send("/bye")
         assert term.close() == 0
-    finally:
-        if term.process.poll() is None:
-            term.process.kill()
     # the failed turn is not in the history; the system message leads; a block's lines are joined by
     # newlines and the text trimmed (processImagesInPrompt's TrimSpace)
     assert [r["body"]["messages"] for r in endpoint.requests] == [

@@ -88,8 +88,9 @@ def test_run_with_the_llama_cpp_backend(seeded: tuple[Daemon, dict[str, str]]) -
 
 def test_run_without_a_prompt_is_a_chat(seeded: tuple[Daemon, dict[str, str]], tmp_path: Path) -> None:
     _, env = seeded
-    term = Terminal(["model", "run", "ai/smollm2"], {**env, "TERM": "dumb"}, tmp_path, program=[DOCKER])
-    try:
+    with Terminal(
+        ["model", "run", "ai/smollm2"], {**env, "TERM": "dumb"}, tmp_path, program=[DOCKER]
+    ) as term:
         term.expect("> ")
         answers = []
         for _ in range(TRIES):
@@ -101,9 +102,6 @@ def test_run_without_a_prompt_is_a_chat(seeded: tuple[Daemon, dict[str, str]], t
             raise AssertionError(f"no answer on topic in {TRIES} asks: {answers}")
         term.send("/bye")
         assert term.close() == 0
-    finally:
-        if term.process.poll() is None:
-            term.process.kill()
 
 
 def test_status(seeded: tuple[Daemon, dict[str, str]]) -> None:
