@@ -45,10 +45,8 @@ def spec_types(context_type: str | None, draft_model: bool) -> list[str]:
 def drafting(argv: list[str]) -> str:
     """How a runner drafts, as `model ps` shows it: its `--spec-type` list (the last one given, as
     llama-server reads it), "" when it does not draft."""
-    if SPEC_TYPE_FLAG not in argv[:-1]:
-        return ""
-    last = len(argv) - 2 - argv[-2::-1].index(SPEC_TYPE_FLAG)
-    return "" if argv[last + 1] == "none" else argv[last + 1]
+    given = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == SPEC_TYPE_FLAG]
+    return given[-1] if given and given[-1] != "none" else ""
 
 
 async def draft_counts(socket: Path, timeout: float) -> DraftCounts | None:
